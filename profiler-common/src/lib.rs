@@ -1,0 +1,271 @@
+//! Types and names shared by the eBPF programs and the userspace profiler.
+//!
+//! Everything here is `#[repr(C)]`, fixed-size and `Copy`: these structs are
+//! the records the kernel writes into maps and the ring buffer.
+#![no_std]
+
+/// Map names, defined once. The eBPF side uses them in `#[map(name = ...)]`,
+/// userspace to look the maps up after loading.
+pub mod maps {
+    /// Ring buffer of [`crate::AllocEvent`], [`crate::AllocReturnEvent`],
+    /// [`crate::FreeEvent`] and [`crate::ResizeEvent`] records.
+    pub const EVENTS: &str = "EVENTS";
+    /// Per-thread byte countdown ([`crate::ThreadState`]), keyed by pid_tgid.
+    pub const THREADS: &str = "THREADS";
+    /// Calls whose return value is wanted ([`crate::PendingCall`]), keyed by pid_tgid.
+    pub const PENDING: &str = "PENDING";
+    /// Sampled pointers still live ([`crate::LiveKey`] -> u8), so that a free
+    /// of an unsampled pointer costs one lookup and emits nothing.
+    pub const SAMPLED: &str = "SAMPLED";
+    /// Quantiles of the exponential distribution, see [`crate::sampling`].
+    pub const EXP_QUANTILES: &str = "EXP_QUANTILES";
+    /// Per-CPU counters indexed by [`crate::Counter`].
+    pub const COUNTERS: &str = "COUNTERS";
+}
+
+/// Program names, as the eBPF functions are called.
+pub mod programs {
+    pub const ALLOC_SIZE_ARG0: &str = "alloc_size_arg0";
+    pub const ALLOC_SIZE_ARG1: &str = "alloc_size_arg1";
+    pub const ALLOC_CALLOC: &str = "alloc_calloc";
+    pub const ALLOC_REALLOC: &str = "alloc_realloc";
+    pub const ALLOC_POSIX_MEMALIGN: &str = "alloc_posix_memalign";
+    pub const ALLOC_MALLOCX: &str = "alloc_mallocx";
+    pub const ALLOC_RALLOCX: &str = "alloc_rallocx";
+    pub const RESIZE_XALLOCX: &str = "resize_xallocx";
+    pub const FREE_ARG0: &str = "free_arg0";
+    pub const CALL_RETURN: &str = "call_return";
+}
+
+/// Deepest user stack recorded, in frames (the kernel's default
+/// `perf_event_max_stack` is 127).
+pub const MAX_STACK_DEPTH: usize = 127;
+
+/// Event kinds, the first field of every ring-buffer record.
+pub mod event_kind {
+    pub const ALLOC: u32 = 1;
+    pub const ALLOC_RETURN: u32 = 2;
+    pub const FREE: u32 = 3;
+    pub const RESIZE: u32 = 4;
+}
+
+/// Common head of every ring-buffer record.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EventHeader {
+    /// One of [`event_kind`].
+    pub kind: u32,
+    /// Thread id as the kernel sees it (host pid namespace).
+    pub tid: u32,
+    /// Process id (tgid) as the kernel sees it.
+    pub pid: u32,
+    /// Index of the probed entry point, from the attach cookie.
+    pub probe: u32,
+    /// `bpf_ktime_get_ns()`: CLOCK_MONOTONIC.
+    pub time_ns: u64,
+}
+
+/// A sampled allocation call, written at its entry. Its pointer follows in an
+/// [`AllocReturnEvent`] of the same thread.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct AllocEvent {
+    pub header: EventHeader,
+    /// Requested size in bytes.
+    pub size: u64,
+    /// Requested alignment, 0 when the call has none.
+    pub align: u64,
+    /// The return address into the allocator's caller, read from the stack.
+    pub caller: u64,
+    /// What `bpf_get_stack` returned: bytes written, or a negative errno.
+    pub stack_bytes: i64,
+    /// User stack by frame pointers; `stack[0]` is the probed instruction.
+    pub stack: [u64; MAX_STACK_DEPTH],
+}
+
+/// The pointer a sampled allocation call returned (0 when it failed).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AllocReturnEvent {
+    pub header: EventHeader,
+    pub ptr: u64,
+    /// 1 when the kernel's set of sampled pointers was full: the allocation
+    /// counts as allocated but its free cannot be seen.
+    pub untracked: u64,
+}
+
+/// A sampled pointer was freed (or moved away by a realloc).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FreeEvent {
+    pub header: EventHeader,
+    pub ptr: u64,
+}
+
+/// A sampled pointer was resized in place by `xallocx`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ResizeEvent {
+    pub header: EventHeader,
+    pub ptr: u64,
+    /// The usable size `xallocx` returned.
+    pub new_size: u64,
+}
+
+/// Byte countdown of one thread.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ThreadState {
+    pub bytes_until_sample: i64,
+}
+
+/// What a return probe must do for the call in flight on a thread.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PendingCall {
+    /// One of [`pending_kind`].
+    pub kind: u64,
+    /// For `posix_memalign`: where the pointer is stored. For `xallocx`: the
+    /// pointer being resized.
+    pub addr: u64,
+}
+
+pub mod pending_kind {
+    /// The pointer is the return value.
+    pub const RETURNED_POINTER: u64 = 1;
+    /// The pointer is stored at `addr` (posix_memalign); the return value is an errno.
+    pub const STORED_POINTER: u64 = 2;
+    /// `xallocx` of the sampled pointer at `addr`; the return value is its new size.
+    pub const RESIZE: u64 = 3;
+}
+
+/// Key of the kernel's set of sampled pointers: pointers are only unique
+/// within one process.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct LiveKey {
+    pub pid: u32,
+    pub _pad: u32,
+    pub ptr: u64,
+}
+
+/// Per-CPU counters kept by the eBPF programs.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Counter {
+    /// Allocation calls seen (sampled or not).
+    AllocCalls = 0,
+    /// Allocation calls that were sampled.
+    SampledCalls = 1,
+    /// Free calls seen.
+    FreeCalls = 2,
+    /// Records lost because the ring buffer was full.
+    RingBufferFull = 3,
+    /// Sampled pointers not tracked because [`maps::SAMPLED`] was full.
+    SampledSetFull = 4,
+    /// Sampled calls lost because [`maps::PENDING`] was full.
+    PendingFull = 5,
+    /// Sampled calls whose stack could not be read.
+    StackErrors = 6,
+}
+
+impl Counter {
+    pub const COUNT: u32 = 7;
+    pub const ALL: [Counter; Self::COUNT as usize] = [
+        Counter::AllocCalls,
+        Counter::SampledCalls,
+        Counter::FreeCalls,
+        Counter::RingBufferFull,
+        Counter::SampledSetFull,
+        Counter::PendingFull,
+        Counter::StackErrors,
+    ];
+}
+
+/// Cookie attached to each probe: which entry point it is, and where its
+/// return address lies relative to `rsp` at the probed instruction.
+pub mod cookie {
+    pub const fn encode(probe_index: u32, return_address_offset: u32) -> u64 {
+        ((return_address_offset as u64) << 32) | probe_index as u64
+    }
+    pub const fn probe_index(cookie: u64) -> u32 {
+        cookie as u32
+    }
+    pub const fn return_address_offset(cookie: u64) -> u64 {
+        cookie >> 32
+    }
+}
+
+/// Drawing exponential countdowns without floating point.
+///
+/// A 32-bit random number `r` stands for `u = r / 2^32`. Writing
+/// `r = 2^(31 - z) * m` with `m` in `[1, 2)` gives
+/// `-ln(u) = (z + 1) ln 2 - ln(m)`, i.e. `z * ln 2 + (-ln(m / 2))`: a
+/// multiple of `ln 2` plus `-ln` of a number in `[0.5, 1)`. The second part
+/// comes from a table of [`QUANTILE_COUNT`] values indexed by the bits after
+/// the leading one; entry [`LN2_INDEX`] holds `ln 2`. All entries are scaled
+/// by the mean sampling interval, so the sum is the next countdown in bytes.
+pub mod sampling {
+    /// Bits of the mantissa used to index the table.
+    pub const QUANTILE_BITS: u32 = 10;
+    pub const QUANTILE_COUNT: u32 = 1 << QUANTILE_BITS;
+    /// Index of the `ln 2 * interval` entry.
+    pub const LN2_INDEX: u32 = QUANTILE_COUNT;
+    /// Length of the table map.
+    pub const TABLE_LEN: u32 = QUANTILE_COUNT + 1;
+
+    /// Splits a random number into (leading zeros, table index).
+    #[inline(always)]
+    pub fn split_random(random: u32) -> (u32, u32) {
+        // r = 0 would have 32 leading zeros and no mantissa; 1 is as rare.
+        let mut x = random | 1;
+        let mut zeros = 0;
+        if x & 0xffff_0000 == 0 {
+            zeros += 16;
+            x <<= 16;
+        }
+        if x & 0xff00_0000 == 0 {
+            zeros += 8;
+            x <<= 8;
+        }
+        if x & 0xf000_0000 == 0 {
+            zeros += 4;
+            x <<= 4;
+        }
+        if x & 0xc000_0000 == 0 {
+            zeros += 2;
+            x <<= 2;
+        }
+        if x & 0x8000_0000 == 0 {
+            zeros += 1;
+            x <<= 1;
+        }
+        let index = (x >> (31 - QUANTILE_BITS)) & (QUANTILE_COUNT - 1);
+        (zeros, index)
+    }
+}
+
+#[cfg(feature = "user")]
+mod pod {
+    use super::*;
+    // SAFETY: all of these are repr(C), Copy, and valid for any bit pattern.
+    unsafe impl aya::Pod for ThreadState {}
+    unsafe impl aya::Pod for PendingCall {}
+    unsafe impl aya::Pod for LiveKey {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sampling::*;
+
+    #[test]
+    fn split_random_finds_leading_zeros_and_mantissa() {
+        assert_eq!(split_random(0x8000_0000), (0, 0));
+        assert_eq!(split_random(0xffff_ffff), (0, QUANTILE_COUNT - 1));
+        assert_eq!(split_random(0x4000_0000), (1, 0));
+        assert_eq!(split_random(0x0000_0001), (31, 0));
+        assert_eq!(split_random(0), (31, 0));
+        // 0b0110_0000... : one leading zero, mantissa 1.1 -> index half way.
+        assert_eq!(split_random(0x6000_0000), (1, QUANTILE_COUNT / 2));
+    }
+}

@@ -1,0 +1,2 @@
+#![no_std]
+// Empty: the programs live in the binary target, see main.rs.

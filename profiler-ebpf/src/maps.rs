@@ -1,0 +1,28 @@
+//! Every map of the eBPF object. Sizes are defaults; userspace sets the real
+//! ones at load time (`EbpfLoader::map_max_entries`).
+use aya_ebpf::{
+    macros::map,
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
+};
+use profiler_common::{LiveKey, PendingCall, ThreadState, sampling};
+
+#[map(name = "EVENTS")]
+pub static EVENTS: RingBuf = RingBuf::with_byte_size(8 << 20, 0);
+
+/// LRU: a thread that exited leaves its entry behind; eviction only means a
+/// fresh countdown, which the exponential distribution makes harmless.
+#[map(name = "THREADS")]
+pub static THREADS: LruHashMap<u64, ThreadState> = LruHashMap::with_max_entries(65536, 0);
+
+#[map(name = "PENDING")]
+pub static PENDING: LruHashMap<u64, PendingCall> = LruHashMap::with_max_entries(16384, 0);
+
+#[map(name = "SAMPLED")]
+pub static SAMPLED: HashMap<LiveKey, u8> = HashMap::with_max_entries(262144, 0);
+
+#[map(name = "EXP_QUANTILES")]
+pub static EXP_QUANTILES: Array<u64> = Array::with_max_entries(sampling::TABLE_LEN, 0);
+
+#[map(name = "COUNTERS")]
+pub static COUNTERS: PerCpuArray<u64> =
+    PerCpuArray::with_max_entries(profiler_common::Counter::COUNT, 0);

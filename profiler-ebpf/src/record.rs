@@ -1,0 +1,275 @@
+//! What the probes do: the byte countdown, and recording sampled calls.
+use core::{ffi::c_void, mem::size_of, ptr::addr_of_mut};
+
+use aya_ebpf::{
+    EbpfContext,
+    bindings::BPF_F_USER_STACK,
+    helpers::{
+        bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user,
+        generated::{bpf_get_attach_cookie, bpf_get_prandom_u32, bpf_get_stack},
+    },
+    programs::{ProbeContext, RetProbeContext},
+};
+use profiler_common::{
+    AllocEvent, AllocReturnEvent, Counter, EventHeader, FreeEvent, LiveKey, MAX_STACK_DEPTH,
+    PendingCall, ResizeEvent, ThreadState, cookie, event_kind, pending_kind, sampling,
+};
+
+use crate::maps::{COUNTERS, EVENTS, EXP_QUANTILES, PENDING, SAMPLED, THREADS};
+
+/// The registers a probe reads, copied once from the context.
+pub struct Args {
+    regs: [u64; 4],
+    pub stack_pointer: u64,
+}
+
+impl Args {
+    #[inline(always)]
+    pub fn of(ctx: &ProbeContext) -> Self {
+        // SAFETY: `regs` points at the probe's pt_regs, readable for its lifetime.
+        let regs = unsafe { &*ctx.regs };
+        Self {
+            regs: [regs.rdi, regs.rsi, regs.rdx, regs.rcx],
+            stack_pointer: regs.rsp,
+        }
+    }
+
+    #[inline(always)]
+    pub fn arg(&self, n: usize) -> u64 {
+        match n {
+            0 => self.regs[0],
+            1 => self.regs[1],
+            2 => self.regs[2],
+            _ => self.regs[3],
+        }
+    }
+}
+
+/// `MALLOCX_LG_ALIGN(la)` stores lg(alignment) in the low 6 bits.
+#[inline(always)]
+pub fn mallocx_alignment(flags: u64) -> u64 {
+    let lg = flags & 0x3f;
+    if lg == 0 { 0 } else { 1u64 << lg }
+}
+
+#[inline(always)]
+fn count(counter: Counter) {
+    if let Some(value) = COUNTERS.get_ptr_mut(counter as u32) {
+        // SAFETY: per-CPU slot, no concurrent writer on this CPU.
+        unsafe { *value += 1 };
+    }
+}
+
+/// The next countdown: exponential with the mean baked into the table.
+#[inline(always)]
+fn draw_countdown() -> i64 {
+    // SAFETY: plain helper call.
+    let random = unsafe { bpf_get_prandom_u32() };
+    let (zeros, index) = sampling::split_random(random);
+    let ln2 = EXP_QUANTILES.get(sampling::LN2_INDEX).copied().unwrap_or(0);
+    let quantile = EXP_QUANTILES.get(index).copied().unwrap_or(0);
+    (zeros as u64 * ln2 + quantile) as i64
+}
+
+#[inline(always)]
+fn header(kind: u32, id: u64, probe: u32) -> EventHeader {
+    EventHeader {
+        kind,
+        tid: id as u32,
+        pid: (id >> 32) as u32,
+        probe,
+        // SAFETY: plain helper call.
+        time_ns: unsafe { bpf_ktime_get_ns() },
+    }
+}
+
+#[inline(always)]
+fn probe_cookie<C: EbpfContext>(ctx: &C) -> u64 {
+    // SAFETY: the context is the one this program was called with.
+    unsafe { bpf_get_attach_cookie(ctx.as_ptr()) }
+}
+
+/// Counts `size` bytes down on this thread; records the call if it crossed.
+#[inline(always)]
+pub fn on_allocation(ctx: &ProbeContext, size: u64, align: u64, pending: PendingCall) -> u32 {
+    count(Counter::AllocCalls);
+    let id = bpf_get_current_pid_tgid();
+    let state = match THREADS.get_ptr_mut(id) {
+        Some(state) => state,
+        None => {
+            let fresh = ThreadState {
+                bytes_until_sample: draw_countdown(),
+            };
+            let _ = THREADS.insert(id, fresh, 0);
+            match THREADS.get_ptr_mut(id) {
+                Some(state) => state,
+                None => return 0,
+            }
+        }
+    };
+    let size_counted = if size > i64::MAX as u64 {
+        i64::MAX
+    } else {
+        size as i64
+    };
+    // SAFETY: the entry belongs to this thread; only this thread writes it.
+    unsafe {
+        let remaining = (*state).bytes_until_sample - size_counted;
+        if remaining > 0 {
+            (*state).bytes_until_sample = remaining;
+            return 0;
+        }
+        (*state).bytes_until_sample = draw_countdown();
+    }
+    record_allocation(ctx, id, size, align, pending);
+    0
+}
+
+#[inline(always)]
+fn record_allocation(ctx: &ProbeContext, id: u64, size: u64, align: u64, pending: PendingCall) {
+    count(Counter::SampledCalls);
+    if PENDING.insert(id, pending, 0).is_err() {
+        count(Counter::PendingFull);
+        return;
+    }
+    let Some(mut entry) = EVENTS.reserve::<AllocEvent>(0) else {
+        count(Counter::RingBufferFull);
+        let _ = PENDING.remove(id);
+        return;
+    };
+    let cookie = probe_cookie(ctx);
+    let args = Args::of(ctx);
+    let return_address = args.stack_pointer + cookie::return_address_offset(cookie);
+    let event = entry.as_mut_ptr();
+    // SAFETY: `event` points at reserved ring-buffer memory of the right size;
+    // fields are written in place because the record is too big for the stack.
+    unsafe {
+        addr_of_mut!((*event).header).write(header(
+            event_kind::ALLOC,
+            id,
+            cookie::probe_index(cookie),
+        ));
+        addr_of_mut!((*event).size).write(size);
+        addr_of_mut!((*event).align).write(align);
+        addr_of_mut!((*event).caller)
+            .write(bpf_probe_read_user(return_address as *const u64).unwrap_or(0));
+        let stack_bytes = bpf_get_stack(
+            ctx.as_ptr(),
+            addr_of_mut!((*event).stack) as *mut c_void,
+            (MAX_STACK_DEPTH * size_of::<u64>()) as u32,
+            BPF_F_USER_STACK as u64,
+        );
+        if stack_bytes < 0 {
+            count(Counter::StackErrors);
+        }
+        addr_of_mut!((*event).stack_bytes).write(stack_bytes);
+    }
+    entry.submit(0);
+}
+
+/// A free: costs one lookup unless the pointer was sampled.
+#[inline(always)]
+pub fn on_free(ctx: &ProbeContext, ptr: u64) {
+    count(Counter::FreeCalls);
+    if ptr == 0 {
+        return;
+    }
+    let id = bpf_get_current_pid_tgid();
+    let key = LiveKey {
+        pid: (id >> 32) as u32,
+        _pad: 0,
+        ptr,
+    };
+    if SAMPLED.get_ptr(key).is_none() {
+        return;
+    }
+    let _ = SAMPLED.remove(key);
+    let event = FreeEvent {
+        header: header(event_kind::FREE, id, cookie::probe_index(probe_cookie(ctx))),
+        ptr,
+    };
+    if EVENTS.output::<FreeEvent>(event, 0).is_err() {
+        count(Counter::RingBufferFull);
+    }
+}
+
+/// xallocx of a sampled pointer: its new size comes at return.
+#[inline(always)]
+pub fn on_resize_entry(ptr: u64) {
+    let id = bpf_get_current_pid_tgid();
+    let key = LiveKey {
+        pid: (id >> 32) as u32,
+        _pad: 0,
+        ptr,
+    };
+    if SAMPLED.get_ptr(key).is_some() {
+        let pending = PendingCall {
+            kind: pending_kind::RESIZE,
+            addr: ptr,
+        };
+        if PENDING.insert(id, pending, 0).is_err() {
+            count(Counter::PendingFull);
+        }
+    }
+}
+
+/// Return of a probed call: one lookup unless the call was sampled.
+#[inline(always)]
+pub fn on_return(ctx: &RetProbeContext) {
+    let id = bpf_get_current_pid_tgid();
+    let Some(pending) = PENDING.get_ptr(id) else {
+        return;
+    };
+    // SAFETY: the entry is this thread's; copy it out before removing it.
+    let pending = unsafe { *pending };
+    let _ = PENDING.remove(id);
+    let returned: u64 = ctx.ret();
+    let probe = cookie::probe_index(probe_cookie(ctx));
+    match pending.kind {
+        pending_kind::RESIZE => {
+            let event = ResizeEvent {
+                header: header(event_kind::RESIZE, id, probe),
+                ptr: pending.addr,
+                new_size: returned,
+            };
+            if EVENTS.output::<ResizeEvent>(event, 0).is_err() {
+                count(Counter::RingBufferFull);
+            }
+        }
+        pending_kind::STORED_POINTER => {
+            // posix_memalign returns 0 on success, an errno otherwise.
+            let ptr = if returned == 0 {
+                // SAFETY: reading user memory through the helper, which faults safely.
+                unsafe { bpf_probe_read_user(pending.addr as *const u64) }.unwrap_or(0)
+            } else {
+                0
+            };
+            finish_allocation(id, probe, ptr);
+        }
+        _ => finish_allocation(id, probe, returned),
+    }
+}
+
+#[inline(always)]
+fn finish_allocation(id: u64, probe: u32, ptr: u64) {
+    let mut untracked = 0;
+    if ptr != 0 {
+        let key = LiveKey {
+            pid: (id >> 32) as u32,
+            _pad: 0,
+            ptr,
+        };
+        if SAMPLED.insert(key, 0u8, 0).is_err() {
+            count(Counter::SampledSetFull);
+            untracked = 1;
+        }
+    }
+    let event = AllocReturnEvent {
+        header: header(event_kind::ALLOC_RETURN, id, probe),
+        ptr,
+        untracked,
+    };
+    if EVENTS.output::<AllocReturnEvent>(event, 0).is_err() {
+        count(Counter::RingBufferFull);
+    }
+}

@@ -1,0 +1,356 @@
+//! Turning sampled events into heap estimates: which sampled allocations are
+//! still live, and per call stack the estimated objects and bytes in use and
+//! allocated. Bounded: the live table and the stack table have caps, and what
+//! did not fit is counted.
+use std::collections::HashMap;
+
+use crate::{
+    events::Event,
+    profile::{HeapProfile, StackEstimate},
+    sampling::sample_weight,
+    size_class::usable_size_aligned,
+};
+
+/// Caps of the userspace tables.
+#[derive(Clone, Debug)]
+pub struct CollectorOptions {
+    /// Mean sampling interval in bytes, as given to the kernel.
+    pub sample_interval: u64,
+    /// Live sampled allocations kept per process. Default: 1,000,000.
+    pub max_live: usize,
+    /// Distinct call stacks kept per process. Default: 200,000.
+    pub max_stacks: usize,
+}
+
+impl Default for CollectorOptions {
+    fn default() -> Self {
+        Self {
+            sample_interval: crate::sampling::DEFAULT_SAMPLE_INTERVAL,
+            max_live: 1_000_000,
+            max_stacks: 200_000,
+        }
+    }
+}
+
+/// What was lost, so that the output can say so.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Drops {
+    /// Sampled allocations not tracked because the live table was full.
+    pub live_table_full: u64,
+    /// Sampled allocations the kernel could not track (its set was full).
+    pub untracked_in_kernel: u64,
+    /// Samples whose stack went to the overflow stack (stack table full).
+    pub stack_table_full: u64,
+    /// Returns with no sampled call before them (the call's record was lost).
+    pub unmatched_returns: u64,
+    /// Samples whose stack could not be walked.
+    pub stack_errors: u64,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct LiveAllocation {
+    stack: u32,
+    /// How many allocations this sample stands for.
+    weight: f64,
+    usable: u64,
+    time_ns: u64,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct PendingSample {
+    stack: u32,
+    size: u64,
+    align: u64,
+}
+
+/// The live set and per-stack estimates of one process.
+#[derive(Debug)]
+pub struct ProcessHeap {
+    pub pid: u32,
+    options: CollectorOptions,
+    stacks: Vec<StackEstimate>,
+    stack_ids: HashMap<Vec<u64>, u32>,
+    live: HashMap<u64, LiveAllocation>,
+    pending: HashMap<u32, PendingSample>,
+    pub samples: u64,
+    pub drops: Drops,
+}
+
+impl ProcessHeap {
+    pub fn new(pid: u32, options: CollectorOptions) -> Self {
+        Self {
+            pid,
+            options,
+            stacks: Vec::new(),
+            stack_ids: HashMap::new(),
+            live: HashMap::new(),
+            pending: HashMap::new(),
+            samples: 0,
+            drops: Drops::default(),
+        }
+    }
+
+    pub fn apply(&mut self, event: Event) {
+        match event {
+            Event::Sampled {
+                header,
+                size,
+                align,
+                frames,
+                stack_error,
+            } => {
+                if stack_error {
+                    self.drops.stack_errors += 1;
+                }
+                let stack = self.stack_id(frames);
+                // A call whose return never came is replaced by the next one.
+                self.pending
+                    .insert(header.tid, PendingSample { stack, size, align });
+            }
+            Event::Returned {
+                header,
+                ptr,
+                untracked,
+            } => {
+                let Some(sample) = self.pending.remove(&header.tid) else {
+                    self.drops.unmatched_returns += 1;
+                    return;
+                };
+                if ptr == 0 {
+                    return; // the allocation failed
+                }
+                self.samples += 1;
+                let weight = sample_weight(sample.size, self.options.sample_interval);
+                let usable = usable_size_aligned(sample.size, sample.align);
+                let stats = &mut self.stacks[sample.stack as usize];
+                stats.alloc_objects += weight;
+                stats.alloc_bytes += weight * usable as f64;
+                if untracked {
+                    self.drops.untracked_in_kernel += 1;
+                    return;
+                }
+                if self.live.len() >= self.options.max_live && !self.live.contains_key(&ptr) {
+                    self.drops.live_table_full += 1;
+                    return;
+                }
+                stats.inuse_objects += weight;
+                stats.inuse_bytes += weight * usable as f64;
+                let previous = self.live.insert(
+                    ptr,
+                    LiveAllocation {
+                        stack: sample.stack,
+                        weight,
+                        usable,
+                        time_ns: header.time_ns,
+                    },
+                );
+                // A free we missed: the old allocation is gone.
+                if let Some(old) = previous {
+                    self.release(old);
+                }
+            }
+            Event::Freed { ptr, .. } => {
+                if let Some(old) = self.live.remove(&ptr) {
+                    self.release(old);
+                }
+            }
+            Event::Resized { ptr, new_size, .. } => {
+                if let Some(live) = self.live.get_mut(&ptr) {
+                    let stats = &mut self.stacks[live.stack as usize];
+                    stats.inuse_bytes += live.weight * (new_size as f64 - live.usable as f64);
+                    live.usable = new_size;
+                }
+            }
+        }
+    }
+
+    fn release(&mut self, allocation: LiveAllocation) {
+        let stats = &mut self.stacks[allocation.stack as usize];
+        stats.inuse_objects = (stats.inuse_objects - allocation.weight).max(0.0);
+        stats.inuse_bytes =
+            (stats.inuse_bytes - allocation.weight * allocation.usable as f64).max(0.0);
+    }
+
+    fn stack_id(&mut self, frames: Vec<u64>) -> u32 {
+        let frames = if frames.is_empty() { vec![0] } else { frames };
+        if let Some(&id) = self.stack_ids.get(&frames) {
+            return id;
+        }
+        if self.stacks.len() >= self.options.max_stacks {
+            self.drops.stack_table_full += 1;
+            // The overflow stack: one unknown frame, so totals stay right.
+            return *self.stack_ids.entry(vec![0]).or_insert_with(|| {
+                self.stacks.push(StackEstimate {
+                    frames: vec![0],
+                    ..Default::default()
+                });
+                (self.stacks.len() - 1) as u32
+            });
+        }
+        let id = self.stacks.len() as u32;
+        self.stacks.push(StackEstimate {
+            frames: frames.clone(),
+            ..Default::default()
+        });
+        self.stack_ids.insert(frames, id);
+        id
+    }
+
+    /// Estimated bytes in use now.
+    pub fn inuse_bytes(&self) -> f64 {
+        self.stacks.iter().map(|s| s.inuse_bytes).sum()
+    }
+
+    pub fn live_samples(&self) -> usize {
+        self.live.len()
+    }
+
+    /// Age of the oldest live sample, for reports.
+    pub fn oldest_live_ns(&self) -> Option<u64> {
+        self.live.values().map(|l| l.time_ns).min()
+    }
+
+    /// A complete profile of the process now.
+    pub fn snapshot(&self, mapped_libraries: String) -> HeapProfile {
+        let mut notes = vec![("memprobe_samples".to_owned(), self.samples.to_string())];
+        let d = &self.drops;
+        for (name, value) in [
+            ("dropped_live_table_full", d.live_table_full),
+            ("dropped_untracked_in_kernel", d.untracked_in_kernel),
+            ("dropped_stack_table_full", d.stack_table_full),
+            ("dropped_unmatched_returns", d.unmatched_returns),
+            ("stack_errors", d.stack_errors),
+        ] {
+            if value > 0 {
+                notes.push((name.to_owned(), value.to_string()));
+            }
+        }
+        HeapProfile {
+            pid: self.pid,
+            sample_interval: self.options.sample_interval,
+            stacks: self
+                .stacks
+                .iter()
+                .filter(|s| s.alloc_objects > 0.0)
+                .cloned()
+                .collect(),
+            mapped_libraries,
+            notes,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use profiler_common::EventHeader;
+
+    use super::*;
+
+    fn header(tid: u32) -> EventHeader {
+        EventHeader {
+            tid,
+            pid: 1,
+            ..Default::default()
+        }
+    }
+
+    fn sampled(tid: u32, size: u64, frames: &[u64]) -> Event {
+        Event::Sampled {
+            header: header(tid),
+            size,
+            align: 0,
+            frames: frames.to_vec(),
+            stack_error: false,
+        }
+    }
+
+    fn returned(tid: u32, ptr: u64) -> Event {
+        Event::Returned {
+            header: header(tid),
+            ptr,
+            untracked: false,
+        }
+    }
+
+    fn heap(max_live: usize) -> ProcessHeap {
+        ProcessHeap::new(
+            1,
+            CollectorOptions {
+                sample_interval: 4096,
+                max_live,
+                max_stacks: 10,
+            },
+        )
+    }
+
+    #[test]
+    fn allocation_then_free_leaves_only_the_allocated_side() {
+        let mut heap = heap(10);
+        heap.apply(sampled(7, 4096, &[0x10, 0x20]));
+        heap.apply(returned(7, 0xdead0));
+        let w = sample_weight(4096, 4096);
+        assert!((heap.inuse_bytes() - w * 4096.0).abs() < 1e-6);
+        heap.apply(Event::Freed {
+            header: header(7),
+            ptr: 0xdead0,
+        });
+        let profile = heap.snapshot(String::new());
+        assert_eq!(profile.stacks.len(), 1);
+        assert_eq!(profile.stacks[0].inuse_bytes, 0.0);
+        assert!((profile.stacks[0].alloc_bytes - w * 4096.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn bytes_are_size_classes() {
+        let mut heap = heap(10);
+        heap.apply(sampled(1, 100_000, &[0x10]));
+        heap.apply(returned(1, 0x1000));
+        let profile = heap.snapshot(String::new());
+        let s = &profile.stacks[0];
+        assert!((s.inuse_bytes / s.inuse_objects - 114_688.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn returns_pair_with_their_thread_and_failures_count_nothing() {
+        let mut heap = heap(10);
+        heap.apply(sampled(1, 64, &[0x10]));
+        heap.apply(sampled(2, 8192, &[0x20]));
+        heap.apply(returned(2, 0x2000));
+        heap.apply(returned(1, 0));
+        heap.apply(returned(3, 0x3000));
+        let profile = heap.snapshot(String::new());
+        assert_eq!(profile.stacks.len(), 1);
+        assert_eq!(profile.stacks[0].frames, [0x20]);
+        assert_eq!(heap.drops.unmatched_returns, 1);
+    }
+
+    #[test]
+    fn a_full_live_table_is_counted_and_reported() {
+        let mut heap = heap(1);
+        for (i, ptr) in [0x1000u64, 0x2000, 0x3000].into_iter().enumerate() {
+            heap.apply(sampled(i as u32, 4096, &[0x10]));
+            heap.apply(returned(i as u32, ptr));
+        }
+        assert_eq!(heap.live_samples(), 1);
+        assert_eq!(heap.drops.live_table_full, 2);
+        let profile = heap.snapshot(String::new());
+        assert!(
+            profile
+                .notes
+                .contains(&("dropped_live_table_full".into(), "2".into()))
+        );
+    }
+
+    #[test]
+    fn resize_in_place_changes_bytes_not_objects() {
+        let mut heap = heap(10);
+        heap.apply(sampled(1, 1 << 20, &[0x10]));
+        heap.apply(returned(1, 0x1000));
+        heap.apply(Event::Resized {
+            header: header(1),
+            ptr: 0x1000,
+            new_size: 2 << 20,
+        });
+        assert!((heap.inuse_bytes() - (2 << 20) as f64).abs() < 1.0);
+    }
+}

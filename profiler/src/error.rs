@@ -1,0 +1,58 @@
+//! The library's errors. Each message says what is wrong and what to do.
+use std::{io, path::PathBuf};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("no process with pid {0}: check the pid with `ps -e` and that the process still runs")]
+    NoSuchProcess(u32),
+
+    #[error(
+        "process {pid} ({command}) has no jemalloc: {found}; memprobe profiles processes that use \
+         jemalloc (linked to libjemalloc, or started with LD_PRELOAD=libjemalloc.so.2)"
+    )]
+    NoJemalloc {
+        pid: u32,
+        command: String,
+        found: String,
+    },
+
+    #[error("memprobe needs root to load eBPF programs and attach uprobes: run it with sudo")]
+    NotRoot,
+
+    #[error(
+        "this kernel has no uprobe support ({} is missing): memprobe needs a kernel built with \
+         CONFIG_UPROBES and CONFIG_UPROBE_EVENTS", .0.display()
+    )]
+    NoUprobes(PathBuf),
+
+    #[error(
+        "this kernel has no BTF ({} is missing): memprobe needs a kernel built with \
+         CONFIG_DEBUG_INFO_BTF (Linux 5.8 or newer with BTF)", .0.display()
+    )]
+    NoBtf(PathBuf),
+
+    #[error("cannot read {}: {source}", path.display())]
+    Read { path: PathBuf, source: io::Error },
+
+    #[error("cannot parse {} as ELF: {message}", path.display())]
+    Elf { path: PathBuf, message: String },
+
+    #[error("loading the eBPF programs into the kernel failed: {0}")]
+    Load(String),
+
+    #[error("attaching {entry_point} in {} of pid {pid} failed: {message}", path.display())]
+    Attach {
+        pid: u32,
+        entry_point: String,
+        path: PathBuf,
+        message: String,
+    },
+
+    #[error("reading kernel events failed: {0}")]
+    Events(String),
+
+    #[error("writing {}: {source}", path.display())]
+    Write { path: PathBuf, source: io::Error },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

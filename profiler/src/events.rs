@@ -1,0 +1,162 @@
+//! Decoding ring-buffer records into events.
+use std::mem::size_of;
+
+use profiler_common::{
+    AllocEvent, AllocReturnEvent, EventHeader, FreeEvent, MAX_STACK_DEPTH, ResizeEvent, event_kind,
+};
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    /// A sampled allocation call (its pointer follows in `Returned`).
+    Sampled {
+        header: EventHeader,
+        size: u64,
+        align: u64,
+        /// Return addresses, innermost first, allocator frames removed.
+        frames: Vec<u64>,
+        stack_error: bool,
+    },
+    Returned {
+        header: EventHeader,
+        ptr: u64,
+        untracked: bool,
+    },
+    Freed {
+        header: EventHeader,
+        ptr: u64,
+    },
+    Resized {
+        header: EventHeader,
+        ptr: u64,
+        new_size: u64,
+    },
+}
+
+fn read<T: Copy>(bytes: &[u8]) -> Option<T> {
+    // SAFETY: length checked; the types are plain old data; unaligned read.
+    (bytes.len() >= size_of::<T>()).then(|| unsafe { bytes.as_ptr().cast::<T>().read_unaligned() })
+}
+
+/// Decodes one record; `None` for a record of unknown kind or short length.
+pub fn decode(bytes: &[u8]) -> Option<Event> {
+    let header: EventHeader = read(bytes)?;
+    Some(match header.kind {
+        event_kind::ALLOC => {
+            let event: AllocEvent = read(bytes)?;
+            let (frames, stack_error) = user_frames(&event);
+            Event::Sampled {
+                header,
+                size: event.size,
+                align: event.align,
+                frames,
+                stack_error,
+            }
+        }
+        event_kind::ALLOC_RETURN => {
+            let event: AllocReturnEvent = read(bytes)?;
+            Event::Returned {
+                header,
+                ptr: event.ptr,
+                untracked: event.untracked != 0,
+            }
+        }
+        event_kind::FREE => {
+            let event: FreeEvent = read(bytes)?;
+            Event::Freed {
+                header,
+                ptr: event.ptr,
+            }
+        }
+        event_kind::RESIZE => {
+            let event: ResizeEvent = read(bytes)?;
+            Event::Resized {
+                header,
+                ptr: event.ptr,
+                new_size: event.new_size,
+            }
+        }
+        _ => return None,
+    })
+}
+
+/// The caller's return address, then the frame-pointer walk above it.
+///
+/// `stack[0]` is the probed instruction inside the allocator: dropped. At a
+/// function's first instructions the walk misses the immediate caller (its
+/// return address is at `[rsp]`, not in a frame yet), so the probe reads it
+/// separately; the kernel adds it itself when the probe sits on `push %rbp`
+/// or `endbr64`, in which case it is not added twice.
+pub fn user_frames(event: &AllocEvent) -> (Vec<u64>, bool) {
+    let stack_error = event.stack_bytes < 0;
+    let depth = if stack_error {
+        0
+    } else {
+        (event.stack_bytes as usize / size_of::<u64>()).min(MAX_STACK_DEPTH)
+    };
+    let walked = event.stack[..depth].iter().skip(1).copied();
+    let mut frames = Vec::with_capacity(depth + 1);
+    if event.caller != 0 {
+        frames.push(event.caller);
+    }
+    for (i, frame) in walked.enumerate() {
+        if frame == 0 || (i == 0 && frame == event.caller) {
+            continue;
+        }
+        frames.push(frame);
+    }
+    (frames, stack_error)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn alloc_event(caller: u64, walked: &[u64]) -> AllocEvent {
+        let mut stack = [0; MAX_STACK_DEPTH];
+        stack[..walked.len()].copy_from_slice(walked);
+        AllocEvent {
+            header: EventHeader {
+                kind: event_kind::ALLOC,
+                ..Default::default()
+            },
+            size: 4096,
+            align: 0,
+            caller,
+            stack_bytes: (walked.len() * 8) as i64,
+            stack,
+        }
+    }
+
+    #[test]
+    fn caller_comes_first_and_probe_address_is_dropped() {
+        let event = alloc_event(0x1111, &[0xa000, 0x2222, 0x3333]);
+        assert_eq!(user_frames(&event).0, [0x1111, 0x2222, 0x3333]);
+    }
+
+    #[test]
+    fn caller_added_by_the_kernel_is_not_repeated() {
+        let event = alloc_event(0x1111, &[0xa000, 0x1111, 0x2222]);
+        assert_eq!(user_frames(&event).0, [0x1111, 0x2222]);
+    }
+
+    #[test]
+    fn decodes_each_kind_and_rejects_garbage() {
+        let event = alloc_event(0x1111, &[0xa000]);
+        // SAFETY: viewing a POD struct as bytes.
+        let bytes = unsafe {
+            std::slice::from_raw_parts(
+                (&event as *const AllocEvent).cast::<u8>(),
+                size_of::<AllocEvent>(),
+            )
+        };
+        match decode(bytes) {
+            Some(Event::Sampled { size, frames, .. }) => {
+                assert_eq!(size, 4096);
+                assert_eq!(frames, [0x1111]);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(decode(&bytes[..20]), None);
+        assert_eq!(decode(&[0xff; 64]), None);
+    }
+}

@@ -1,0 +1,192 @@
+//! The eBPF side as userspace sees it: load the object, size its maps,
+//! attach probes, read its counters. Dropping [`KernelProbes`] detaches
+//! every probe (the kernel also does so if memprobe dies: links are fds).
+use std::num::NonZeroU32;
+
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{Array, MapData, PerCpuArray, RingBuf},
+    programs::{
+        UProbe,
+        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope},
+    },
+};
+use profiler_common::{Counter, cookie, maps, programs};
+
+use crate::{
+    entry_points::CallShape,
+    error::{Error, Result},
+    sampling,
+    target::Target,
+};
+
+/// Sizes of the kernel's tables.
+#[derive(Clone, Debug)]
+pub struct KernelOptions {
+    /// Mean sampling interval in bytes. Default: 512 KiB, as jemalloc.
+    pub sample_interval: u64,
+    /// Sampled pointers the kernel tracks for frees. Default: 262144.
+    pub max_sampled_pointers: u32,
+    /// Ring-buffer size in bytes (a power of two). Default: 8 MiB.
+    pub ring_buffer_bytes: u32,
+}
+
+impl Default for KernelOptions {
+    fn default() -> Self {
+        Self {
+            sample_interval: sampling::DEFAULT_SAMPLE_INTERVAL,
+            max_sampled_pointers: 262_144,
+            ring_buffer_bytes: 8 << 20,
+        }
+    }
+}
+
+/// One attached probe, for `--verbose` and the cost report.
+#[derive(Clone, Debug)]
+pub struct AttachedProbe {
+    pub pid: u32,
+    pub symbol: String,
+    pub path: String,
+    pub file_offset: u64,
+    pub with_return: bool,
+}
+
+pub struct KernelProbes {
+    ebpf: Ebpf,
+    pub attached: Vec<AttachedProbe>,
+}
+
+const ALL_PROGRAMS: [&str; 10] = [
+    programs::ALLOC_SIZE_ARG0,
+    programs::ALLOC_SIZE_ARG1,
+    programs::ALLOC_CALLOC,
+    programs::ALLOC_REALLOC,
+    programs::ALLOC_POSIX_MEMALIGN,
+    programs::ALLOC_MALLOCX,
+    programs::ALLOC_RALLOCX,
+    programs::RESIZE_XALLOCX,
+    programs::FREE_ARG0,
+    programs::CALL_RETURN,
+];
+
+fn load_error(what: &str, error: impl std::fmt::Display) -> Error {
+    Error::Load(format!("{what}: {error}"))
+}
+
+impl KernelProbes {
+    /// Loads the programs into the kernel; nothing is attached yet.
+    pub fn load(options: &KernelOptions) -> Result<Self> {
+        let mut ebpf = EbpfLoader::new()
+            .map_max_entries(maps::SAMPLED, options.max_sampled_pointers)
+            .map_max_entries(maps::EVENTS, options.ring_buffer_bytes)
+            .load(aya::include_bytes_aligned!(concat!(
+                env!("OUT_DIR"),
+                "/profiler"
+            )))
+            .map_err(|e| load_error("eBPF object", e))?;
+        let mut table: Array<_, u64> = Array::try_from(
+            ebpf.map_mut(maps::EXP_QUANTILES)
+                .ok_or_else(|| load_error(maps::EXP_QUANTILES, "missing"))?,
+        )
+        .map_err(|e| load_error(maps::EXP_QUANTILES, e))?;
+        for (index, value) in sampling::quantile_table(options.sample_interval)
+            .into_iter()
+            .enumerate()
+        {
+            table
+                .set(index as u32, value, 0)
+                .map_err(|e| load_error(maps::EXP_QUANTILES, e))?;
+        }
+        for name in ALL_PROGRAMS {
+            let program: &mut UProbe = ebpf
+                .program_mut(name)
+                .ok_or_else(|| load_error(name, "missing"))?
+                .try_into()
+                .map_err(|e| load_error(name, e))?;
+            program.load().map_err(|e| load_error(name, e))?;
+        }
+        Ok(Self {
+            ebpf,
+            attached: Vec::new(),
+        })
+    }
+
+    /// Attaches to every jemalloc entry point of `target`, scoped to its pid.
+    pub fn attach(&mut self, target: &Target) -> Result<()> {
+        let pid = NonZeroU32::new(target.pid).ok_or(Error::NoSuchProcess(0))?;
+        for instance in &target.jemalloc {
+            for entry in &instance.entry_points {
+                let probe_index = self.attached.len() as u32;
+                // At the first instruction the return address is at [rsp].
+                let point = || UProbeAttachPoint {
+                    location: UProbeAttachLocation::AbsoluteOffset(entry.file_offset),
+                    cookie: Some(cookie::encode(probe_index, 0)),
+                };
+                let attach_error = |message: String| Error::Attach {
+                    pid: target.pid,
+                    entry_point: entry.symbol.clone(),
+                    path: instance.path.clone().into(),
+                    message,
+                };
+                let mut attach_one = |program: &str| -> Result<()> {
+                    let program: &mut UProbe = self
+                        .ebpf
+                        .program_mut(program)
+                        .ok_or_else(|| attach_error(format!("program {program} missing")))?
+                        .try_into()
+                        .map_err(|e| attach_error(format!("{e}")))?;
+                    program
+                        .attach(point(), &instance.open_path, UProbeScope::OneProcess(pid))
+                        .map_err(|e| attach_error(format!("{e}")))?;
+                    Ok(())
+                };
+                attach_one(entry.shape.program())?;
+                let with_return = entry.shape.needs_return();
+                if with_return {
+                    attach_one(programs::CALL_RETURN)?;
+                }
+                self.attached.push(AttachedProbe {
+                    pid: target.pid,
+                    symbol: entry.symbol.clone(),
+                    path: instance.path.clone(),
+                    file_offset: entry.file_offset,
+                    with_return,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The event ring buffer; can be taken once.
+    pub fn take_events(&mut self) -> Result<RingBuf<MapData>> {
+        let map = self
+            .ebpf
+            .take_map(maps::EVENTS)
+            .ok_or_else(|| Error::Events("ring buffer already taken".into()))?;
+        RingBuf::try_from(map).map_err(|e| Error::Events(e.to_string()))
+    }
+
+    /// Kernel counters summed over CPUs, indexed by [`Counter`].
+    pub fn counters(&self) -> [u64; Counter::COUNT as usize] {
+        let mut totals = [0; Counter::COUNT as usize];
+        let Some(map) = self.ebpf.map(maps::COUNTERS) else {
+            return totals;
+        };
+        let Ok(counters) = PerCpuArray::<_, u64>::try_from(map) else {
+            return totals;
+        };
+        for counter in Counter::ALL {
+            if let Ok(values) = counters.get(&(counter as u32), 0) {
+                totals[counter as usize] = values.iter().sum();
+            }
+        }
+        totals
+    }
+}
+
+impl CallShape {
+    /// Shapes whose entry point allocates (for reports).
+    pub fn allocates(self) -> bool {
+        !matches!(self, CallShape::Free | CallShape::Xallocx)
+    }
+}

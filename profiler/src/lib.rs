@@ -1,0 +1,23 @@
+//! memprobe: a heap profiler for processes that use jemalloc, attached with
+//! uprobes to a running process, writing profiles that jeprof reads.
+//!
+//! The path of a run: [`target`] finds jemalloc in a process, [`kernel`]
+//! loads the eBPF programs and attaches them, [`events`] decodes what they
+//! send, [`collector`] keeps the live set and the per-stack estimates,
+//! [`output`] writes the profiles, and [`session`] ties it together.
+pub mod checks;
+pub mod collector;
+pub mod elf;
+pub mod entry_points;
+pub mod error;
+pub mod events;
+pub mod format;
+pub mod kernel;
+pub mod output;
+pub mod profile;
+pub mod sampling;
+pub mod session;
+pub mod size_class;
+pub mod target;
+
+pub use error::{Error, Result};

@@ -1,0 +1,51 @@
+//! The `memprobe` binary: parse flags, run a session, report. The work is in
+//! the `profiler` library.
+mod cli;
+
+use std::{io::IsTerminal, process::ExitCode};
+
+use anyhow::Context;
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let cli = match cli::Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(error) => {
+            use clap::error::ErrorKind;
+            if matches!(
+                error.kind(),
+                ErrorKind::DisplayHelp | ErrorKind::DisplayVersion
+            ) {
+                error.exit();
+            }
+            // One line, not clap's usage block.
+            let rendered = error.to_string();
+            let first = rendered.lines().next().unwrap_or("bad arguments");
+            let first = first.trim_start_matches("error: ");
+            eprintln!("memprobe: error: {first}; see `memprobe --help`");
+            return ExitCode::from(2);
+        }
+    };
+    match run(cli) {
+        Ok(code) => code,
+        Err(error) => {
+            eprintln!("memprobe: error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: cli::Cli) -> anyhow::Result<ExitCode> {
+    let progress = std::io::stderr().is_terminal();
+    let options = cli.session_options(progress);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    let mut stderr = std::io::stderr();
+    let summary = runtime.block_on(profiler::session::run(options, &mut stderr))?;
+    for line in profiler::session::summary_lines(&summary) {
+        eprintln!("{line}");
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,162 @@
+//! Placing outputs on disk: atomically (a temporary file, then a rename
+//! that never replaces), never through a symlink, never over an existing file.
+use std::{
+    collections::HashMap,
+    ffi::CString,
+    fs::{File, OpenOptions},
+    io::{self, BufWriter, Write},
+    os::unix::{ffi::OsStrExt, fs::OpenOptionsExt},
+    path::{Path, PathBuf},
+};
+
+/// The output folder of a run, and the next sequence number per process.
+#[derive(Debug)]
+pub struct OutputDir {
+    dir: PathBuf,
+    next_seq: HashMap<u32, u64>,
+}
+
+impl OutputDir {
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Self {
+            dir: dir.into(),
+            next_seq: HashMap::new(),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Reserves the next sequence number for `pid` whose `.heap` file does
+    /// not exist yet: files of an earlier run stay untouched.
+    pub fn next_seq(&mut self, pid: u32) -> u64 {
+        let seq = self.next_seq.entry(pid).or_insert(0);
+        while self
+            .dir
+            .join(file_name(pid, *seq, "heap"))
+            .symlink_metadata()
+            .is_ok()
+        {
+            *seq += 1;
+        }
+        let reserved = *seq;
+        *seq += 1;
+        reserved
+    }
+
+    /// Writes `memprobe.<pid>.<seq>.<ext>` with `write`, atomically.
+    pub fn write_file(
+        &self,
+        pid: u32,
+        seq: u64,
+        ext: &str,
+        write: impl FnOnce(&mut dyn Write) -> io::Result<()>,
+    ) -> io::Result<PathBuf> {
+        let target = self.dir.join(file_name(pid, seq, ext));
+        let temporary = self.dir.join(format!(
+            ".{}.{}.tmp",
+            file_name(pid, seq, ext),
+            std::process::id()
+        ));
+        let file = create_new(&temporary)?;
+        let result = (|| {
+            let mut out = BufWriter::new(file);
+            write(&mut out)?;
+            let file = out.into_inner().map_err(|e| e.into_error())?;
+            file.sync_all()?;
+            rename_no_replace(&temporary, &target)
+        })();
+        if result.is_err() {
+            let _ = std::fs::remove_file(&temporary);
+        }
+        result.map(|()| target)
+    }
+}
+
+pub fn file_name(pid: u32, seq: u64, ext: &str) -> String {
+    format!("memprobe.{pid}.{seq}.{ext}")
+}
+
+/// O_EXCL never follows a symlink planted at the path: it fails instead.
+fn create_new(path: &Path) -> io::Result<File> {
+    OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+}
+
+/// `renameat2(RENAME_NOREPLACE)`: fails with EEXIST instead of replacing.
+fn rename_no_replace(from: &Path, to: &Path) -> io::Result<()> {
+    let from = CString::new(from.as_os_str().as_bytes())?;
+    let to = CString::new(to.as_os_str().as_bytes())?;
+    // SAFETY: both are valid NUL-terminated paths.
+    let rc = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            from.as_ptr(),
+            libc::AT_FDCWD,
+            to.as_ptr(),
+            libc::RENAME_NOREPLACE,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch(name: &str) -> PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("memprobe-files-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn skips_existing_files_and_symlinks() {
+        let dir = scratch("skip");
+        std::fs::write(dir.join("memprobe.7.0.heap"), "old").unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", dir.join("memprobe.7.1.heap")).unwrap();
+        let mut out = OutputDir::new(&dir);
+        let seq = out.next_seq(7);
+        assert_eq!(seq, 2);
+        let path = out
+            .write_file(7, seq, "heap", |w| w.write_all(b"new"))
+            .unwrap();
+        assert_eq!(std::fs::read_to_string(path).unwrap(), "new");
+        assert_eq!(
+            std::fs::read_to_string(dir.join("memprobe.7.0.heap")).unwrap(),
+            "old"
+        );
+        assert_eq!(out.next_seq(7), 3);
+    }
+
+    #[test]
+    fn never_replaces_and_leaves_no_temporary() {
+        let dir = scratch("noreplace");
+        std::os::unix::fs::symlink("/nonexistent", dir.join("memprobe.1.0.svg")).unwrap();
+        let out = OutputDir::new(&dir);
+        let err = out
+            .write_file(1, 0, "svg", |w| w.write_all(b"x"))
+            .unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::AlreadyExists);
+        let failed = out
+            .write_file(1, 5, "heap", |_| Err(io::Error::other("writer failed")))
+            .unwrap_err();
+        assert_eq!(failed.to_string(), "writer failed");
+        let names: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert_eq!(names, ["memprobe.1.0.svg"]);
+    }
+}

@@ -1,0 +1,161 @@
+//! jemalloc's `heap_v2` format, as `jeprof` reads it.
+//!
+//! jeprof un-samples every (count, bytes) pair itself, with the stack's
+//! average size; we keep unbiased per-sample estimates and write the values
+//! that jeprof's formula turns back into them (see `sampling::jeprof_encode`).
+use std::io::{self, Write};
+
+use crate::{profile::HeapProfile, sampling::jeprof_encode};
+
+/// Writes `profile` in `heap_v2` format.
+pub fn write<W: Write>(profile: &HeapProfile, mut out: W) -> io::Result<()> {
+    let interval = profile.sample_interval;
+    let encoded: Vec<_> = profile
+        .stacks
+        .iter()
+        .filter(|stack| !stack.frames.is_empty())
+        .map(|stack| {
+            let inuse = jeprof_encode(stack.inuse_objects, stack.inuse_bytes, interval);
+            let alloc = jeprof_encode(stack.alloc_objects, stack.alloc_bytes, interval);
+            (stack, inuse, alloc)
+        })
+        .filter(|(_, inuse, alloc)| *inuse != (0, 0) || *alloc != (0, 0))
+        .collect();
+
+    let total = encoded.iter().fold([0u64; 4], |t, (_, inuse, alloc)| {
+        [
+            t[0] + inuse.0,
+            t[1] + inuse.1,
+            t[2] + alloc.0,
+            t[3] + alloc.1,
+        ]
+    });
+    writeln!(out, "heap_v2/{interval}")?;
+    writeln!(
+        out,
+        "  t*: {}: {} [{}: {}]",
+        total[0], total[1], total[2], total[3]
+    )?;
+    // jeprof skips lines it does not know; these carry what it cannot.
+    for (key, value) in &profile.notes {
+        writeln!(out, "# {key}: {value}")?;
+    }
+    for (stack, inuse, alloc) in encoded {
+        write!(out, "@")?;
+        for (i, frame) in stack.frames.iter().enumerate() {
+            // jeprof subtracts 1 from every frame but the first: give it the
+            // first one as (return address - 1) so all resolve to the call.
+            let address = if i == 0 {
+                frame.saturating_sub(1)
+            } else {
+                *frame
+            };
+            write!(out, " 0x{address:x}")?;
+        }
+        writeln!(out)?;
+        writeln!(
+            out,
+            "  t*: {}: {} [{}: {}]",
+            inuse.0, inuse.1, alloc.0, alloc.1
+        )?;
+    }
+    writeln!(out)?;
+    writeln!(out, "MAPPED_LIBRARIES:")?;
+    out.write_all(profile.mapped_libraries.as_bytes())?;
+    if !profile.mapped_libraries.is_empty() && !profile.mapped_libraries.ends_with('\n') {
+        writeln!(out)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::*;
+    use crate::profile::StackEstimate;
+
+    fn golden(name: &str, actual: &str) {
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/golden")
+            .join(name);
+        if std::env::var_os("MEMPROBE_BLESS").is_some() {
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(&path, actual).unwrap();
+        }
+        let expected = std::fs::read_to_string(&path)
+            .unwrap_or_else(|_| panic!("{} missing: run with MEMPROBE_BLESS=1", path.display()));
+        assert_eq!(
+            actual, expected,
+            "{} differs (MEMPROBE_BLESS=1 rewrites it)",
+            name
+        );
+    }
+
+    fn example() -> HeapProfile {
+        HeapProfile {
+            pid: 42,
+            sample_interval: 524_288,
+            stacks: vec![
+                StackEstimate {
+                    frames: vec![0x55d0c0a01163, 0x55d0c0a0119a, 0x7f3a1c029d90],
+                    inuse_objects: 128.5,
+                    inuse_bytes: 526_338.0,
+                    alloc_objects: 257.0,
+                    alloc_bytes: 1_052_676.0,
+                },
+                StackEstimate {
+                    frames: vec![0x55d0c0a0116e, 0x55d0c0a011bf, 0x7f3a1c029d90],
+                    inuse_objects: 21.0,
+                    inuse_bytes: 22_020_096.0,
+                    alloc_objects: 21.0,
+                    alloc_bytes: 22_020_096.0,
+                },
+                // Freed entirely: only the allocated side remains.
+                StackEstimate {
+                    frames: vec![0x55d0c0a01200, 0x7f3a1c029d90],
+                    inuse_objects: 0.0,
+                    inuse_bytes: 0.0,
+                    alloc_objects: 1024.0,
+                    alloc_bytes: 524_288.0,
+                },
+                // Nothing at all: not written.
+                StackEstimate {
+                    frames: vec![0x55d0c0a01300],
+                    ..Default::default()
+                },
+            ],
+            mapped_libraries: "55d0c0a00000-55d0c0a02000 r-xp 00001000 08:01 12 /usr/bin/demo\n"
+                .into(),
+            notes: vec![("dropped_samples".into(), "3".into())],
+        }
+    }
+
+    #[test]
+    fn writes_heap_v2_golden() {
+        let mut out = Vec::new();
+        write(&example(), &mut out).unwrap();
+        golden("example.heap", &String::from_utf8(out).unwrap());
+    }
+
+    #[test]
+    fn count_lines_match_jeprof_regex_and_no_empty_stacks() {
+        let mut out = Vec::new();
+        write(&example(), &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        for line in text.lines().take_while(|l| !l.starts_with("MAPPED")) {
+            let line = line.trim();
+            if line.starts_with("t*:") {
+                // t*: N: N [N: N]
+                let parts: Vec<&str> = line.split(|c: char| " :[]".contains(c)).collect();
+                let numbers: Vec<u64> = parts.iter().filter_map(|p| p.parse().ok()).collect();
+                assert_eq!(numbers.len(), 4, "{line}");
+                assert!(line.ends_with(']'));
+            }
+            if line.starts_with('@') {
+                assert!(line.len() > 2, "empty stack line");
+            }
+        }
+        assert!(!text.contains("0x55d0c0a01300"));
+    }
+}
