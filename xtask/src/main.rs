@@ -1,1 +1,123 @@
-fn main() {}
+//! `cargo xtask`: set-up, the demo and the test suite, each installing what
+//! it needs first (idempotently), so that a fresh machine needs nothing else.
+mod demo;
+mod setup;
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "cargo xtask", about = "memprobe's developer tasks")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Install what building and testing need: Debian packages, the
+    /// nightly's rust-src, bpf-linker built against the nightly's LLVM.
+    Setup,
+    /// Set up, build, profile a bundled jemalloc workload for a few seconds,
+    /// write its profile and print the top allocation sites.
+    Demo {
+        /// How long to profile the demo workload.
+        #[arg(long, default_value = "5s")]
+        duration: String,
+    },
+    /// Set up, then run every check: rustfmt, clippy (userspace and eBPF),
+    /// unit tests, and the integration tests that attach to real processes.
+    Test {
+        /// Only run tests whose name contains this.
+        filter: Option<String>,
+    },
+}
+
+fn main() -> Result<()> {
+    match Cli::parse().task {
+        Task::Setup => setup::install(),
+        Task::Demo { duration } => {
+            setup::install()?;
+            build_release()?;
+            demo::show(&duration)
+        }
+        Task::Test { filter } => {
+            setup::install()?;
+            test(filter.as_deref())
+        }
+    }
+}
+
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the workspace")
+        .to_owned()
+}
+
+/// Runs a command in the workspace root, failing with its name if it fails.
+pub fn run_command(command: &mut Command) -> Result<()> {
+    command.current_dir(workspace_root());
+    let status = command
+        .status()
+        .with_context(|| format!("starting {command:?}"))?;
+    if !status.success() {
+        bail!("{command:?} failed with {status}");
+    }
+    Ok(())
+}
+
+fn cargo() -> Command {
+    Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+}
+
+fn build_release() -> Result<()> {
+    eprintln!("xtask: building memprobe (release)");
+    run_command(cargo().args(["build", "--release", "--package", "profiler"]))
+}
+
+fn test(filter: Option<&str>) -> Result<()> {
+    eprintln!("xtask: rustfmt");
+    run_command(cargo().args(["fmt", "--all", "--check"]))?;
+    eprintln!("xtask: clippy (userspace)");
+    run_command(cargo().args(["clippy", "--all-targets", "--", "-D", "warnings"]))?;
+    eprintln!("xtask: clippy (eBPF)");
+    run_command(Command::new("rustup").args([
+        "run",
+        "nightly",
+        "cargo",
+        "clippy",
+        "--package",
+        "profiler-ebpf",
+        "--target",
+        "bpfel-unknown-none",
+        "-Z",
+        "build-std=core",
+        "--release",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
+    build_release()?;
+    eprintln!("xtask: tests");
+    let binary = workspace_root().join("target/release/memprobe");
+    let mut command = cargo();
+    command
+        .args([
+            "test",
+            "--release",
+            "--workspace",
+            "--exclude",
+            "profiler-ebpf",
+        ])
+        .env("MEMPROBE_BIN", &binary);
+    if let Some(filter) = filter {
+        command.arg(filter);
+    }
+    run_command(&mut command)
+}
