@@ -18,11 +18,17 @@ fn main() -> ExitCode {
             ) {
                 error.exit();
             }
-            // One line, not clap's usage block.
+            // One line, not clap's usage block: the message is what comes
+            // before the first blank line or the usage.
             let rendered = error.to_string();
-            let first = rendered.lines().next().unwrap_or("bad arguments");
-            let first = first.trim_start_matches("error: ");
-            eprintln!("memprobe: error: {first}; see `memprobe --help`");
+            let message: Vec<&str> = rendered
+                .lines()
+                .take_while(|l| !l.trim().is_empty() && !l.starts_with("Usage:"))
+                .map(str::trim)
+                .collect();
+            let message = message.join(" ");
+            let message = message.trim_start_matches("error: ");
+            eprintln!("memprobe: error: {message}; see `memprobe --help`");
             return ExitCode::from(2);
         }
     };

@@ -1,0 +1,138 @@
+//! Bad input: one clear line on stderr, a non-zero exit, nothing attached.
+use std::process::Command;
+
+use tests::*;
+
+fn assert_one_line_error(stderr: &str, status: std::process::ExitStatus, needles: &[&str]) {
+    assert!(!status.success(), "exit status {status}: {stderr}");
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "expected one line, got:\n{stderr}");
+    assert!(lines[0].starts_with("memprobe: error: "), "{stderr}");
+    for needle in needles {
+        assert!(stderr.contains(needle), "{needle:?} not in {stderr:?}");
+    }
+    assert!(!stderr.contains("attached"));
+}
+
+#[test]
+fn unknown_pid() {
+    // A pid that just ended and was reaped.
+    let mut child = Command::new("true").spawn().unwrap();
+    let pid = child.id().to_string();
+    child.wait().unwrap();
+    let (status, stderr) = run_memprobe(&["--pid", &pid, "--duration", "1s"], &[]);
+    assert_one_line_error(
+        &stderr,
+        status,
+        &[&format!("no process with pid {pid}"), "ps"],
+    );
+}
+
+#[test]
+fn process_without_jemalloc() {
+    let mut sleeper = Command::new("sleep").arg("30").spawn().unwrap();
+    let pid = sleeper.id().to_string();
+    // Until exec is done the process maps only the loader.
+    let maps = format!("/proc/{pid}/maps");
+    for _ in 0..100 {
+        if std::fs::read_to_string(&maps).is_ok_and(|m| m.contains("libc.so")) {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let (status, stderr) = run_memprobe(&["--pid", &pid, "--duration", "1s"], &[]);
+    let _ = sleeper.kill();
+    let _ = sleeper.wait();
+    assert_one_line_error(
+        &stderr,
+        status,
+        &["has no jemalloc", "glibc", "LD_PRELOAD=libjemalloc.so.2"],
+    );
+}
+
+#[test]
+fn not_root() {
+    // A copy everyone can run, wherever the checkout lives.
+    let dir = std::env::temp_dir().join(format!("memprobe-notroot-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let copy = dir.join("memprobe");
+    std::fs::copy(memprobe_bin(), &copy).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(&copy)
+        .args(["--pid", "1", "--duration", "1s"])
+        .output()
+        .expect("running setpriv");
+    let _ = std::fs::remove_dir_all(&dir);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_one_line_error(&stderr, out.status, &["needs root", "sudo"]);
+}
+
+/// A sysfs tree with or without the uprobe PMU and BTF.
+fn fake_sysfs(name: &str, uprobes: bool, btf: bool) -> std::path::PathBuf {
+    let dir = output_dir(name);
+    if uprobes {
+        let pmu = dir.join("bus/event_source/devices/uprobe");
+        std::fs::create_dir_all(&pmu).unwrap();
+        std::fs::write(pmu.join("type"), "9\n").unwrap();
+    }
+    if btf {
+        std::fs::create_dir_all(dir.join("kernel/btf")).unwrap();
+        std::fs::write(dir.join("kernel/btf/vmlinux"), "").unwrap();
+    }
+    dir
+}
+
+#[test]
+fn kernel_without_uprobes() {
+    let sysfs = fake_sysfs("sysfs_no_uprobes", false, true);
+    let (status, stderr) = run_memprobe(
+        &["--pid", "1", "--duration", "1s"],
+        &[("MEMPROBE_SYSFS", sysfs.to_str().unwrap())],
+    );
+    assert_one_line_error(&stderr, status, &["no uprobe support", "CONFIG_UPROBES"]);
+}
+
+#[test]
+fn kernel_without_btf() {
+    let sysfs = fake_sysfs("sysfs_no_btf", true, false);
+    let (status, stderr) = run_memprobe(
+        &["--pid", "1", "--duration", "1s"],
+        &[("MEMPROBE_SYSFS", sysfs.to_str().unwrap())],
+    );
+    assert_one_line_error(&stderr, status, &["no BTF", "CONFIG_DEBUG_INFO_BTF"]);
+}
+
+#[test]
+fn bad_flags() {
+    for (args, needle) in [
+        (
+            vec!["--pid", "1", "--sample-interval", "banana"],
+            "not a size",
+        ),
+        (vec!["--pid", "1", "--duration", "soon"], "duration"),
+        (vec!["--pid", "zero"], "invalid value"),
+        (vec!["--pid", "1", "--frobnicate"], "--frobnicate"),
+        (vec!["--duration", "1s"], "--pid"),
+    ] {
+        let (status, stderr) = run_memprobe(&args, &[]);
+        assert_eq!(status.code(), Some(2), "{args:?}: {stderr}");
+        assert_one_line_error(&stderr, status, &[needle, "memprobe --help"]);
+    }
+}
+
+#[test]
+fn help_has_examples() {
+    let (status, _) = run_memprobe(&["--help"], &[]);
+    assert!(status.success());
+    let out = Command::new(memprobe_bin()).arg("--help").output().unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        help.contains("sudo memprobe --pid 1234 --duration 10m"),
+        "{help}"
+    );
+    assert!(help.contains("jeprof --text"));
+}

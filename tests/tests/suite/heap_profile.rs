@@ -1,0 +1,216 @@
+//! Attach to a running C fixture with known sites; check the written profile
+//! with the real jeprof, against the truth and against jemalloc's own profiler.
+use tests::*;
+
+/// Truth of the fixture (tests/fixtures/sites.c), in bytes.
+const KEEP_4K_BYTES: f64 = 2000.0 * 4096.0;
+const KEEP_1M_BYTES: f64 = 16.0 * MIB;
+const CHURN_ALLOCATED_BYTES: f64 = 50_000.0 * 512.0;
+
+/// Profiles the fixture from attach until its workload is done, then stops
+/// memprobe with `signal`. Returns the written profile.
+fn profile_sites(test: &str, env: &[(&str, &str)]) -> (std::path::PathBuf, std::path::PathBuf) {
+    let binary = sites_fixture();
+    let out = output_dir(test);
+    let mut fixture = Fixture::start(&binary, env);
+    let pid = fixture.pid.to_string();
+    let mut memprobe = Memprobe::start(&[
+        "--pid",
+        &pid,
+        "--sample-interval",
+        "4096",
+        "--output",
+        out.to_str().unwrap(),
+    ]);
+    memprobe.wait_attached();
+    fixture.run_workload();
+    memprobe.signal(libc::SIGINT);
+    let (status, stderr) = memprobe.wait();
+    assert!(status.success(), "memprobe failed: {stderr}");
+    assert!(fixture.finish().success());
+    let heaps = heap_files(&out);
+    assert_eq!(heaps.len(), 1, "{heaps:?}\n{stderr}");
+    assert_eq!(
+        heaps[0].file_name().unwrap().to_str().unwrap(),
+        format!("memprobe.{pid}.0.heap")
+    );
+    (binary, heaps[0].clone())
+}
+
+#[test]
+fn jeprof_ranks_sites_and_estimates_are_within_10_percent() {
+    let (binary, heap) = profile_sites("jeprof_ranks_sites", &[]);
+    let text = std::fs::read_to_string(&heap).unwrap();
+    assert!(text.starts_with("heap_v2/4096\n"), "{}", &text[..40]);
+    assert!(text.contains("\nMAPPED_LIBRARIES:\n"));
+    assert!(text.contains("libjemalloc.so.2"));
+
+    let inuse = jeprof_text(&binary, &heap, "--inuse_space");
+    let keep_1m = inuse.get("keep_1m").copied().unwrap_or(0.0) * MIB;
+    let keep_4k = inuse.get("keep_4k").copied().unwrap_or(0.0) * MIB;
+    let churn = inuse.get("churn_512").copied().unwrap_or(0.0) * MIB;
+    assert!(keep_1m > keep_4k && keep_4k > churn, "{inuse:?}");
+    assert_within("keep_1m in use", keep_1m, KEEP_1M_BYTES, 0.10);
+    assert_within("keep_4k in use", keep_4k, KEEP_4K_BYTES, 0.10);
+    // Near zero: a few live samples at most at the moment of the stop.
+    assert!(churn <= 0.1 * MIB, "churn_512 in use: {churn}");
+    // Allocator frames are cut off: no jemalloc function carries bytes.
+    for name in ["malloc", "je_malloc_default", "imalloc"] {
+        assert!(!inuse.contains_key(name), "{name} in {inuse:?}");
+    }
+
+    let allocated = jeprof_text(&binary, &heap, "--alloc_space");
+    let churn_allocated = allocated.get("churn_512").copied().unwrap_or(0.0) * MIB;
+    assert_within(
+        "churn_512 allocated",
+        churn_allocated,
+        CHURN_ALLOCATED_BYTES,
+        0.10,
+    );
+    let keep_4k_allocated = allocated.get("keep_4k").copied().unwrap_or(0.0) * MIB;
+    assert_within("keep_4k allocated", keep_4k_allocated, KEEP_4K_BYTES, 0.10);
+}
+
+/// jemalloc's own profiler (Debian's jemalloc is built with it) on the same
+/// workload dumps its heap profile once the workload is done: memprobe's
+/// estimates must agree with jemalloc's within 10% per site (each has about
+/// 2% sampling noise at this interval). Separate runs: while memprobe's
+/// return probe is armed, the return address on the stack is the kernel's
+/// uretprobe trampoline, where jemalloc's in-process unwinder stops.
+#[test]
+fn estimates_agree_with_jemallocs_own_profiler() {
+    let (binary, heap) = profile_sites("agree_with_jemalloc", &[]);
+
+    let out = output_dir("jemalloc_own_dump");
+    let dump = out.join("jemalloc-own.heap");
+    let dump_path = dump.to_str().unwrap().to_owned();
+    let mut fixture = Fixture::start(
+        &binary,
+        &[
+            ("MALLOC_CONF", "prof:true,lg_prof_sample:12,prof_accum:true"),
+            ("FIXTURE_PROF_DUMP", &dump_path),
+        ],
+    );
+    fixture.run_workload();
+    assert!(fixture.finish().success());
+
+    let ours = jeprof_text(&binary, &heap, "--inuse_space");
+    let theirs = jeprof_text(&binary, &dump, "--inuse_space");
+    for site in ["keep_4k", "keep_1m"] {
+        let (a, b) = (ours[site], theirs[site]);
+        assert_within(&format!("{site}: memprobe vs jemalloc"), a, b, 0.10);
+    }
+    // Same ranking in both.
+    assert!(ours["keep_1m"] > ours["keep_4k"]);
+    assert!(theirs["keep_1m"] > theirs["keep_4k"]);
+    let ours_allocated = jeprof_text(&binary, &heap, "--alloc_space");
+    let theirs_allocated = jeprof_text(&binary, &dump, "--alloc_space");
+    assert_within(
+        "churn_512 allocated: memprobe vs jemalloc",
+        ours_allocated["churn_512"],
+        theirs_allocated["churn_512"],
+        0.10,
+    );
+}
+
+#[test]
+fn writes_final_profile_when_the_process_exits() {
+    let binary = sites_fixture();
+    let out = output_dir("process_exits");
+    let mut fixture = Fixture::start(&binary, &[]);
+    let pid = fixture.pid.to_string();
+    let mut memprobe = Memprobe::start(&[
+        "--pid",
+        &pid,
+        "--sample-interval",
+        "4096",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    memprobe.wait_attached();
+    fixture.run_workload();
+    assert!(fixture.finish().success());
+    // No signal, no duration: memprobe stops because the process is gone.
+    let (status, stderr) = memprobe.wait();
+    assert!(status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!("process {pid} exited")),
+        "{stderr}"
+    );
+    let heaps = heap_files(&out);
+    assert_eq!(heaps.len(), 1);
+    let inuse = jeprof_text(&binary, &heaps[0], "--inuse_space");
+    assert_within("keep_1m", inuse["keep_1m"] * MIB, KEEP_1M_BYTES, 0.10);
+}
+
+#[test]
+fn sigterm_and_duration_both_write_a_profile_and_exit_zero() {
+    let binary = sites_fixture();
+    for (case, args) in [("sigterm", vec![]), ("duration", vec!["--duration", "3s"])] {
+        let out = output_dir(&format!("stop_{case}"));
+        let mut fixture = Fixture::start(&binary, &[]);
+        let pid = fixture.pid.to_string();
+        let mut all = vec!["--pid", &pid, "--sample-interval", "4096", "-o"];
+        all.push(out.to_str().unwrap());
+        all.extend(args);
+        let mut memprobe = Memprobe::start(&all);
+        memprobe.wait_attached();
+        fixture.run_workload();
+        if case == "sigterm" {
+            memprobe.signal(libc::SIGTERM);
+        }
+        let (status, stderr) = memprobe.wait();
+        assert!(status.success(), "{case}: {stderr}");
+        assert!(stderr.contains("detached"), "{case}: {stderr}");
+        let heaps = heap_files(&out);
+        assert_eq!(heaps.len(), 1, "{case}");
+        let inuse = jeprof_text(&binary, &heaps[0], "--inuse_space");
+        assert_within(case, inuse["keep_1m"] * MIB, KEEP_1M_BYTES, 0.10);
+        // The target goes on unharmed after memprobe detached.
+        assert!(fixture.finish().success(), "{case}");
+    }
+}
+
+#[test]
+fn verbose_lists_every_entry_point_it_attached() {
+    let binary = sites_fixture();
+    let out = output_dir("verbose");
+    let fixture = Fixture::start(&binary, &[]);
+    let pid = fixture.pid.to_string();
+    let (status, stderr) = run_memprobe(
+        &[
+            "--pid",
+            &pid,
+            "--duration",
+            "1s",
+            "--verbose",
+            "-o",
+            out.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(status.success(), "{stderr}");
+    for symbol in [
+        "malloc",
+        "calloc",
+        "realloc",
+        "free",
+        "posix_memalign",
+        "aligned_alloc",
+        "memalign",
+        "valloc",
+        "mallocx",
+        "rallocx",
+        "xallocx",
+        "dallocx",
+        "sdallocx",
+        "_Znwm",
+        "_ZdlPv",
+    ] {
+        let line = format!("pid {pid}: {symbol} at ");
+        assert!(stderr.contains(&line), "{symbol} not attached:\n{stderr}");
+    }
+    // Exactly one "attached" line, before the summary.
+    assert_eq!(stderr.matches("memprobe: attached").count(), 1);
+    drop(fixture);
+}

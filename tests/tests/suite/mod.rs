@@ -1,0 +1,2 @@
+mod errors;
+mod heap_profile;
