@@ -140,12 +140,13 @@ pub mod pending_kind {
 }
 
 /// Key of the kernel's set of sampled pointers: pointers are only unique
-/// within one process.
+/// within one process, and a free is matched against the allocator
+/// instance (one copy of jemalloc) that made the pointer.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct LiveKey {
     pub pid: u32,
-    pub _pad: u32,
+    pub instance: u32,
     pub ptr: u64,
 }
 
@@ -182,17 +183,21 @@ impl Counter {
     ];
 }
 
-/// Cookie attached to each probe: which entry point it is, and where its
-/// return address lies relative to `rsp` at the probed instruction.
+/// Cookie attached to each probe: which entry point it is (bits 0-31),
+/// where its return address lies relative to `rsp` at the probed instruction
+/// (bits 32-47), and which allocator instance it belongs to (bits 48-63).
 pub mod cookie {
-    pub const fn encode(probe_index: u32, return_address_offset: u32) -> u64 {
-        ((return_address_offset as u64) << 32) | probe_index as u64
+    pub const fn encode(probe_index: u32, return_address_offset: u16, instance: u16) -> u64 {
+        ((instance as u64) << 48) | ((return_address_offset as u64) << 32) | probe_index as u64
     }
     pub const fn probe_index(cookie: u64) -> u32 {
         cookie as u32
     }
     pub const fn return_address_offset(cookie: u64) -> u64 {
-        cookie >> 32
+        (cookie >> 32) & 0xffff
+    }
+    pub const fn instance(cookie: u64) -> u32 {
+        (cookie >> 48) as u32
     }
 }
 
@@ -267,5 +272,14 @@ mod tests {
         assert_eq!(split_random(0), (31, 0));
         // 0b0110_0000... : one leading zero, mantissa 1.1 -> index half way.
         assert_eq!(split_random(0x6000_0000), (1, QUANTILE_COUNT / 2));
+    }
+
+    #[test]
+    fn cookie_fields_round_trip() {
+        use super::cookie::*;
+        let c = encode(0xdead_beef, 24, 7);
+        assert_eq!(probe_index(c), 0xdead_beef);
+        assert_eq!(return_address_offset(c), 24);
+        assert_eq!(instance(c), 7);
     }
 }

@@ -93,7 +93,7 @@ pub fn alloc_rallocx(ctx: ProbeContext) -> u32 {
 #[uprobe]
 pub fn resize_xallocx(ctx: ProbeContext) -> u32 {
     let args = Args::of(&ctx);
-    on_resize_entry(args.arg(0));
+    on_resize_entry(&ctx, args.arg(0));
     0
 }
 

@@ -167,6 +167,15 @@ fn record_allocation(ctx: &ProbeContext, id: u64, size: u64, align: u64, pending
     entry.submit(0);
 }
 
+#[inline(always)]
+fn live_key(id: u64, cookie: u64, ptr: u64) -> LiveKey {
+    LiveKey {
+        pid: (id >> 32) as u32,
+        instance: cookie::instance(cookie),
+        ptr,
+    }
+}
+
 /// A free: costs one lookup unless the pointer was sampled.
 #[inline(always)]
 pub fn on_free(ctx: &ProbeContext, ptr: u64) {
@@ -175,17 +184,14 @@ pub fn on_free(ctx: &ProbeContext, ptr: u64) {
         return;
     }
     let id = bpf_get_current_pid_tgid();
-    let key = LiveKey {
-        pid: (id >> 32) as u32,
-        _pad: 0,
-        ptr,
-    };
+    let probe_cookie = probe_cookie(ctx);
+    let key = live_key(id, probe_cookie, ptr);
     if SAMPLED.get_ptr(key).is_none() {
         return;
     }
     let _ = SAMPLED.remove(key);
     let event = FreeEvent {
-        header: header(event_kind::FREE, id, cookie::probe_index(probe_cookie(ctx))),
+        header: header(event_kind::FREE, id, cookie::probe_index(probe_cookie)),
         ptr,
     };
     if EVENTS.output::<FreeEvent>(event, 0).is_err() {
@@ -195,13 +201,9 @@ pub fn on_free(ctx: &ProbeContext, ptr: u64) {
 
 /// xallocx of a sampled pointer: its new size comes at return.
 #[inline(always)]
-pub fn on_resize_entry(ptr: u64) {
+pub fn on_resize_entry(ctx: &ProbeContext, ptr: u64) {
     let id = bpf_get_current_pid_tgid();
-    let key = LiveKey {
-        pid: (id >> 32) as u32,
-        _pad: 0,
-        ptr,
-    };
+    let key = live_key(id, probe_cookie(ctx), ptr);
     if SAMPLED.get_ptr(key).is_some() {
         let pending = PendingCall {
             kind: pending_kind::RESIZE,
@@ -224,7 +226,8 @@ pub fn on_return(ctx: &RetProbeContext) {
     let pending = unsafe { *pending };
     let _ = PENDING.remove(id);
     let returned: u64 = ctx.ret();
-    let probe = cookie::probe_index(probe_cookie(ctx));
+    let probe_cookie = probe_cookie(ctx);
+    let probe = cookie::probe_index(probe_cookie);
     match pending.kind {
         pending_kind::RESIZE => {
             let event = ResizeEvent {
@@ -244,28 +247,28 @@ pub fn on_return(ctx: &RetProbeContext) {
             } else {
                 0
             };
-            finish_allocation(id, probe, ptr);
+            finish_allocation(id, probe_cookie, ptr);
         }
-        _ => finish_allocation(id, probe, returned),
+        _ => finish_allocation(id, probe_cookie, returned),
     }
 }
 
 #[inline(always)]
-fn finish_allocation(id: u64, probe: u32, ptr: u64) {
+fn finish_allocation(id: u64, probe_cookie: u64, ptr: u64) {
     let mut untracked = 0;
     if ptr != 0 {
-        let key = LiveKey {
-            pid: (id >> 32) as u32,
-            _pad: 0,
-            ptr,
-        };
+        let key = live_key(id, probe_cookie, ptr);
         if SAMPLED.insert(key, 0u8, 0).is_err() {
             count(Counter::SampledSetFull);
             untracked = 1;
         }
     }
     let event = AllocReturnEvent {
-        header: header(event_kind::ALLOC_RETURN, id, probe),
+        header: header(
+            event_kind::ALLOC_RETURN,
+            id,
+            cookie::probe_index(probe_cookie),
+        ),
         ptr,
         untracked,
     };

@@ -1,11 +1,13 @@
 //! Command-line flags: raw values parsed by clap, then turned into the
 //! library's validated options.
-use std::{path::PathBuf, time::Duration};
+use std::{ffi::OsString, path::PathBuf, time::Duration};
 
-use clap::Parser;
+use clap::{ArgGroup, Parser};
 use profiler::{
-    collector::CollectorOptions, kernel::KernelOptions, sampling::DEFAULT_SAMPLE_INTERVAL,
-    session::SessionOptions,
+    collector::CollectorOptions,
+    kernel::KernelOptions,
+    sampling::DEFAULT_SAMPLE_INTERVAL,
+    session::{SessionOptions, Targets},
 };
 
 const EXAMPLES: &str = "\
@@ -16,29 +18,56 @@ Examples:
   Two processes until Ctrl-C, with jemalloc's sampling made finer (64 KiB):
     sudo memprobe --pid 1234 --pid 5678 --sample-interval 64KiB --output /tmp/prof
 
+  Start a command with the probes in place, profile it until it exits, and
+  exit with its exit code:
+    sudo memprobe --output /tmp/prof -- ./server --port 8080
+
+  Every process that uses jemalloc, including those started during the run:
+    sudo memprobe --all --duration 5m
+
   Read the result with the jeprof you know:
     jeprof --text /path/to/binary memprobe.1234.0.heap
 
 memprobe attaches uprobes to jemalloc's entry points (malloc, calloc, realloc,
 free, posix_memalign, aligned_alloc, memalign, valloc, mallocx, rallocx,
-xallocx, dallocx, sdallocx, C++ operator new/delete) in the given processes
-only; other processes are not slowed. Allocations are sampled in the kernel by
-bytes, like jemalloc's own profiler, and the written estimates are unbiased.
-It prints one line on stderr once the probes are attached, and writes the
-profiles when the duration ends, on Ctrl-C or SIGTERM, or when a process exits.
-Needs root (CAP_BPF and CAP_PERFMON) and a kernel with uprobes and BTF.";
+xallocx, dallocx, sdallocx, C++ operator new/delete) wherever jemalloc lives:
+a shared library (linked or LD_PRELOADed), linked statically into the
+executable or into a library (a JNI library in a JVM, say), with any symbol
+prefix (je_, _rjem_ of tikv-jemallocator). Libraries loaded later (dlopen)
+are found within a second. With --pid only the given processes are probed:
+other processes mapping the same library run at full speed. --all probes
+system-wide instead: every process that maps a probed jemalloc traps on every
+call while memprobe runs, profiled or not. Processes in containers are reached
+through /proc/PID; outputs are named by host pid.
+
+Allocations are sampled in the kernel by bytes, like jemalloc's own profiler,
+and the written estimates are unbiased. memprobe prints one line on stderr
+once the probes are attached, and writes the profiles when the duration ends,
+on Ctrl-C or SIGTERM, or when a process exits. Needs root (CAP_BPF and
+CAP_PERFMON) and a kernel with uprobes and BTF.";
 
 #[derive(Debug, Parser)]
 #[command(
     name = "memprobe",
     version,
     about = "Heap profiles of running jemalloc processes, without a restart; jeprof reads them.",
-    after_help = EXAMPLES
+    after_help = EXAMPLES,
+    group(ArgGroup::new("targets").required(true).args(["pids", "all", "command"]))
 )]
 pub struct Cli {
     /// Process to profile (repeat for several).
-    #[arg(long = "pid", value_name = "PID", required = true, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long = "pid", value_name = "PID", value_parser = clap::value_parser!(u32).range(1..))]
     pub pids: Vec<u32>,
+
+    /// Profile every process that maps jemalloc, now and started during the
+    /// run, through system-wide probes (each such process pays for a trap on
+    /// every call while memprobe runs).
+    #[arg(long)]
+    pub all: bool,
+
+    /// A command to start and profile from its first allocation (after --).
+    #[arg(last = true, value_name = "CMD")]
+    pub command: Vec<OsString>,
 
     /// How long to profile, e.g. 30s, 10m, 1h30m. Default: until Ctrl-C,
     /// SIGTERM, or until every process exits.
@@ -76,14 +105,22 @@ impl Cli {
             sample_interval: self.sample_interval,
             ..KernelOptions::default()
         };
+        let targets = if self.all {
+            Targets::All
+        } else if !self.command.is_empty() {
+            Targets::Launch(self.command.clone())
+        } else {
+            Targets::Pids(self.pids.clone())
+        };
         SessionOptions {
-            pids: self.pids.clone(),
+            targets,
             duration: self.duration,
             output_dir: self.output.clone(),
             kernel,
             collector,
             verbose: self.verbose,
             progress,
+            ..SessionOptions::default()
         }
     }
 }
@@ -149,6 +186,8 @@ mod tests {
         let help = Cli::command().render_long_help().to_string();
         for flag in [
             "--pid",
+            "--all",
+            "-- ./server",
             "--duration",
             "--output",
             "--sample-interval",

@@ -10,6 +10,8 @@ use crate::error::{Error, Result};
 pub struct FunctionSymbols {
     /// Name -> file offset of the first instruction.
     offsets: HashMap<String, u64>,
+    /// Whether the file has a `.symtab` (stripped files have none).
+    pub has_symbol_table: bool,
 }
 
 impl FunctionSymbols {
@@ -47,7 +49,11 @@ impl FunctionSymbols {
             };
             offsets.entry(name.to_owned()).or_insert(offset);
         }
-        Ok(Self { offsets })
+        let has_symbol_table = file.symbols().next().is_some();
+        Ok(Self {
+            offsets,
+            has_symbol_table,
+        })
     }
 
     pub fn offset(&self, name: &str) -> Option<u64> {

@@ -48,6 +48,9 @@ pub enum Error {
         message: String,
     },
 
+    #[error("cannot launch {0}")]
+    Launch(String),
+
     #[error("reading kernel events failed: {0}")]
     Events(String),
 

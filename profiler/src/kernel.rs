@@ -1,7 +1,7 @@
 //! The eBPF side as userspace sees it: load the object, size its maps,
 //! attach probes, read its counters. Dropping [`KernelProbes`] detaches
 //! every probe (the kernel also does so if memprobe dies: links are fds).
-use std::num::NonZeroU32;
+use std::{num::NonZeroU32, path::Path};
 
 use aya::{
     Ebpf, EbpfLoader,
@@ -14,10 +14,10 @@ use aya::{
 use profiler_common::{Counter, cookie, maps, programs};
 
 use crate::{
+    discovery::Allocator,
     entry_points::CallShape,
     error::{Error, Result},
     sampling,
-    target::Target,
 };
 
 /// Sizes of the kernel's tables.
@@ -41,14 +41,24 @@ impl Default for KernelOptions {
     }
 }
 
-/// One attached probe, for `--verbose` and the cost report.
+/// Which processes a probe fires in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scope {
+    /// Only this process: other processes mapping the same file run unprobed.
+    Process(u32),
+    /// Every process that maps the file (`--all`): each traps on every call.
+    AllProcesses,
+}
+
+/// One attached entry point, for `--verbose` and the cost report.
 #[derive(Clone, Debug)]
 pub struct AttachedProbe {
-    pub pid: u32,
+    pub scope: Scope,
     pub symbol: String,
     pub path: String,
     pub file_offset: u64,
     pub with_return: bool,
+    pub instance: u16,
 }
 
 pub struct KernelProbes {
@@ -111,50 +121,64 @@ impl KernelProbes {
         })
     }
 
-    /// Attaches to every jemalloc entry point of `target`, scoped to its pid.
-    pub fn attach(&mut self, target: &Target) -> Result<()> {
-        let pid = NonZeroU32::new(target.pid).ok_or(Error::NoSuchProcess(0))?;
-        for instance in &target.jemalloc {
-            for entry in &instance.entry_points {
-                let probe_index = self.attached.len() as u32;
-                // At the first instruction the return address is at [rsp].
-                let point = || UProbeAttachPoint {
-                    location: UProbeAttachLocation::AbsoluteOffset(entry.file_offset),
-                    cookie: Some(cookie::encode(probe_index, 0)),
-                };
-                let attach_error = |message: String| Error::Attach {
-                    pid: target.pid,
-                    entry_point: entry.symbol.clone(),
-                    path: instance.path.clone().into(),
-                    message,
-                };
-                let mut attach_one = |program: &str| -> Result<()> {
-                    let program: &mut UProbe = self
-                        .ebpf
-                        .program_mut(program)
-                        .ok_or_else(|| attach_error(format!("program {program} missing")))?
-                        .try_into()
-                        .map_err(|e| attach_error(format!("{e}")))?;
-                    program
-                        .attach(point(), &instance.open_path, UProbeScope::OneProcess(pid))
-                        .map_err(|e| attach_error(format!("{e}")))?;
-                    Ok(())
-                };
-                attach_one(entry.shape.program())?;
-                let with_return = entry.shape.needs_return();
-                if with_return {
-                    attach_one(programs::CALL_RETURN)?;
-                }
-                self.attached.push(AttachedProbe {
-                    pid: target.pid,
-                    symbol: entry.symbol.clone(),
-                    path: instance.path.clone(),
-                    file_offset: entry.file_offset,
-                    with_return,
-                });
+    /// Attaches to every entry point of one jemalloc copy. `path` is how
+    /// the file is named in messages, `open_path` where the kernel finds it.
+    /// Returns how many entry points were attached.
+    pub fn attach(
+        &mut self,
+        scope: Scope,
+        path: &str,
+        open_path: &Path,
+        allocator: &Allocator,
+        instance: u16,
+    ) -> Result<usize> {
+        let (pid, uprobe_scope) = match scope {
+            Scope::Process(pid) => (
+                pid,
+                UProbeScope::OneProcess(NonZeroU32::new(pid).ok_or(Error::NoSuchProcess(0))?),
+            ),
+            Scope::AllProcesses => (0, UProbeScope::AllProcesses),
+        };
+        for entry in &allocator.entry_points {
+            let probe_index = self.attached.len() as u32;
+            // At the first instruction the return address is at [rsp].
+            let point = || UProbeAttachPoint {
+                location: UProbeAttachLocation::AbsoluteOffset(entry.file_offset),
+                cookie: Some(cookie::encode(probe_index, 0, instance)),
+            };
+            let attach_error = |message: String| Error::Attach {
+                pid,
+                entry_point: entry.symbol.clone(),
+                path: path.into(),
+                message,
+            };
+            let mut attach_one = |program: &str| -> Result<()> {
+                let program: &mut UProbe = self
+                    .ebpf
+                    .program_mut(program)
+                    .ok_or_else(|| attach_error(format!("program {program} missing")))?
+                    .try_into()
+                    .map_err(|e| attach_error(format!("{e}")))?;
+                program
+                    .attach(point(), open_path, uprobe_scope)
+                    .map_err(|e| attach_error(format!("{e}")))?;
+                Ok(())
+            };
+            attach_one(entry.shape.program())?;
+            let with_return = entry.shape.needs_return();
+            if with_return {
+                attach_one(programs::CALL_RETURN)?;
             }
+            self.attached.push(AttachedProbe {
+                scope,
+                symbol: entry.symbol.clone(),
+                path: path.to_owned(),
+                file_offset: entry.file_offset,
+                with_return,
+                instance,
+            });
         }
-        Ok(())
+        Ok(allocator.entry_points.len())
     }
 
     /// The event ring buffer; can be taken once.

@@ -7,12 +7,14 @@
 //! [`output`] writes the profiles, and [`session`] ties it together.
 pub mod checks;
 pub mod collector;
+pub mod discovery;
 pub mod elf;
 pub mod entry_points;
 pub mod error;
 pub mod events;
 pub mod format;
 pub mod kernel;
+pub mod launch;
 pub mod output;
 pub mod profile;
 pub mod sampling;

@@ -53,5 +53,9 @@ fn run(cli: cli::Cli) -> anyhow::Result<ExitCode> {
     for line in profiler::session::summary_lines(&summary) {
         eprintln!("{line}");
     }
-    Ok(ExitCode::SUCCESS)
+    // Launch mode: the command's exit code is ours.
+    Ok(match summary.exit_code {
+        Some(code) => ExitCode::from(code.clamp(0, 255) as u8),
+        None => ExitCode::SUCCESS,
+    })
 }

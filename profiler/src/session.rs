@@ -1,33 +1,52 @@
-//! One profiling run: attach, collect until told to stop, write, detach.
+//! One profiling run: find the targets, attach, collect until told to stop,
+//! write, detach. Rescans once a second for libraries loaded later and, with
+//! `--all`, for processes started later.
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{BTreeMap, HashSet},
+    ffi::OsString,
     io::Write,
     os::fd::{FromRawFd, OwnedFd},
     path::PathBuf,
+    process::ExitStatus,
     time::{Duration, Instant},
 };
 
 use aya::maps::{MapData, RingBuf};
+use profiler_common::Counter;
 use tokio::{
     io::{Interest, unix::AsyncFd},
     signal::unix::{SignalKind, signal},
-    sync::mpsc,
+    sync::{mpsc, oneshot},
 };
 
 use crate::{
     checks,
     collector::{CollectorOptions, Drops, ProcessHeap},
+    discovery::{AllocatorCache, Found, allocator_in_file},
     error::{Error, Result},
     events::{Event, decode},
-    kernel::{KernelOptions, KernelProbes},
+    kernel::{KernelOptions, KernelProbes, Scope},
+    launch,
     output::{files::OutputDir, heap_v2},
-    target::{Target, read_maps},
+    target::{FileId, all_pids, command_name, namespace_pid, parse_maps, read_maps},
 };
+
+/// Which processes to profile.
+#[derive(Clone, Debug)]
+pub enum Targets {
+    /// These running processes.
+    Pids(Vec<u32>),
+    /// Every process that maps jemalloc, now and started during the run,
+    /// through system-wide probes.
+    All,
+    /// Start this command with the probes in place; exit with its code.
+    Launch(Vec<OsString>),
+}
 
 /// Everything a run needs to know.
 #[derive(Clone, Debug)]
 pub struct SessionOptions {
-    pub pids: Vec<u32>,
+    pub targets: Targets,
     /// Stop after this long; `None` runs until Ctrl-C, SIGTERM or the
     /// processes exit.
     pub duration: Option<Duration>,
@@ -39,18 +58,22 @@ pub struct SessionOptions {
     pub verbose: bool,
     /// Redraw a status line once a second (on a terminal).
     pub progress: bool,
+    /// How often to look for newly loaded libraries and new processes.
+    /// Default: one second.
+    pub rescan_interval: Duration,
 }
 
 impl Default for SessionOptions {
     fn default() -> Self {
         Self {
-            pids: Vec::new(),
+            targets: Targets::Pids(Vec::new()),
             duration: None,
             output_dir: PathBuf::from("."),
             kernel: KernelOptions::default(),
             collector: CollectorOptions::default(),
             verbose: false,
             progress: false,
+            rescan_interval: Duration::from_secs(1),
         }
     }
 }
@@ -59,6 +82,7 @@ impl Default for SessionOptions {
 #[derive(Clone, Debug)]
 pub struct ProcessSummary {
     pub pid: u32,
+    pub container_pid: Option<u32>,
     pub command: String,
     pub samples: u64,
     pub inuse_bytes: f64,
@@ -74,172 +98,248 @@ pub struct Summary {
     pub elapsed: Duration,
     /// Kernel counters, indexed by `profiler_common::Counter`.
     pub kernel_counters: Vec<u64>,
+    /// In launch mode: the command's exit code (128 + signal if killed).
+    pub exit_code: Option<i32>,
 }
 
 /// Why the run stopped.
 #[derive(Debug, PartialEq, Eq)]
 enum Stop {
     Duration,
-    Interrupted,
-    Terminated,
+    Signal(i32),
     AllExited,
 }
 
 struct Tracked {
-    target: Target,
+    pid: u32,
+    command: String,
+    container_pid: Option<u32>,
     heap: ProcessHeap,
+    /// `/proc/PID/maps` as last read: written with each profile.
     maps: String,
+    /// Files whose jemalloc is probed for this process.
+    attached_files: HashSet<FileId>,
     exited: bool,
     files: Vec<PathBuf>,
+}
+
+struct Session<'a> {
+    options: SessionOptions,
+    status: &'a mut dyn Write,
+    probes: KernelProbes,
+    cache: AllocatorCache,
+    tracked: BTreeMap<u32, Tracked>,
+    /// Files probed system-wide (`--all`).
+    system_wide: HashSet<FileId>,
+    next_instance: u16,
+    output: OutputDir,
+    exits: mpsc::UnboundedSender<u32>,
 }
 
 /// Runs a session; status lines go to `status` (stderr in the binary).
 pub async fn run(options: SessionOptions, status: &mut dyn Write) -> Result<Summary> {
     checks::require_root()?;
     checks::require_kernel_support()?;
-    // Every target is checked before anything is loaded or attached.
-    let mut tracked: BTreeMap<u32, Tracked> = BTreeMap::new();
-    for &pid in &options.pids {
-        let target = Target::inspect(pid)?;
-        let maps = read_maps(pid)?;
-        let heap = ProcessHeap::new(pid, options.collector.clone());
-        tracked.insert(
-            pid,
-            Tracked {
-                target,
-                heap,
-                maps,
-                exited: false,
-                files: Vec::new(),
-            },
-        );
+
+    // Every named target is checked before anything is loaded or attached.
+    let mut cache = AllocatorCache::default();
+    let mut initial = Vec::new();
+    let mut predicted = Vec::new();
+    match &options.targets {
+        Targets::Pids(pids) => {
+            for &pid in pids {
+                let maps = read_maps(pid)?;
+                let found = cache.require(pid, &parse_maps(&maps), &command_name(pid))?;
+                initial.push((pid, maps, found));
+            }
+        }
+        Targets::Launch(command) => {
+            let program = command
+                .first()
+                .ok_or_else(|| Error::Launch("no command given after --".into()))?;
+            let executable = launch::resolve_program(program)?;
+            predicted = launch::predict_files(&executable)?;
+        }
+        Targets::All => {}
     }
 
-    let mut probes = KernelProbes::load(&options.kernel)?;
-    for t in tracked.values() {
-        probes.attach(&t.target)?;
-    }
-    if options.verbose {
-        for p in &probes.attached {
-            let _ = writeln!(
-                status,
-                "memprobe: pid {}: {} at {}+{:#x}{}",
-                p.pid,
-                p.symbol,
-                p.path,
-                p.file_offset,
-                if p.with_return {
-                    " (entry and return)"
-                } else {
-                    " (entry)"
+    let probes = KernelProbes::load(&options.kernel)?;
+    let (exits, mut exit_rx) = mpsc::unbounded_channel();
+    let mut session = Session {
+        output: OutputDir::new(&options.output_dir),
+        options,
+        status,
+        probes,
+        cache,
+        tracked: BTreeMap::new(),
+        system_wide: HashSet::new(),
+        next_instance: 0,
+        exits,
+    };
+
+    let mut launched_exit: Option<oneshot::Receiver<std::io::Result<ExitStatus>>> = None;
+    let mut launched_pid = None;
+    match session.options.targets.clone() {
+        Targets::Pids(_) => {
+            for (pid, maps, found) in initial {
+                session.track(pid, maps);
+                session.attach_found(pid, found)?;
+            }
+        }
+        Targets::All => session.scan_all()?,
+        Targets::Launch(command) => {
+            let child = launch::spawn_gated(&command)?;
+            let pid = child.pid;
+            let name = command[0]
+                .to_string_lossy()
+                .rsplit('/')
+                .next()
+                .unwrap_or("?")
+                .to_owned();
+            session.track(pid, String::new());
+            if let Some(t) = session.tracked.get_mut(&pid) {
+                t.command = name;
+            }
+            for file in &predicted {
+                let Some(allocator) = allocator_in_file(&file.path) else {
+                    continue;
+                };
+                let instance = session.instance()?;
+                let path = file.path.to_string_lossy().into_owned();
+                session.probes.attach(
+                    Scope::Process(pid),
+                    &path,
+                    &file.path,
+                    &allocator,
+                    instance,
+                )?;
+                if let Some(t) = session.tracked.get_mut(&pid) {
+                    t.attached_files.insert(file.file);
                 }
-            );
+            }
+            // Only now may the command run: every probe is in place.
+            let (pid, exit) = child.release();
+            launched_exit = Some(exit);
+            launched_pid = Some(pid);
         }
     }
-    let started = Instant::now();
-    let described: Vec<String> = tracked
-        .values()
-        .map(|t| {
-            let libs: Vec<&str> = t.target.jemalloc.iter().map(|j| j.path.as_str()).collect();
-            format!(
-                "pid {} ({}, {})",
-                t.target.pid,
-                t.target.command,
-                libs.join(", ")
-            )
-        })
-        .collect();
-    let until = match options.duration {
-        Some(d) => format!("for {}", humantime::format_duration(d)),
-        None => "until Ctrl-C".into(),
-    };
-    let _ = writeln!(
-        status,
-        "memprobe: attached {} probes to {}; profiling {until}",
-        probes.attached.len(),
-        described.join(", "),
-    );
-    let _ = status.flush();
+    session.print_verbose_probes(0);
+    session.announce();
 
+    let started = Instant::now();
     // SAFETY: the ring buffer owns its fd and keeps it open while it lives,
     // which is as long as the AsyncFd that owns the ring buffer.
-    let mut ring =
-        unsafe { AsyncFd::register_with_interest(probes.take_events()?, Interest::READABLE) }
-            .map_err(|e| Error::Events(e.to_string()))?;
-    let (exit_tx, mut exit_rx) = mpsc::unbounded_channel();
-    for &pid in tracked.keys() {
-        watch_exit(pid, exit_tx.clone());
+    let mut ring = unsafe {
+        AsyncFd::register_with_interest(session.probes.take_events()?, Interest::READABLE)
     }
-    let mut interrupt =
-        signal(SignalKind::interrupt()).map_err(|e| Error::Events(e.to_string()))?;
-    let mut terminate =
-        signal(SignalKind::terminate()).map_err(|e| Error::Events(e.to_string()))?;
-    let deadline = options.duration.map(|d| tokio::time::Instant::now() + d);
-    let mut ticker = tokio::time::interval(Duration::from_secs(1));
-    let mut output = OutputDir::new(&options.output_dir);
+    .map_err(|e| Error::Events(e.to_string()))?;
+    let signal_error = |e: std::io::Error| Error::Events(e.to_string());
+    let mut interrupt = signal(SignalKind::interrupt()).map_err(signal_error)?;
+    let mut terminate = signal(SignalKind::terminate()).map_err(signal_error)?;
+    let deadline = session
+        .options
+        .duration
+        .map(|d| tokio::time::Instant::now() + d);
+    let mut ticker = tokio::time::interval(session.options.rescan_interval);
+    let mut exit_status: Option<std::io::Result<ExitStatus>> = None;
 
     let stop = loop {
         tokio::select! {
             readable = ring.readable_mut() => {
                 let mut guard = readable.map_err(|e| Error::Events(e.to_string()))?;
-                drain(guard.get_inner_mut(), &mut tracked);
+                session.drain(guard.get_inner_mut());
                 guard.clear_ready();
             }
             _ = sleep_until(deadline) => break Stop::Duration,
-            _ = interrupt.recv() => break Stop::Interrupted,
-            _ = terminate.recv() => break Stop::Terminated,
-            Some(pid) = exit_rx.recv() => {
-                drain(ring.get_mut(), &mut tracked);
-                if let Some(t) = tracked.get_mut(&pid) {
-                    t.exited = true;
-                    let path = write_profile(&mut output, t)?;
-                    let _ = writeln!(status, "{}memprobe: process {pid} exited; wrote its final profile {}", clear_line(options.progress), path.display());
+            _ = interrupt.recv() => break Stop::Signal(libc::SIGINT),
+            _ = terminate.recv() => break Stop::Signal(libc::SIGTERM),
+            status = wait_launched(&mut launched_exit) => {
+                exit_status = Some(status);
+                session.drain(ring.get_mut());
+                if let Some(pid) = launched_pid {
+                    session.process_exited(pid)?;
                 }
-                if tracked.values().all(|t| t.exited) {
+                break Stop::AllExited;
+            }
+            Some(pid) = exit_rx.recv() => {
+                session.drain(ring.get_mut());
+                session.process_exited(pid)?;
+                let all_gone = session.tracked.values().all(|t| t.exited);
+                if all_gone && matches!(session.options.targets, Targets::Pids(_)) {
                     break Stop::AllExited;
                 }
             }
             _ = ticker.tick() => {
-                for t in tracked.values_mut().filter(|t| !t.exited) {
-                    // Keep the last good copy: the process may be gone next time.
-                    if let Ok(maps) = read_maps(t.target.pid) {
-                        t.maps = maps;
-                    }
-                }
-                if options.progress {
-                    let _ = write!(status, "\r{}", progress_line(started.elapsed(), &tracked, &probes));
-                    let _ = status.flush();
+                session.rescan()?;
+                if session.options.progress {
+                    let line = session.progress_line(started.elapsed());
+                    let _ = write!(session.status, "\r\x1b[2K{line}");
+                    let _ = session.status.flush();
                 }
             }
         }
     };
-    drain(ring.get_mut(), &mut tracked);
+    session.drain(ring.get_mut());
     let elapsed = started.elapsed();
-    if options.progress {
-        let _ = write!(status, "{}", clear_line(true));
-    }
-    if options.verbose {
+    session.clear_progress();
+    if session.options.verbose {
         let reason = match stop {
-            Stop::Duration => "duration reached",
-            Stop::Interrupted => "interrupted",
-            Stop::Terminated => "terminated",
-            Stop::AllExited => "every process exited",
+            Stop::Duration => "duration reached".to_owned(),
+            Stop::Signal(libc::SIGINT) => "interrupted".to_owned(),
+            Stop::Signal(_) => "terminated".to_owned(),
+            Stop::AllExited => "every process exited".to_owned(),
         };
-        let _ = writeln!(status, "memprobe: stopping: {reason}");
+        let _ = writeln!(session.status, "memprobe: stopping: {reason}");
     }
-    for t in tracked.values_mut().filter(|t| !t.exited) {
-        write_profile(&mut output, t)?;
+    let pids: Vec<u32> = session
+        .tracked
+        .values()
+        .filter(|t| !t.exited)
+        .map(|t| t.pid)
+        .collect();
+    for pid in pids {
+        session.write_profile(pid)?;
     }
+    let Session {
+        probes,
+        tracked,
+        status,
+        ..
+    } = session;
     let kernel_counters = probes.counters().to_vec();
     let probe_count = probes.attached.len();
-    // Detach before reporting: the target runs unprobed from here on.
+    // Detach before anything else: the targets run unprobed from here on.
     drop(ring);
     drop(probes);
+
+    // A launched command is waited for, as a wrapper would: a signal that
+    // stopped memprobe is passed on to it.
+    if let (Some(pid), Some(exit)) = (launched_pid, launched_exit) {
+        if let Stop::Signal(signal) = stop {
+            // SAFETY: signalling our own child.
+            unsafe { libc::kill(pid as i32, signal) };
+        }
+        if exit_status.is_none() {
+            let _ = writeln!(status, "memprobe: detached; waiting for pid {pid} to exit");
+            exit_status = Some(
+                exit.await
+                    .unwrap_or_else(|_| Err(std::io::Error::other("lost"))),
+            );
+        }
+    }
+    let exit_code = match exit_status {
+        Some(Ok(status)) => Some(exit_code_of(status)),
+        Some(Err(e)) => return Err(Error::Launch(e.to_string())),
+        None => None,
+    };
+
     let processes = tracked
         .into_values()
+        .filter(|t| !t.files.is_empty())
         .map(|t| ProcessSummary {
-            pid: t.target.pid,
-            command: t.target.command,
+            pid: t.pid,
+            container_pid: t.container_pid,
+            command: t.command,
             samples: t.heap.samples,
             inuse_bytes: t.heap.inuse_bytes(),
             files: t.files,
@@ -252,11 +352,30 @@ pub async fn run(options: SessionOptions, status: &mut dyn Write) -> Result<Summ
         probes: probe_count,
         elapsed,
         kernel_counters,
+        exit_code,
     })
 }
 
-fn clear_line(progress: bool) -> &'static str {
-    if progress { "\r\x1b[2K" } else { "" }
+fn exit_code_of(status: ExitStatus) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
+    status
+        .code()
+        .unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
+}
+
+async fn wait_launched(
+    exit: &mut Option<oneshot::Receiver<std::io::Result<ExitStatus>>>,
+) -> std::io::Result<ExitStatus> {
+    match exit {
+        Some(receiver) => {
+            let status = receiver
+                .await
+                .unwrap_or_else(|_| Err(std::io::Error::other("lost the launched command")));
+            *exit = None;
+            status
+        }
+        None => std::future::pending().await,
+    }
 }
 
 async fn sleep_until(deadline: Option<tokio::time::Instant>) {
@@ -266,58 +385,323 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
     }
 }
 
-fn drain(ring: &mut RingBuf<MapData>, tracked: &mut BTreeMap<u32, Tracked>) {
-    while let Some(record) = ring.next() {
-        let Some(event) = decode(&record) else {
-            continue;
-        };
-        let pid = match &event {
-            Event::Sampled { header, .. }
-            | Event::Returned { header, .. }
-            | Event::Freed { header, .. }
-            | Event::Resized { header, .. } => header.pid,
-        };
-        if let Some(t) = tracked.get_mut(&pid) {
-            t.heap.apply(event);
+impl Session<'_> {
+    fn instance(&mut self) -> Result<u16> {
+        let instance = self.next_instance;
+        self.next_instance = instance
+            .checked_add(1)
+            .ok_or_else(|| Error::Load("more than 65535 jemalloc copies".into()))?;
+        Ok(instance)
+    }
+
+    /// Starts keeping a profile for `pid`.
+    fn track(&mut self, pid: u32, maps: String) {
+        if self.tracked.contains_key(&pid) {
+            return;
+        }
+        self.tracked.insert(
+            pid,
+            Tracked {
+                pid,
+                command: command_name(pid),
+                container_pid: namespace_pid(pid),
+                heap: ProcessHeap::new(pid, self.options.collector.clone()),
+                maps,
+                attached_files: HashSet::new(),
+                exited: false,
+                files: Vec::new(),
+            },
+        );
+        if !matches!(self.options.targets, Targets::Launch(_)) {
+            watch_exit(pid, self.exits.clone());
         }
     }
-}
 
-fn write_profile(output: &mut OutputDir, t: &mut Tracked) -> Result<PathBuf> {
-    let profile = t.heap.snapshot(t.maps.clone());
-    let seq = output.next_seq(t.target.pid);
-    let path = output
-        .write_file(t.target.pid, seq, "heap", |w| heap_v2::write(&profile, w))
-        .map_err(|source| Error::Write {
-            path: output
-                .path()
-                .join(crate::output::files::file_name(t.target.pid, seq, "heap")),
-            source,
-        })?;
-    t.files.push(path.clone());
-    Ok(path)
-}
+    /// Attaches pid-scoped probes to each found copy not yet probed.
+    fn attach_found(&mut self, pid: u32, found: Vec<Found>) -> Result<usize> {
+        let mut attached = 0;
+        for f in found {
+            let known = self
+                .tracked
+                .get(&pid)
+                .is_some_and(|t| t.attached_files.contains(&f.file));
+            if known {
+                continue;
+            }
+            let instance = self.instance()?;
+            let before = self.probes.attached.len();
+            attached += self.probes.attach(
+                Scope::Process(pid),
+                &f.path,
+                &f.open_path,
+                &f.allocator,
+                instance,
+            )?;
+            if let Some(t) = self.tracked.get_mut(&pid) {
+                t.attached_files.insert(f.file);
+            }
+            self.print_verbose_probes(before);
+        }
+        Ok(attached)
+    }
 
-fn progress_line(
-    elapsed: Duration,
-    tracked: &BTreeMap<u32, Tracked>,
-    probes: &KernelProbes,
-) -> String {
-    let samples: u64 = tracked.values().map(|t| t.heap.samples).sum();
-    let inuse: f64 = tracked.values().map(|t| t.heap.inuse_bytes()).sum();
-    let counters = probes.counters();
-    let kernel_drops = counters[profiler_common::Counter::RingBufferFull as usize]
-        + counters[profiler_common::Counter::SampledSetFull as usize];
-    let user_drops: u64 = tracked
-        .values()
-        .map(|t| t.heap.drops.live_table_full + t.heap.drops.stack_table_full)
-        .sum();
-    format!(
-        "memprobe: {} elapsed, {samples} samples, ~{} in use, {} dropped",
-        humantime::format_duration(Duration::from_secs(elapsed.as_secs())),
-        crate::format::bytes(inuse),
-        kernel_drops + user_drops
-    )
+    /// `--all`: system-wide probes on every jemalloc file in use, and a
+    /// profile for every process that maps one.
+    fn scan_all(&mut self) -> Result<()> {
+        let own = std::process::id();
+        for pid in all_pids().into_iter().filter(|&p| p != own) {
+            let Ok(maps) = read_maps(pid) else {
+                continue;
+            };
+            let found = self.cache.find(pid, &parse_maps(&maps));
+            if found.is_empty() {
+                continue;
+            }
+            for f in &found {
+                if self.system_wide.insert(f.file) {
+                    let instance = self.instance()?;
+                    let before = self.probes.attached.len();
+                    self.probes.attach(
+                        Scope::AllProcesses,
+                        &f.path,
+                        &f.open_path,
+                        &f.allocator,
+                        instance,
+                    )?;
+                    self.print_verbose_probes(before);
+                }
+            }
+            match self.tracked.get_mut(&pid) {
+                Some(t) => t.maps = maps,
+                None => {
+                    self.track(pid, maps);
+                    if let Some(t) = self.tracked.get_mut(&pid) {
+                        t.attached_files.extend(found.iter().map(|f| f.file));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Picks up libraries loaded since the last look (`dlopen`) and, with
+    /// `--all`, new processes; keeps each process's maps fresh.
+    fn rescan(&mut self) -> Result<()> {
+        if matches!(self.options.targets, Targets::All) {
+            return self.scan_all();
+        }
+        let pids: Vec<u32> = self
+            .tracked
+            .values()
+            .filter(|t| !t.exited)
+            .map(|t| t.pid)
+            .collect();
+        for pid in pids {
+            // The process may be gone; keep the last good copy of its maps.
+            let Ok(maps) = read_maps(pid) else {
+                continue;
+            };
+            let found = self.cache.find(pid, &parse_maps(&maps));
+            if let Some(t) = self.tracked.get_mut(&pid) {
+                t.maps = maps;
+            }
+            let new: Vec<Found> = found
+                .into_iter()
+                .filter(|f| {
+                    self.tracked
+                        .get(&pid)
+                        .is_some_and(|t| !t.attached_files.contains(&f.file))
+                })
+                .collect();
+            let paths: Vec<String> = new.iter().map(|f| f.path.clone()).collect();
+            let attached = self.attach_found(pid, new)?;
+            if attached > 0 {
+                self.clear_progress();
+                let _ = writeln!(
+                    self.status,
+                    "memprobe: pid {pid} loaded jemalloc in {}: attached {attached} probes",
+                    paths.join(", ")
+                );
+            }
+        }
+        Ok(())
+    }
+
+    fn drain(&mut self, ring: &mut RingBuf<MapData>) {
+        while let Some(record) = ring.next() {
+            let Some(event) = decode(&record) else {
+                continue;
+            };
+            let pid = match &event {
+                Event::Sampled { header, .. }
+                | Event::Returned { header, .. }
+                | Event::Freed { header, .. }
+                | Event::Resized { header, .. } => header.pid,
+            };
+            // System-wide probes see processes before the next scan does.
+            if !self.tracked.contains_key(&pid) && matches!(self.options.targets, Targets::All) {
+                let maps = read_maps(pid).unwrap_or_default();
+                self.track(pid, maps);
+            }
+            if let Some(t) = self.tracked.get_mut(&pid) {
+                t.heap.apply(event);
+            }
+        }
+    }
+
+    fn process_exited(&mut self, pid: u32) -> Result<()> {
+        let Some(t) = self.tracked.get_mut(&pid) else {
+            return Ok(());
+        };
+        if t.exited {
+            return Ok(());
+        }
+        t.exited = true;
+        let path = self.write_profile(pid)?;
+        self.clear_progress();
+        let _ = writeln!(
+            self.status,
+            "memprobe: process {pid} exited; wrote its final profile {}",
+            path.display()
+        );
+        Ok(())
+    }
+
+    fn write_profile(&mut self, pid: u32) -> Result<PathBuf> {
+        let t = self.tracked.get_mut(&pid).expect("tracked pid");
+        let mut profile = t.heap.snapshot(t.maps.clone());
+        profile
+            .notes
+            .insert(0, ("command".into(), t.command.clone()));
+        if let Some(inner) = t.container_pid {
+            profile
+                .notes
+                .insert(1, ("container_pid".into(), inner.to_string()));
+        }
+        let seq = self.output.next_seq(pid);
+        let path = self
+            .output
+            .write_file(pid, seq, "heap", |w| heap_v2::write(&profile, w))
+            .map_err(|source| Error::Write {
+                path: self
+                    .output
+                    .path()
+                    .join(crate::output::files::file_name(pid, seq, "heap")),
+                source,
+            })?;
+        t.files.push(path.clone());
+        Ok(path)
+    }
+
+    fn print_verbose_probes(&mut self, from: usize) {
+        if !self.options.verbose {
+            return;
+        }
+        for p in &self.probes.attached[from..] {
+            let scope = match p.scope {
+                Scope::Process(pid) => format!("pid {pid}"),
+                Scope::AllProcesses => "all processes".to_owned(),
+            };
+            let _ = writeln!(
+                self.status,
+                "memprobe: {scope}: {} at {}+{:#x}{}",
+                p.symbol,
+                p.path,
+                p.file_offset,
+                if p.with_return {
+                    " (entry and return)"
+                } else {
+                    " (entry)"
+                }
+            );
+        }
+    }
+
+    /// The one line scripts wait for.
+    fn announce(&mut self) {
+        let until = match (&self.options.targets, self.options.duration) {
+            (_, Some(d)) => format!("for {}", humantime::format_duration(d)),
+            (Targets::Launch(_), None) => "until it exits".into(),
+            (Targets::Pids(_), None) => "until Ctrl-C or until the processes exit".into(),
+            (Targets::All, None) => "until Ctrl-C".into(),
+        };
+        let probes = self.probes.attached.len();
+        let line = match &self.options.targets {
+            Targets::All => format!(
+                "memprobe: attached {probes} probes system-wide to {} jemalloc files in {} \
+                 processes, watching for more; profiling {until}",
+                self.system_wide.len(),
+                self.tracked.len()
+            ),
+            Targets::Launch(_) if probes == 0 => {
+                let t = self.tracked.values().next();
+                format!(
+                    "memprobe: started pid {} ({}); no jemalloc in it yet, attaching when it \
+                     loads one; profiling {until}",
+                    t.map_or(0, |t| t.pid),
+                    t.map_or("?", |t| t.command.as_str())
+                )
+            }
+            _ => {
+                let described: Vec<String> = self
+                    .tracked
+                    .values()
+                    .map(|t| {
+                        let mut libs: Vec<&str> = self
+                            .probes
+                            .attached
+                            .iter()
+                            .filter(|p| p.scope == Scope::Process(t.pid))
+                            .map(|p| p.path.as_str())
+                            .collect();
+                        libs.dedup();
+                        let container = t
+                            .container_pid
+                            .map(|c| format!(", pid {c} in its container"))
+                            .unwrap_or_default();
+                        format!(
+                            "pid {} ({}{container}, {})",
+                            t.pid,
+                            t.command,
+                            libs.join(", ")
+                        )
+                    })
+                    .collect();
+                format!(
+                    "memprobe: attached {probes} probes to {}; profiling {until}",
+                    described.join(", ")
+                )
+            }
+        };
+        let _ = writeln!(self.status, "{line}");
+        let _ = self.status.flush();
+    }
+
+    fn clear_progress(&mut self) {
+        if self.options.progress {
+            let _ = write!(self.status, "\r\x1b[2K");
+        }
+    }
+
+    fn progress_line(&self, elapsed: Duration) -> String {
+        let samples: u64 = self.tracked.values().map(|t| t.heap.samples).sum();
+        let inuse: f64 = self.tracked.values().map(|t| t.heap.inuse_bytes()).sum();
+        let counters = self.probes.counters();
+        let kernel_drops =
+            counters[Counter::RingBufferFull as usize] + counters[Counter::SampledSetFull as usize];
+        let user_drops: u64 = self
+            .tracked
+            .values()
+            .map(|t| t.heap.drops.live_table_full + t.heap.drops.stack_table_full)
+            .sum();
+        format!(
+            "memprobe: {} elapsed, {} processes, {samples} samples, ~{} in use, {} dropped",
+            humantime::format_duration(Duration::from_secs(elapsed.as_secs())),
+            self.tracked.values().filter(|t| !t.exited).count(),
+            crate::format::bytes(inuse),
+            kernel_drops + user_drops
+        )
+    }
 }
 
 /// Sends `pid` on `exits` when the process ends (pidfd: no polling, no pid reuse).
@@ -344,7 +728,6 @@ fn watch_exit(pid: u32, exits: mpsc::UnboundedSender<u32>) {
 pub fn summary_lines(summary: &Summary) -> Vec<String> {
     let mut lines = Vec::new();
     let counters = &summary.kernel_counters;
-    use profiler_common::Counter;
     let per_second = |n: u64| n as f64 / summary.elapsed.as_secs_f64().max(1e-3);
     lines.push(format!(
         "memprobe: detached {} probes after {}; {} allocation calls ({:.0}/s), {} sampled, {} free calls",
@@ -373,25 +756,23 @@ pub fn summary_lines(summary: &Summary) -> Vec<String> {
         let files: Vec<String> = p.files.iter().map(|f| f.display().to_string()).collect();
         let d = p.drops;
         let drops = d.live_table_full + d.untracked_in_kernel + d.stack_table_full;
+        let container = p
+            .container_pid
+            .map(|c| format!(", pid {c} in its container"))
+            .unwrap_or_default();
         lines.push(format!(
-            "memprobe: pid {} ({}){}: {} samples, ~{} in use, {} dropped; wrote {}",
+            "memprobe: pid {} ({}{container}){}: {} samples, ~{} in use, {} dropped; wrote {}",
             p.pid,
             p.command,
-            if p.exited { " exited" } else { "" },
+            if p.exited { ", exited" } else { "" },
             p.samples,
             crate::format::bytes(p.inuse_bytes),
             drops,
             files.join(", ")
         ));
     }
+    if let Some(code) = summary.exit_code {
+        lines.push(format!("memprobe: the command exited with code {code}"));
+    }
     lines
-}
-
-/// Per-process samples by pid, for tests and reports.
-pub fn samples_by_pid(summary: &Summary) -> HashMap<u32, u64> {
-    summary
-        .processes
-        .iter()
-        .map(|p| (p.pid, p.samples))
-        .collect()
 }

@@ -1,8 +1,5 @@
 //! The processes to profile: their maps, and where jemalloc lives in them.
-use std::{
-    collections::BTreeSet,
-    path::{Path, PathBuf},
-};
+use std::{collections::BTreeSet, path::PathBuf};
 
 use crate::{
     elf::FunctionSymbols,
@@ -17,8 +14,17 @@ pub struct Mapping {
     pub end: u64,
     pub perms: String,
     pub offset: u64,
+    /// Device and inode: which file this is, whatever its path.
+    pub file: FileId,
     /// The file as the process sees it, or a pseudo name like `[heap]`.
     pub path: Option<String>,
+}
+
+/// A file's identity (device, inode) as `/proc/PID/maps` gives it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FileId {
+    pub device: u64,
+    pub inode: u64,
 }
 
 impl Mapping {
@@ -38,8 +44,10 @@ pub fn parse_maps(text: &str) -> Vec<Mapping> {
             let (start, end) = fields.next()?.split_once('-')?;
             let perms = fields.next()?.to_owned();
             let offset = u64::from_str_radix(fields.next()?, 16).ok()?;
-            let _device = fields.next()?;
-            let _inode = fields.next()?;
+            let (major, minor) = fields.next()?.split_once(':')?;
+            let device = (u64::from_str_radix(major, 16).ok()? << 32)
+                | u64::from_str_radix(minor, 16).ok()?;
+            let inode = fields.next()?.parse().ok()?;
             let path = fields
                 .next()
                 .map(str::trim_start)
@@ -50,13 +58,14 @@ pub fn parse_maps(text: &str) -> Vec<Mapping> {
                 end: u64::from_str_radix(end, 16).ok()?,
                 perms,
                 offset,
+                file: FileId { device, inode },
                 path,
             })
         })
         .collect()
 }
 
-fn proc_path(pid: u32, rest: &str) -> PathBuf {
+pub fn proc_path(pid: u32, rest: &str) -> PathBuf {
     PathBuf::from(format!("/proc/{pid}/{rest}"))
 }
 
@@ -86,103 +95,23 @@ pub struct EntryPoint {
     pub file_offset: u64,
 }
 
-/// One copy of jemalloc mapped into a process.
-#[derive(Clone, Debug)]
-pub struct JemallocInstance {
-    /// The file as the process sees it (inside its mount namespace).
-    pub path: String,
-    /// Where memprobe opens and attaches to it: `/proc/PID/map_files/...`,
-    /// which the kernel resolves to the very file mapped, inside containers
-    /// too, without walking paths that the target could redirect.
-    pub open_path: PathBuf,
-    /// `""`, `je_`, `_rjem_`...
-    pub prefix: String,
-    pub entry_points: Vec<EntryPoint>,
+/// The pid as the process's own pid namespace sees it (`NSpid`), when it
+/// differs from ours: the pid inside its container.
+pub fn namespace_pid(pid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(proc_path(pid, "status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("NSpid:"))?;
+    let inner: u32 = line.split_whitespace().last()?.parse().ok()?;
+    (inner != pid).then_some(inner)
 }
 
-/// A process to profile.
-#[derive(Clone, Debug)]
-pub struct Target {
-    pub pid: u32,
-    pub command: String,
-    pub jemalloc: Vec<JemallocInstance>,
-}
-
-impl Target {
-    /// Finds every jemalloc mapped into `pid`.
-    pub fn inspect(pid: u32) -> Result<Self> {
-        let maps = read_maps(pid)?;
-        let command = command_name(pid);
-        let mut jemalloc = Vec::new();
-        let mut malloc_providers = Vec::new();
-        for (path, mapping) in executable_files(&parse_maps(&maps)) {
-            let open_path = proc_path(
-                pid,
-                &format!("map_files/{:x}-{:x}", mapping.start, mapping.end),
-            );
-            let symbols = match FunctionSymbols::read(&open_path) {
-                Ok(symbols) => symbols,
-                // The process may unmap a library under us; skip it.
-                Err(Error::Read { .. }) if !proc_path(pid, "").exists() => {
-                    return Err(Error::NoSuchProcess(pid));
-                }
-                Err(_) => continue,
-            };
-            match find_entry_points(&symbols) {
-                Some((prefix, entry_points)) => jemalloc.push(JemallocInstance {
-                    path,
-                    open_path,
-                    prefix,
-                    entry_points,
-                }),
-                None if symbols.offset("malloc").is_some() => malloc_providers.push(path),
-                None => {}
-            }
-        }
-        if jemalloc.is_empty() {
-            return Err(Error::NoJemalloc {
-                pid,
-                command,
-                found: describe_allocators(&malloc_providers),
-            });
-        }
-        Ok(Self {
-            pid,
-            command,
-            jemalloc,
-        })
-    }
-}
-
-/// Each mapped file with code, once, with one of its executable mappings.
-fn executable_files(maps: &[Mapping]) -> Vec<(String, Mapping)> {
-    let mut seen = BTreeSet::new();
-    maps.iter()
-        .filter(|m| m.is_executable() && m.is_file())
-        .filter_map(|m| {
-            let path = m.path.clone()?;
-            seen.insert(path.clone()).then(|| (path, m.clone()))
-        })
+/// Every pid in /proc.
+pub fn all_pids() -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
         .collect()
-}
-
-fn describe_allocators(malloc_providers: &[String]) -> String {
-    let names: Vec<&str> = malloc_providers
-        .iter()
-        .map(|p| {
-            Path::new(p)
-                .file_name()
-                .and_then(|n| n.to_str())
-                .unwrap_or(p)
-        })
-        .collect();
-    match names.as_slice() {
-        [] => "no mapped file defines malloc (a stripped static binary?)".into(),
-        [one] if one.starts_with("libc.so") || one.starts_with("libc-") => {
-            "malloc comes from glibc only".into()
-        }
-        many => format!("malloc comes from {}", many.join(", ")),
-    }
 }
 
 /// Finds jemalloc's entry points in `symbols`, with the prefix they carry.
@@ -242,6 +171,8 @@ mod tests {
         assert!(!maps[1].is_file());
         assert_eq!(maps[2].path, None);
     }
+
+    use std::path::Path;
 
     #[test]
     fn finds_debians_libjemalloc_entry_points() {

@@ -1,0 +1,184 @@
+//! Finding jemalloc in processes: which mapped files hold a copy, with which
+//! prefix and entry points. Each file is read once per run (by identity, not
+//! path), so rescans for `dlopen`ed libraries and `--all` stay cheap.
+use std::{
+    collections::{BTreeSet, HashMap},
+    path::{Path, PathBuf},
+    sync::Arc,
+};
+
+use crate::{
+    elf::FunctionSymbols,
+    error::{Error, Result},
+    target::{EntryPoint, FileId, Mapping, find_entry_points, proc_path},
+};
+
+/// A copy of jemalloc inside one file.
+#[derive(Debug)]
+pub struct Allocator {
+    /// `""`, `je_`, `_rjem_`...
+    pub prefix: String,
+    pub entry_points: Vec<EntryPoint>,
+}
+
+/// What one file holds, for attaching and for saying what was found.
+#[derive(Debug, Default)]
+struct FileFacts {
+    allocator: Option<Arc<Allocator>>,
+    defines_malloc: bool,
+    has_symbol_table: bool,
+    /// jemalloc's message prefix is in the file: jemalloc is linked in,
+    /// whether or not its entry points can be seen.
+    mentions_jemalloc: bool,
+}
+
+/// A jemalloc copy found mapped in a process.
+#[derive(Clone, Debug)]
+pub struct Found {
+    pub file: FileId,
+    /// The file as the process sees it (inside its mount namespace).
+    pub path: String,
+    /// Where memprobe reads and attaches: `/proc/PID/map_files/START-END`,
+    /// which the kernel resolves to the very file mapped, inside containers
+    /// too and even when deleted, without walking a path the target could
+    /// redirect out of its root.
+    pub open_path: PathBuf,
+    pub allocator: Arc<Allocator>,
+}
+
+#[derive(Debug, Default)]
+pub struct AllocatorCache {
+    files: HashMap<FileId, FileFacts>,
+}
+
+impl AllocatorCache {
+    /// Every jemalloc copy mapped in `pid`, per its `maps`.
+    pub fn find(&mut self, pid: u32, maps: &[Mapping]) -> Vec<Found> {
+        executable_files(maps)
+            .into_iter()
+            .filter_map(|mapping| {
+                let open_path = map_file(pid, &mapping);
+                let facts = self
+                    .files
+                    .entry(mapping.file)
+                    .or_insert_with(|| read_facts(&open_path));
+                let allocator = facts.allocator.clone()?;
+                Some(Found {
+                    file: mapping.file,
+                    path: mapping.path.clone().unwrap_or_default(),
+                    open_path,
+                    allocator,
+                })
+            })
+            .collect()
+    }
+
+    /// Like [`find`](Self::find), but an error that says what was found
+    /// instead when there is no jemalloc.
+    pub fn require(&mut self, pid: u32, maps: &[Mapping], command: &str) -> Result<Vec<Found>> {
+        let found = self.find(pid, maps);
+        if !found.is_empty() {
+            return Ok(found);
+        }
+        Err(Error::NoJemalloc {
+            pid,
+            command: command.to_owned(),
+            found: self.describe_absence(maps),
+        })
+    }
+
+    fn describe_absence(&self, maps: &[Mapping]) -> String {
+        let files = executable_files(maps);
+        let name = |m: &Mapping| {
+            let path = m.path.as_deref().unwrap_or("?");
+            Path::new(path)
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or(path)
+                .to_owned()
+        };
+        let facts = |m: &Mapping| self.files.get(&m.file);
+        if let Some(hidden) = files
+            .iter()
+            .find(|m| facts(m).is_some_and(|f| f.mentions_jemalloc))
+        {
+            return format!(
+                "{} contains jemalloc but exports none of its entry points (stripped, or \
+                 built with hidden symbols); profile a build that keeps its symbol table",
+                name(hidden)
+            );
+        }
+        let providers: Vec<String> = files
+            .iter()
+            .filter(|m| facts(m).is_some_and(|f| f.defines_malloc))
+            .map(name)
+            .collect();
+        let executable_stripped = files
+            .first()
+            .and_then(|m| facts(m))
+            .is_some_and(|f| !f.has_symbol_table);
+        let stripped = if executable_stripped {
+            format!(
+                "; {} is stripped, so a static jemalloc in it could not be seen",
+                files.first().map(name).unwrap_or_default()
+            )
+        } else {
+            String::new()
+        };
+        match providers.as_slice() {
+            [] => format!("no mapped file defines malloc{stripped}"),
+            [one] if one.starts_with("libc.so") || one.starts_with("libc-") => {
+                format!("malloc comes from glibc only{stripped}")
+            }
+            many => format!("malloc comes from {}{stripped}", many.join(", ")),
+        }
+    }
+}
+
+/// `/proc/PID/map_files/START-END` of a mapping.
+pub fn map_file(pid: u32, mapping: &Mapping) -> PathBuf {
+    proc_path(
+        pid,
+        &format!("map_files/{:x}-{:x}", mapping.start, mapping.end),
+    )
+}
+
+/// Each mapped file with code, once (by identity), in the order of the maps:
+/// the executable comes first.
+fn executable_files(maps: &[Mapping]) -> Vec<Mapping> {
+    let mut seen = BTreeSet::new();
+    maps.iter()
+        .filter(|m| m.is_executable() && m.is_file())
+        .filter(|m| seen.insert(m.file))
+        .cloned()
+        .collect()
+}
+
+fn read_facts(path: &Path) -> FileFacts {
+    let Ok(data) = std::fs::read(path) else {
+        return FileFacts::default();
+    };
+    let mentions_jemalloc = memchr::memmem::find(&data, b"<jemalloc>").is_some();
+    let Ok(symbols) = FunctionSymbols::parse(&data) else {
+        return FileFacts {
+            mentions_jemalloc,
+            ..FileFacts::default()
+        };
+    };
+    FileFacts {
+        allocator: find_entry_points(&symbols).map(|(prefix, entry_points)| {
+            Arc::new(Allocator {
+                prefix,
+                entry_points,
+            })
+        }),
+        defines_malloc: symbols.offset("malloc").is_some(),
+        has_symbol_table: symbols.has_symbol_table,
+        mentions_jemalloc,
+    }
+}
+
+/// jemalloc copies in a file that is not mapped yet (launch mode).
+pub fn allocator_in_file(path: &Path) -> Option<Arc<Allocator>> {
+    read_facts(path).allocator
+}

@@ -1,0 +1,219 @@
+//! Launch mode: start a command with the probes already in place.
+//!
+//! The child is forked and waits on a pipe before `exec`; memprobe predicts
+//! the files it will map (the executable, and what its dynamic loader will
+//! load, LD_PRELOAD included, per `ld.so --list`), attaches pid-scoped
+//! probes to the jemalloc among them (the kernel installs them when the
+//! process maps the file), then lets the child `exec`. The process is never
+//! stopped by a signal or a debugger.
+use std::{
+    ffi::OsString,
+    fs::File,
+    io::{Read, Write},
+    os::{
+        fd::{AsRawFd, FromRawFd, OwnedFd},
+        unix::{ffi::OsStrExt, fs::MetadataExt, process::CommandExt},
+    },
+    path::{Path, PathBuf},
+    process::{Command, ExitStatus},
+};
+
+use object::read::elf::ElfFile64;
+use tokio::sync::oneshot;
+
+use crate::{
+    error::{Error, Result},
+    target::FileId,
+};
+
+/// A forked child waiting to `exec`.
+pub struct Launched {
+    pub pid: u32,
+    /// Writing a byte (or dropping without writing) releases the child.
+    gate: File,
+    /// The child's exit status, once it has exited and been reaped.
+    pub exit: oneshot::Receiver<std::io::Result<ExitStatus>>,
+}
+
+impl Launched {
+    /// Lets the child `exec` the command.
+    pub fn release(mut self) -> (u32, oneshot::Receiver<std::io::Result<ExitStatus>>) {
+        let _ = self.gate.write_all(b"x");
+        (self.pid, self.exit)
+    }
+}
+
+fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: fds has room for two descriptors.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: pipe2 returned two new descriptors that nobody else owns.
+    unsafe { Ok((OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1]))) }
+}
+
+/// Forks `command`; the child waits before `exec` until released. If the
+/// returned value is dropped unreleased, the child exits without running.
+pub fn spawn_gated(command: &[OsString]) -> Result<Launched> {
+    let (program, args) = command
+        .split_first()
+        .ok_or_else(|| Error::Launch("no command given after --".into()))?;
+    let launch_error = |e: std::io::Error| Error::Launch(format!("{}: {e}", program.display()));
+    let (pid_read, pid_write) = pipe().map_err(launch_error)?;
+    let (gate_read, gate_write) = pipe().map_err(launch_error)?;
+    let mut cmd = Command::new(program);
+    cmd.args(args);
+    let (pid_fd, gate_fd) = (pid_write.as_raw_fd(), gate_read.as_raw_fd());
+    // SAFETY: the closure runs in the forked child and only makes
+    // async-signal-safe calls (getpid, write, read).
+    unsafe {
+        cmd.pre_exec(move || {
+            let pid = libc::getpid().to_ne_bytes();
+            libc::write(pid_fd, pid.as_ptr().cast(), pid.len());
+            let mut byte = 0u8;
+            if libc::read(gate_fd, (&raw mut byte).cast(), 1) != 1 {
+                // memprobe gave up: do not run the command unprofiled.
+                return Err(std::io::Error::from_raw_os_error(libc::ECANCELED));
+            }
+            Ok(())
+        });
+    }
+    let (exit_tx, exit) = oneshot::channel();
+    // `spawn` returns only once the child has exec'd, so it runs on a thread
+    // of its own while this one attaches; the thread then reaps the child.
+    std::thread::spawn(move || {
+        let spawned = cmd.spawn();
+        drop((pid_write, gate_read));
+        let status = spawned.and_then(|mut child| child.wait());
+        let _ = exit_tx.send(status);
+    });
+    let mut pid = [0u8; 4];
+    File::from(pid_read)
+        .read_exact(&mut pid)
+        .map_err(|e| Error::Launch(format!("{}: fork failed: {e}", program.display())))?;
+    Ok(Launched {
+        pid: i32::from_ne_bytes(pid) as u32,
+        gate: File::from(gate_write),
+        exit,
+    })
+}
+
+/// A file the launched command will map, as the host sees it.
+#[derive(Clone, Debug)]
+pub struct PredictedFile {
+    pub path: PathBuf,
+    pub file: FileId,
+}
+
+/// The executable `program` names: a path, or a name looked up in PATH.
+pub fn resolve_program(program: &OsString) -> Result<PathBuf> {
+    let path = Path::new(program);
+    if program.as_bytes().contains(&b'/') {
+        return Ok(path.to_owned());
+    }
+    let search = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&search)
+        .map(|dir| dir.join(path))
+        .find(|candidate| {
+            candidate
+                .metadata()
+                .is_ok_and(|m| m.is_file() && m.mode() & 0o111 != 0)
+        })
+        .ok_or_else(|| Error::Launch(format!("{}: command not found in PATH", path.display())))
+}
+
+/// The executable and the libraries its loader will map at start.
+pub fn predict_files(executable: &Path) -> Result<Vec<PredictedFile>> {
+    let data = std::fs::read(executable).map_err(|source| Error::Read {
+        path: executable.to_owned(),
+        source,
+    })?;
+    let interpreter = ElfFile64::<object::Endianness>::parse(&*data)
+        .ok()
+        .and_then(|elf| interpreter_of(&elf));
+    let mut paths = vec![executable.to_owned()];
+    if let Some(interpreter) = interpreter {
+        // Trace mode maps the libraries and prints them; no code of the
+        // program or its libraries runs.
+        let output = Command::new(&interpreter)
+            .arg("--list")
+            .arg(executable)
+            .output()
+            .map_err(|e| Error::Launch(format!("{}: {e}", interpreter.display())))?;
+        paths.extend(parse_loader_list(&String::from_utf8_lossy(&output.stdout)));
+    }
+    Ok(paths
+        .into_iter()
+        .filter_map(|path| {
+            let meta = std::fs::metadata(&path).ok()?;
+            let file = FileId {
+                device: (u64::from(libc::major(meta.dev())) << 32)
+                    | u64::from(libc::minor(meta.dev())),
+                inode: meta.ino(),
+            };
+            Some(PredictedFile { path, file })
+        })
+        .collect())
+}
+
+fn interpreter_of(elf: &ElfFile64<object::Endianness>) -> Option<PathBuf> {
+    use object::read::elf::ProgramHeader;
+    let endian = elf.endian();
+    let data = elf.data();
+    elf.elf_program_headers()
+        .iter()
+        .find(|header| header.p_type(endian) == object::elf::PT_INTERP)
+        .and_then(|header| header.data(endian, data).ok())
+        .map(|bytes| {
+            let bytes = bytes.split(|&b| b == 0).next().unwrap_or_default();
+            PathBuf::from(std::ffi::OsStr::from_bytes(bytes))
+        })
+}
+
+/// Paths in `ld.so --list` output: `name => /path (0x...)` or `/path (0x...)`.
+pub fn parse_loader_list(text: &str) -> Vec<PathBuf> {
+    text.lines()
+        .filter_map(|line| {
+            let line = line.trim();
+            let target = line.split_once("=>").map_or(line, |(_, t)| t.trim());
+            let path = target.rsplit_once(" (").map_or(target, |(p, _)| p).trim();
+            path.starts_with('/').then(|| PathBuf::from(path))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_loader_list_output() {
+        let text = "\tlinux-vdso.so.1 (0x00007ffd)\n\
+                    \t/usr/lib/x86_64-linux-gnu/libjemalloc.so.2 (0x00007f01)\n\
+                    \tlibc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x00007f02)\n\
+                    \tlibfoo.so => not found\n\
+                    \t/lib64/ld-linux-x86-64.so.2 (0x00007f03)\n";
+        let paths = parse_loader_list(text);
+        assert_eq!(
+            paths,
+            [
+                PathBuf::from("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"),
+                PathBuf::from("/lib/x86_64-linux-gnu/libc.so.6"),
+                PathBuf::from("/lib64/ld-linux-x86-64.so.2"),
+            ]
+        );
+    }
+
+    #[test]
+    fn predicts_libraries_of_a_dynamic_program() {
+        let sh = resolve_program(&OsString::from("sh")).unwrap();
+        let files = predict_files(&sh).unwrap();
+        assert!(files.len() >= 3, "{files:?}");
+        assert!(
+            files
+                .iter()
+                .any(|f| f.path.to_string_lossy().contains("libc.so"))
+        );
+    }
+}
