@@ -115,7 +115,7 @@ impl AllocatorCache {
             .collect();
         let executable_stripped = files
             .first()
-            .and_then(|m| facts(m))
+            .and_then(facts)
             .is_some_and(|f| !f.has_symbol_table);
         let stripped = if executable_stripped {
             format!(
