@@ -8,6 +8,7 @@ use std::{
 };
 
 use crate::{
+    code::{plt_stub_symbol, straight_line_exit},
     elf::FunctionSymbols,
     error::{Error, Result},
     target::{EntryPoint, FileId, Mapping, find_entry_points, proc_path},
@@ -18,7 +19,13 @@ use crate::{
 pub struct Allocator {
     /// `""`, `je_`, `_rjem_`...
     pub prefix: String,
+    /// The entry points to probe.
     pub entry_points: Vec<EntryPoint>,
+    /// Entry points left unprobed because every call to them passes through
+    /// another probed entry point (`operator new[]` jumping to `operator
+    /// new`, say): (wrapper, the entry point it passes to). Probing both
+    /// would count such calls twice and hide the real caller.
+    pub wrappers: Vec<(String, String)>,
 }
 
 /// What one file holds, for attaching and for saying what was found.
@@ -47,6 +54,7 @@ pub struct Found {
 }
 
 #[derive(Debug, Default)]
+/// What each file holds, read once per file.
 pub struct AllocatorCache {
     files: HashMap<FileId, FileFacts>,
 }
@@ -167,9 +175,11 @@ fn read_facts(path: &Path) -> FileFacts {
     };
     FileFacts {
         allocator: find_entry_points(&symbols).map(|(prefix, entry_points)| {
+            let (entry_points, wrappers) = split_wrappers(&symbols, &data, entry_points);
             Arc::new(Allocator {
                 prefix,
                 entry_points,
+                wrappers,
             })
         }),
         defines_malloc: symbols.offset("malloc").is_some(),
@@ -178,7 +188,71 @@ fn read_facts(path: &Path) -> FileFacts {
     }
 }
 
+/// Separates entry points whose straight-line path calls or jumps to another
+/// entry point (directly or through the PLT) from those to probe.
+fn split_wrappers(
+    symbols: &FunctionSymbols,
+    data: &[u8],
+    entry_points: Vec<EntryPoint>,
+) -> (Vec<EntryPoint>, Vec<(String, String)>) {
+    let by_address: HashMap<u64, String> = entry_points
+        .iter()
+        .filter_map(|e| Some((symbols.function(&e.symbol)?.address, e.symbol.clone())))
+        .collect();
+    let inner_of = |entry: &EntryPoint| -> Option<String> {
+        let function = symbols.function(&entry.symbol)?;
+        let code = symbols.code(data, function.address, function.size.max(64))?;
+        let target = straight_line_exit(code, function.address)?;
+        if let Some(inner) = by_address.get(&target) {
+            return Some(inner.clone());
+        }
+        let via_plt = plt_stub_symbol(symbols, data, target)?;
+        by_address
+            .values()
+            .any(|name| *name == via_plt)
+            .then(|| via_plt.to_owned())
+    };
+    let mut probed = Vec::new();
+    let mut wrappers = Vec::new();
+    for entry in entry_points {
+        match inner_of(&entry) {
+            Some(inner) if inner != entry.symbol => wrappers.push((entry.symbol, inner)),
+            _ => probed.push(entry),
+        }
+    }
+    (probed, wrappers)
+}
+
 /// jemalloc copies in a file that is not mapped yet (launch mode).
 pub fn allocator_in_file(path: &Path) -> Option<Arc<Allocator>> {
     read_facts(path).allocator
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wrappers_of_debians_libjemalloc_are_not_probed() {
+        let path = Path::new("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2");
+        let allocator = read_facts(path).allocator.expect("jemalloc found");
+        let wrappers: HashMap<&str, &str> = allocator
+            .wrappers
+            .iter()
+            .map(|(w, i)| (w.as_str(), i.as_str()))
+            .collect();
+        // operator new[] is `jmp operator new`.
+        assert_eq!(wrappers.get("_Znam"), Some(&"_Znwm"));
+        // Aligned operator new calls aligned_alloc through the PLT.
+        assert_eq!(wrappers.get("_ZnwmSt11align_val_t"), Some(&"aligned_alloc"));
+        let probed: Vec<&str> = allocator
+            .entry_points
+            .iter()
+            .map(|e| e.symbol.as_str())
+            .collect();
+        for name in ["malloc", "_Znwm", "aligned_alloc", "free", "sdallocx"] {
+            assert!(probed.contains(&name), "{name} not probed: {probed:?}");
+        }
+        assert!(!probed.contains(&"_Znam"));
+    }
 }

@@ -6,6 +6,7 @@
 //! send, [`collector`] keeps the live set and the per-stack estimates,
 //! [`output`] writes the profiles, and [`session`] ties it together.
 pub mod checks;
+pub mod code;
 pub mod collector;
 pub mod discovery;
 pub mod elf;

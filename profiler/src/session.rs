@@ -22,7 +22,7 @@ use tokio::{
 use crate::{
     checks,
     collector::{CollectorOptions, Drops, ProcessHeap},
-    discovery::{AllocatorCache, Found, allocator_in_file},
+    discovery::{Allocator, AllocatorCache, Found, allocator_in_file},
     error::{Error, Result},
     events::{Event, decode},
     kernel::{KernelOptions, KernelProbes, Scope},
@@ -441,6 +441,7 @@ impl Session<'_> {
                 t.attached_files.insert(f.file);
             }
             self.print_verbose_probes(before);
+            self.print_verbose_wrappers(&f.path, &f.allocator);
         }
         Ok(attached)
     }
@@ -469,6 +470,7 @@ impl Session<'_> {
                         instance,
                     )?;
                     self.print_verbose_probes(before);
+                    self.print_verbose_wrappers(&f.path, &f.allocator);
                 }
             }
             match self.tracked.get_mut(&pid) {
@@ -591,6 +593,18 @@ impl Session<'_> {
             })?;
         t.files.push(path.clone());
         Ok(path)
+    }
+
+    fn print_verbose_wrappers(&mut self, path: &str, allocator: &Allocator) {
+        if !self.options.verbose {
+            return;
+        }
+        for (wrapper, inner) in &allocator.wrappers {
+            let _ = writeln!(
+                self.status,
+                "memprobe: {path}: {wrapper} not probed: every call passes to {inner}"
+            );
+        }
     }
 
     fn print_verbose_probes(&mut self, from: usize) {

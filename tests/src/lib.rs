@@ -32,43 +32,184 @@ pub fn memprobe_bin() -> PathBuf {
 
 static BUILT: Mutex<Vec<(String, PathBuf)>> = Mutex::new(Vec::new());
 
-/// Compiles `tests/fixtures/<source>` into `target/fixtures/<name>`, once per
-/// test run: rebuilding a binary that another test is running would leave
-/// that process mapping a deleted file, which jeprof cannot symbolize.
-pub fn build_c(source: &str, name: &str, flags: &[&str]) -> PathBuf {
+/// Builds a fixture once per test run with `build(output path)`: rebuilding
+/// a binary that another test is running would leave that process mapping a
+/// deleted file, which jeprof cannot symbolize.
+pub fn build_once(name: &str, build: impl FnOnce(&Path) -> Command) -> PathBuf {
     let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
     if let Some((_, path)) = built.iter().find(|(n, _)| n == name) {
         return path.clone();
     }
-    let root = workspace_root();
-    let out_dir = root.join("target/fixtures");
+    let out_dir = workspace_root().join("target/fixtures");
     std::fs::create_dir_all(&out_dir).unwrap();
     let output = out_dir.join(name);
-    let status = Command::new("cc")
-        .args(flags)
-        .arg("-o")
-        .arg(&output)
-        .arg(root.join("tests/fixtures").join(source))
-        .arg("-ljemalloc")
-        .status()
-        .expect("running cc");
-    assert!(status.success(), "building {source} failed");
+    let mut command = build(&output);
+    let status = command.status().expect("running a compiler");
+    assert!(status.success(), "building {name} failed: {command:?}");
     built.push((name.to_owned(), output.clone()));
     output
 }
 
-/// The C fixture with known sites, built with frame pointers.
+pub fn fixture_source(name: &str) -> PathBuf {
+    workspace_root().join("tests/fixtures").join(name)
+}
+
+/// Debug info and frame pointers, no inlining of the sites into callers.
+pub const C_FLAGS: &[&str] = &[
+    "-O1",
+    "-g",
+    "-fno-omit-frame-pointer",
+    "-fno-optimize-sibling-calls",
+];
+
+pub const JEMALLOC_STATIC: &str = "/usr/lib/x86_64-linux-gnu/libjemalloc_pic.a";
+pub const JAVA_HOME: &str = "/usr/lib/jvm/java-17-openjdk-amd64";
+
+fn compile(compiler: &str, output: &Path, source: &str, extra: &[&str]) -> Command {
+    let mut command = Command::new(compiler);
+    command
+        .args(C_FLAGS)
+        .arg("-o")
+        .arg(output)
+        .arg(fixture_source(source))
+        .args(extra);
+    command
+}
+
+/// The C fixture with known sites, linked to libjemalloc.so.2.
 pub fn sites_fixture() -> PathBuf {
-    build_c(
-        "sites.c",
-        "sites",
-        &[
-            "-O1",
-            "-g",
-            "-fno-omit-frame-pointer",
-            "-fno-optimize-sibling-calls",
-        ],
-    )
+    build_once("sites", |out| {
+        compile("cc", out, "sites.c", &["-ljemalloc"])
+    })
+}
+
+/// The same sites, with jemalloc linked statically into the executable.
+pub fn sites_static_fixture() -> PathBuf {
+    build_once("sites_static", |out| {
+        compile(
+            "cc",
+            out,
+            "sites.c",
+            &[JEMALLOC_STATIC, "-lpthread", "-lm", "-ldl", "-lstdc++"],
+        )
+    })
+}
+
+/// C++ new/delete sites against libjemalloc.so.2's operators.
+pub fn new_delete_fixture() -> PathBuf {
+    build_once("new_delete", |out| {
+        compile("g++", out, "new_delete.cpp", &["-ljemalloc"])
+    })
+}
+
+/// A shared library with its own static jemalloc and a JNI entry point.
+pub fn static_jemalloc_library() -> PathBuf {
+    let include = format!("-I{JAVA_HOME}/include");
+    let include_linux = format!("-I{JAVA_HOME}/include/linux");
+    build_once("libstaticje.so", |out| {
+        compile(
+            "cc",
+            out,
+            "static_je_lib.c",
+            &[
+                "-shared",
+                "-fPIC",
+                &include,
+                &include_linux,
+                JEMALLOC_STATIC,
+                "-Wl,-Bsymbolic",
+                "-lpthread",
+                "-lstdc++",
+            ],
+        )
+    })
+}
+
+/// Linked to libjemalloc.so.2 even though the compiler may drop its only
+/// malloc call (Debian links --as-needed).
+pub fn dlopen_host_fixture() -> PathBuf {
+    build_once("dlopen_host", |out| {
+        compile(
+            "cc",
+            out,
+            "dlopen_host.c",
+            &["-Wl,--no-as-needed", "-ljemalloc", "-ldl"],
+        )
+    })
+}
+
+/// jemalloc linked statically uses initial-exec TLS; a library holding it
+/// needs room in glibc's static TLS block when loaded with dlopen, as in
+/// production (ClickHouse's libch.so is loaded the same way).
+pub const STATIC_TLS_TUNABLE: (&str, &str) =
+    ("GLIBC_TUNABLES", "glibc.rtld.optional_static_tls=65536");
+
+pub fn malloc_loop_fixture() -> PathBuf {
+    build_once("malloc_loop", |out| {
+        let mut command = Command::new("cc");
+        command
+            .args(["-O2", "-o"])
+            .arg(out)
+            .arg(fixture_source("malloc_loop.c"))
+            .arg("-ljemalloc");
+        command
+    })
+}
+
+/// The Rust fixture on tikv-jemallocator (builds jemalloc from source).
+pub fn rust_fixture() -> PathBuf {
+    let target_dir = workspace_root().join("target/fixtures/rust");
+    build_once("rust-jemalloc-fixture", |_| {
+        let mut command = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+        command
+            .args(["build", "--release", "--quiet", "--manifest-path"])
+            .arg(fixture_source("rust-jemalloc/Cargo.toml"))
+            .arg("--target-dir")
+            .arg(&target_dir)
+            .env("RUSTFLAGS", "-C force-frame-pointers=yes");
+        command
+    });
+    target_dir.join("release/rust-jemalloc-fixture")
+}
+
+/// The Java fixtures' classes, compiled into one folder.
+pub fn java_classes() -> PathBuf {
+    build_once("java", |out| {
+        std::fs::create_dir_all(out).unwrap();
+        let mut command = Command::new(format!("{JAVA_HOME}/bin/javac"));
+        command
+            .arg("-d")
+            .arg(out)
+            .arg(fixture_source("java/DirectBuffers.java"))
+            .arg(fixture_source("java/JniAlloc.java"));
+        command
+    })
+}
+
+pub fn java_command(main_class: &str) -> Command {
+    let mut command = Command::new(format!("{JAVA_HOME}/bin/java"));
+    command
+        .args([
+            "-Xmx64m",
+            "-XX:MaxDirectMemorySize=256m",
+            "-XX:+UseSerialGC",
+            "-cp",
+        ])
+        .arg(java_classes())
+        .arg(main_class);
+    command
+}
+
+static SYSTEM: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+/// Held by ordinary tests: they may run side by side.
+pub fn shared() -> std::sync::RwLockReadGuard<'static, ()> {
+    SYSTEM.read().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Held by tests that probe system-wide or time things: they run alone.
+pub fn exclusive() -> std::sync::RwLockWriteGuard<'static, ()> {
+    SYSTEM.write().unwrap_or_else(|e| e.into_inner())
 }
 
 /// A folder for one test's outputs, emptied first.
@@ -89,12 +230,18 @@ pub struct Fixture {
 
 impl Fixture {
     pub fn start(binary: &Path, env: &[(&str, &str)]) -> Self {
-        let mut child = Command::new(binary)
-            .envs(env.iter().copied())
+        let mut command = Command::new(binary);
+        command.envs(env.iter().copied());
+        Self::start_command(command)
+    }
+
+    /// Starts `command`, which must print "ready <pid>" first.
+    pub fn start_command(mut command: Command) -> Self {
+        let mut child = command
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
-            .unwrap_or_else(|e| panic!("starting {}: {e}", binary.display()));
+            .unwrap_or_else(|e| panic!("starting {command:?}: {e}"));
         let stdin = child.stdin.take();
         let mut stdout = BufReader::new(child.stdout.take().unwrap());
         let mut line = String::new();
@@ -115,10 +262,15 @@ impl Fixture {
 
     /// Tells the fixture to do its allocations and waits until it has.
     pub fn run_workload(&mut self) {
-        writeln!(self.stdin.as_mut().unwrap(), "go").unwrap();
-        let mut line = String::new();
-        self.stdout.read_line(&mut line).unwrap();
-        assert_eq!(line.trim(), "done", "fixture did not finish its workload");
+        self.send_and_expect("go", "done");
+    }
+
+    /// Sends a line and waits for the fixture's answer.
+    pub fn send_and_expect(&mut self, line: &str, answer: &str) {
+        writeln!(self.stdin.as_mut().unwrap(), "{line}").unwrap();
+        let mut got = String::new();
+        self.stdout.read_line(&mut got).unwrap();
+        assert_eq!(got.trim(), answer, "fixture answered {got:?} to {line:?}");
     }
 
     /// Lets the fixture exit and waits for it.
@@ -144,10 +296,17 @@ pub struct Memprobe {
 
 impl Memprobe {
     pub fn start(args: &[&str]) -> Self {
-        let mut child = Command::new(memprobe_bin())
+        let mut command = Command::new(memprobe_bin());
+        command
             .args(args)
             .stdin(Stdio::null())
-            .stdout(Stdio::piped())
+            .stdout(Stdio::piped());
+        Self::start_command(command)
+    }
+
+    /// Starts memprobe as `command` says (stderr is always captured).
+    pub fn start_command(mut command: Command) -> Self {
+        let mut child = command
             .stderr(Stdio::piped())
             .spawn()
             .expect("starting memprobe");
@@ -195,6 +354,10 @@ impl Memprobe {
         );
     }
 
+    pub fn child(&mut self) -> &mut Child {
+        &mut self.child
+    }
+
     pub fn signal(&self, signal: i32) {
         // SAFETY: sending a signal to our own child.
         unsafe { libc::kill(self.child.id() as i32, signal) };
@@ -235,6 +398,40 @@ pub fn run_memprobe(args: &[&str], env: &[(&str, &str)]) -> (ExitStatus, String)
 
 /// `jeprof --text <flag>`: flat megabytes per function.
 pub fn jeprof_text(binary: &Path, heap: &Path, flag: &str) -> HashMap<String, f64> {
+    jeprof_rows(binary, heap, flag)
+        .into_iter()
+        .map(|r| (r.name, r.flat))
+        .collect()
+}
+
+/// Profiles a running fixture at a 4 KiB interval from attach until its
+/// workload is done, stops memprobe with SIGINT; the profile and stderr.
+pub fn profile_workload(fixture: &mut Fixture, out: &Path, extra: &[&str]) -> (PathBuf, String) {
+    let pid = fixture.pid.to_string();
+    let mut args = vec!["--pid", &pid, "--sample-interval", "4096", "--output"];
+    args.push(out.to_str().unwrap());
+    args.extend_from_slice(extra);
+    let mut memprobe = Memprobe::start(&args);
+    memprobe.wait_attached();
+    fixture.run_workload();
+    memprobe.signal(libc::SIGINT);
+    let (status, stderr) = memprobe.wait();
+    assert!(status.success(), "memprobe failed: {stderr}");
+    let heaps = heap_files(out);
+    assert_eq!(heaps.len(), 1, "{heaps:?}\n{stderr}");
+    (heaps[0].clone(), stderr)
+}
+
+/// One row of `jeprof --text`, in megabytes.
+#[derive(Clone, Debug)]
+pub struct JeprofRow {
+    pub name: String,
+    pub flat: f64,
+    pub cum: f64,
+}
+
+/// `jeprof --text <flag>` rows, with the cumulative column.
+pub fn jeprof_rows(binary: &Path, heap: &Path, flag: &str) -> Vec<JeprofRow> {
     let out = Command::new("jeprof")
         .args(["--text", flag])
         .arg(binary)
@@ -244,24 +441,30 @@ pub fn jeprof_text(binary: &Path, heap: &Path, flag: &str) -> HashMap<String, f6
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
-        "jeprof failed: {}\n{text}",
+        "jeprof failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    parse_jeprof_text(&text)
-}
-
-/// Rows like `   16.0  67.1%  67.1%     16.0  67.1% keep_1m`.
-pub fn parse_jeprof_text(text: &str) -> HashMap<String, f64> {
     text.lines()
         .filter_map(|line| {
             let fields: Vec<&str> = line.split_whitespace().collect();
             if fields.len() < 6 || !fields[1].ends_with('%') {
                 return None;
             }
-            let flat: f64 = fields[0].parse().ok()?;
-            Some((fields[5..].join(" "), flat))
+            Some(JeprofRow {
+                name: fields[5..].join(" "),
+                flat: fields[0].parse().ok()?,
+                cum: fields[3].parse().ok()?,
+            })
         })
         .collect()
+}
+
+/// The row whose function name contains `needle`, with the largest cum.
+pub fn row<'a>(rows: &'a [JeprofRow], needle: &str) -> &'a JeprofRow {
+    rows.iter()
+        .filter(|r| r.name.contains(needle))
+        .max_by(|a, b| a.cum.total_cmp(&b.cum))
+        .unwrap_or_else(|| panic!("no {needle} in jeprof's output: {rows:#?}"))
 }
 
 /// The `.heap` files in `dir`, sorted.

@@ -6,13 +6,16 @@ use anyhow::{Context, Result, bail};
 use crate::run_command;
 
 /// Debian packages: jemalloc (library, headers, jeprof, static archive),
-/// binutils for jeprof's addr2line, a C compiler for the fixtures.
+/// binutils for jeprof and strip, C and C++ compilers and a JDK for the
+/// fixtures, util-linux for setpriv and unshare.
 const PACKAGES: &[&str] = &[
     "libjemalloc2",
     "libjemalloc-dev",
     "binutils",
     "gcc",
+    "g++",
     "libc6-dev",
+    "openjdk-17-jdk-headless",
     "perl",
     "util-linux",
 ];

@@ -136,3 +136,25 @@ fn help_has_examples() {
     );
     assert!(help.contains("jeprof --text"));
 }
+
+#[test]
+fn stripped_static_jemalloc_is_named_not_attached() {
+    let _guard = shared();
+    let unstripped = sites_static_fixture();
+    let stripped = build_once("sites_static_stripped", |out| {
+        let mut command = Command::new("strip");
+        command.arg("-o").arg(out).arg(&unstripped);
+        command
+    });
+    let fixture = Fixture::start(&stripped, &[]);
+    let pid = fixture.pid.to_string();
+    let (status, stderr) = run_memprobe(&["--pid", &pid, "--duration", "1s"], &[]);
+    assert_one_line_error(
+        &stderr,
+        status,
+        &[
+            "sites_static_stripped contains jemalloc but exports none of its entry points",
+            "symbol table",
+        ],
+    );
+}

@@ -1,2 +1,3 @@
 mod errors;
 mod heap_profile;
+mod locations;

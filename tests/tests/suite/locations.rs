@@ -1,0 +1,431 @@
+//! jemalloc wherever it lives: linked statically, prefixed (Rust's
+//! tikv-jemallocator), C++ operators, JVMs (preloaded, and inside a JNI
+//! library), loaded after attach, launched, several processes, --all,
+//! containers. Each test checks the profile's content against the truth.
+use std::{
+    io::{BufRead, BufReader, Write},
+    process::{Command, Stdio},
+};
+
+use tests::*;
+
+const KEEP_4K: f64 = 2000.0 * 4096.0;
+const KEEP_1M: f64 = 16.0 * MIB;
+
+#[test]
+fn static_jemalloc_in_the_executable() {
+    let _guard = shared();
+    let binary = sites_static_fixture();
+    let out = output_dir("static");
+    let mut fixture = Fixture::start(&binary, &[]);
+    let (heap, stderr) = profile_workload(&mut fixture, &out, &["--verbose"]);
+    // The probes sit in the executable itself, not in a shared library.
+    assert!(
+        stderr.contains(&format!("malloc at {}+", binary.display())),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("libjemalloc.so"), "{stderr}");
+    let inuse = jeprof_text(&binary, &heap, "--inuse_space");
+    assert_within("keep_1m", inuse["keep_1m"] * MIB, KEEP_1M, 0.10);
+    assert_within("keep_4k", inuse["keep_4k"] * MIB, KEEP_4K, 0.10);
+}
+
+#[test]
+fn rust_program_on_tikv_jemallocator() {
+    let _guard = shared();
+    let binary = rust_fixture();
+    let out = output_dir("rust_rjem");
+    let mut fixture = Fixture::start(&binary, &[]);
+    let (heap, stderr) = profile_workload(&mut fixture, &out, &["--verbose"]);
+    // The prefix comes from the symbols; frees go through _rjem_sdallocx.
+    for symbol in [
+        "_rjem_malloc",
+        "_rjem_mallocx",
+        "_rjem_sdallocx",
+        "_rjem_rallocx",
+    ] {
+        assert!(
+            stderr.contains(&format!(": {symbol} at ")),
+            "{symbol}: {stderr}"
+        );
+    }
+    let inuse = jeprof_rows(&binary, &heap, "--inuse_space");
+    let kept = row(&inuse, "keep_vectors");
+    assert_within(
+        "keep_vectors in use",
+        kept.cum * MIB,
+        1000.0 * 16384.0,
+        0.10,
+    );
+    let churn = inuse.iter().find(|r| r.name.contains("churn_vectors"));
+    assert!(churn.is_none_or(|r| r.cum < 0.1), "{churn:?}");
+    let allocated = jeprof_rows(&binary, &heap, "--alloc_space");
+    // 50000 vectors of 512..518 bytes: size classes 512 and 640.
+    let churned: f64 = (0..50_000u32)
+        .map(|i| if 512 + i % 7 <= 512 { 512.0 } else { 640.0 })
+        .sum();
+    assert_within(
+        "churn_vectors allocated",
+        row(&allocated, "churn_vectors").cum * MIB,
+        churned,
+        0.10,
+    );
+}
+
+#[test]
+fn cxx_operator_new_and_delete() {
+    let _guard = shared();
+    let binary = new_delete_fixture();
+    let out = output_dir("cxx");
+    let mut fixture = Fixture::start(&binary, &[]);
+    let (heap, _) = profile_workload(&mut fixture, &out, &[]);
+    let inuse = jeprof_rows(&binary, &heap, "--inuse_space");
+    assert_within(
+        "keep_nodes (new)",
+        row(&inuse, "keep_nodes").flat * MIB,
+        KEEP_4K,
+        0.10,
+    );
+    assert_within(
+        "keep_arrays (new[])",
+        row(&inuse, "keep_arrays").flat * MIB,
+        KEEP_1M,
+        0.10,
+    );
+    let churn = inuse.iter().find(|r| r.name.contains("churn_objects"));
+    assert!(
+        churn.is_none_or(|r| r.flat < 0.1),
+        "sized delete missed: {churn:?}"
+    );
+    let allocated = jeprof_rows(&binary, &heap, "--alloc_space");
+    assert_within(
+        "churn_objects allocated",
+        row(&allocated, "churn_objects").flat * MIB,
+        50_000.0 * 512.0,
+        0.10,
+    );
+}
+
+#[test]
+fn jvm_with_jemalloc_preloaded_sees_direct_buffers() {
+    let _guard = shared();
+    let out = output_dir("jvm_preload");
+    let mut command = java_command("DirectBuffers");
+    command.env("LD_PRELOAD", "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2");
+    let mut fixture = Fixture::start_command(command);
+    let (heap, _) = profile_workload(&mut fixture, &out, &[]);
+    let java = format!("{JAVA_HOME}/bin/java");
+    let inuse = jeprof_rows(std::path::Path::new(&java), &heap, "--inuse_space");
+    // 64 direct buffers of 1 MiB, through Unsafe_AllocateMemory0 -> os::malloc.
+    let unsafe_allocate = row(&inuse, "Unsafe_AllocateMemory0");
+    assert_within(
+        "Unsafe_AllocateMemory0 in use",
+        unsafe_allocate.cum * MIB,
+        64.0 * MIB,
+        0.10,
+    );
+}
+
+#[test]
+fn jvm_with_a_jni_library_that_contains_jemalloc() {
+    let _guard = shared();
+    let library = static_jemalloc_library();
+    let out = output_dir("jvm_jni");
+    let mut command = java_command("JniAlloc");
+    command
+        .arg(&library)
+        .env(STATIC_TLS_TUNABLE.0, STATIC_TLS_TUNABLE.1);
+    let mut fixture = Fixture::start_command(command);
+    let (heap, stderr) = profile_workload(&mut fixture, &out, &["--verbose"]);
+    assert!(
+        stderr.contains(&format!("mallocx at {}+", library.display())),
+        "{stderr}"
+    );
+    let inuse = jeprof_rows(&library, &heap, "--inuse_space");
+    assert_within(
+        "keep_blocks in use",
+        row(&inuse, "keep_blocks").flat * MIB,
+        KEEP_4K,
+        0.10,
+    );
+}
+
+#[test]
+fn library_loaded_after_attach_is_probed_within_a_second() {
+    let _guard = shared();
+    let host = dlopen_host_fixture();
+    let library = static_jemalloc_library();
+    let out = output_dir("dlopen");
+    let mut command = Command::new(&host);
+    command
+        .arg(&library)
+        .env(STATIC_TLS_TUNABLE.0, STATIC_TLS_TUNABLE.1);
+    let mut fixture = Fixture::start_command(command);
+    let pid = fixture.pid.to_string();
+    let mut memprobe = Memprobe::start(&[
+        "--pid",
+        &pid,
+        "--sample-interval",
+        "4096",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    memprobe.wait_attached();
+    fixture.send_and_expect("load", "loaded");
+    let loaded_at = std::time::Instant::now();
+    let needle = format!("pid {pid} loaded jemalloc in {}", library.display());
+    while !memprobe.stderr_text().contains(&needle) {
+        assert!(
+            loaded_at.elapsed().as_secs_f64() < 3.0,
+            "not probed in time:\n{}",
+            memprobe.stderr_text()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    fixture.run_workload();
+    memprobe.signal(libc::SIGINT);
+    let (status, stderr) = memprobe.wait();
+    assert!(status.success(), "{stderr}");
+    let heap = &heap_files(&out)[0];
+    let inuse = jeprof_rows(&library, heap, "--inuse_space");
+    assert_within(
+        "keep_blocks in use",
+        row(&inuse, "keep_blocks").flat * MIB,
+        KEEP_4K,
+        0.10,
+    );
+}
+
+#[test]
+fn launch_mode_profiles_from_the_start_and_passes_the_exit_code() {
+    let _guard = shared();
+    let binary = sites_fixture();
+    let out = output_dir("launch");
+    let mut command = Command::new(memprobe_bin());
+    command
+        .args([
+            "--sample-interval",
+            "4096",
+            "-o",
+            out.to_str().unwrap(),
+            "--",
+        ])
+        .arg(&binary)
+        .env("FIXTURE_EXIT_CODE", "7")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped());
+    let mut memprobe = Memprobe::start_command(command);
+    // The command's stdin and stdout are memprobe's.
+    let mut stdin = memprobe.child().stdin.take().unwrap();
+    let mut stdout = BufReader::new(memprobe.child().stdout.take().unwrap());
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    assert!(line.starts_with("ready "), "{line}");
+    writeln!(stdin, "go").unwrap();
+    line.clear();
+    stdout.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "done");
+    drop(stdin);
+    let (status, stderr) = memprobe.wait();
+    assert_eq!(status.code(), Some(7), "{stderr}");
+    let heaps = heap_files(&out);
+    assert_eq!(heaps.len(), 1, "{stderr}");
+    let inuse = jeprof_text(&binary, &heaps[0], "--inuse_space");
+    assert_within("keep_1m", inuse["keep_1m"] * MIB, KEEP_1M, 0.10);
+    assert_within("keep_4k", inuse["keep_4k"] * MIB, KEEP_4K, 0.10);
+}
+
+#[test]
+fn two_pids_in_one_run() {
+    let _guard = shared();
+    let binary = sites_fixture();
+    let out = output_dir("two_pids");
+    let mut first = Fixture::start(&binary, &[]);
+    let mut second = Fixture::start(&binary, &[]);
+    let (a, b) = (first.pid.to_string(), second.pid.to_string());
+    let mut memprobe = Memprobe::start(&[
+        "--pid",
+        &a,
+        "--pid",
+        &b,
+        "--sample-interval",
+        "4096",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    memprobe.wait_attached();
+    first.run_workload();
+    second.run_workload();
+    memprobe.signal(libc::SIGINT);
+    let (status, stderr) = memprobe.wait();
+    assert!(status.success(), "{stderr}");
+    for pid in [&a, &b] {
+        let heap = out.join(format!("memprobe.{pid}.0.heap"));
+        let inuse = jeprof_text(&binary, &heap, "--inuse_space");
+        assert_within(
+            &format!("pid {pid} keep_1m"),
+            inuse["keep_1m"] * MIB,
+            KEEP_1M,
+            0.10,
+        );
+        assert_within(
+            &format!("pid {pid} keep_4k"),
+            inuse["keep_4k"] * MIB,
+            KEEP_4K,
+            0.10,
+        );
+    }
+}
+
+#[test]
+fn all_picks_up_a_process_started_during_the_run() {
+    let _guard = exclusive();
+    let binary = sites_fixture();
+    let out = output_dir("all");
+    let mut memprobe = Memprobe::start(&[
+        "--all",
+        "--sample-interval",
+        "4096",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    memprobe.wait_attached();
+    let mut late = Fixture::start(&binary, &[]);
+    let pid = late.pid;
+    // Within a scan interval the new process is known; its library may be
+    // probed system-wide already, if another process mapped it first.
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    late.run_workload();
+    memprobe.signal(libc::SIGINT);
+    let (status, stderr) = memprobe.wait();
+    assert!(status.success(), "{stderr}");
+    assert!(late.finish().success());
+    let heap = out.join(format!("memprobe.{pid}.0.heap"));
+    assert!(heap.exists(), "no profile for pid {pid}: {stderr}");
+    let inuse = jeprof_text(&binary, &heap, "--inuse_space");
+    assert_within("keep_1m", inuse["keep_1m"] * MIB, KEEP_1M, 0.10);
+    assert_within("keep_4k", inuse["keep_4k"] * MIB, KEEP_4K, 0.10);
+}
+
+/// Nanoseconds per malloc+free pair of a fresh malloc_loop run (best of 3).
+fn loop_cost(pairs: &str) -> f64 {
+    (0..3)
+        .map(|_| {
+            let out = Command::new(malloc_loop_fixture())
+                .arg(pairs)
+                .output()
+                .unwrap();
+            String::from_utf8_lossy(&out.stdout)
+                .trim()
+                .parse::<f64>()
+                .unwrap()
+        })
+        .fold(f64::INFINITY, f64::min)
+}
+
+#[test]
+fn processes_not_asked_for_are_not_slowed() {
+    let _guard = exclusive();
+    let binary = sites_fixture();
+    let out = output_dir("untargeted");
+    let baseline = loop_cost("2000000");
+    // Profile another process that maps the same libjemalloc.so.2.
+    let target = Fixture::start(&binary, &[]);
+    let pid = target.pid.to_string();
+    let mut memprobe = Memprobe::start(&["--pid", &pid, "-o", out.to_str().unwrap()]);
+    memprobe.wait_attached();
+    let beside = loop_cost("2000000");
+    memprobe.signal(libc::SIGINT);
+    let (status, stderr) = memprobe.wait();
+    assert!(status.success(), "{stderr}");
+    eprintln!("malloc+free: {baseline:.1} ns alone, {beside:.1} ns while another pid is profiled");
+    assert!(
+        beside < baseline * 1.5 + 2.0,
+        "untargeted process slowed: {baseline:.1} ns -> {beside:.1} ns"
+    );
+    // The measure does see probes when they are there: profile the loop itself.
+    let mut probed = Command::new(memprobe_bin());
+    probed
+        .args(["-o", out.to_str().unwrap(), "--"])
+        .arg(malloc_loop_fixture())
+        .arg("20000")
+        .stderr(Stdio::null());
+    let probed = probed.output().unwrap();
+    let probed_cost: f64 = String::from_utf8_lossy(&probed.stdout)
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        probed_cost > 10.0 * baseline,
+        "probed loop {probed_cost:.1} ns vs {baseline:.1} ns"
+    );
+}
+
+#[test]
+fn process_in_another_mount_and_pid_namespace() {
+    let _guard = shared();
+    let binary = sites_fixture();
+    let out = output_dir("container");
+    // A folder that inside the namespace holds the fixture on a private
+    // tmpfs, invisible from here.
+    let root = output_dir("container_mount");
+    let script = format!(
+        "mount -t tmpfs none {dir} && cp {bin} {dir}/sites && exec {dir}/sites",
+        dir = root.display(),
+        bin = binary.display()
+    );
+    let mut command = Command::new("unshare");
+    command.args([
+        "--mount",
+        "--pid",
+        "--fork",
+        "--mount-proc",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    let mut fixture = Fixture::start_command(command);
+    // The fixture says "ready 1": its pid in its namespace. Find ours.
+    assert_eq!(fixture.pid, 1);
+    let inside = root.join("sites");
+    assert!(
+        !inside.exists(),
+        "the fixture must not be visible from the host"
+    );
+    let host_pid = host_pid_of(&inside);
+    fixture.pid = host_pid;
+    let (heap, stderr) = profile_workload(&mut fixture, &out, &[]);
+    assert!(
+        stderr.contains(&format!("pid {host_pid} (sites, pid 1 in its container")),
+        "{stderr}"
+    );
+    assert_eq!(
+        heap.file_name().unwrap().to_str().unwrap(),
+        format!("memprobe.{host_pid}.0.heap")
+    );
+    let text = std::fs::read_to_string(&heap).unwrap();
+    assert!(text.contains("# container_pid: 1"));
+    // The maps name the file as the container sees it; give jeprof a copy there.
+    assert!(text.contains(&inside.display().to_string()));
+    std::fs::copy(&binary, &inside).unwrap();
+    let inuse = jeprof_text(&inside, &heap, "--inuse_space");
+    assert_within("keep_1m", inuse["keep_1m"] * MIB, KEEP_1M, 0.10);
+    assert_within("keep_4k", inuse["keep_4k"] * MIB, KEEP_4K, 0.10);
+}
+
+/// The host pid of the process whose executable is `path` (in its own view).
+fn host_pid_of(path: &std::path::Path) -> u32 {
+    for _ in 0..100 {
+        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
+            let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+            if maps.contains(&path.display().to_string()) {
+                return pid;
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    panic!("no process maps {}", path.display());
+}
