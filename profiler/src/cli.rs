@@ -5,7 +5,7 @@ use std::{ffi::OsString, path::PathBuf, time::Duration};
 use clap::{ArgGroup, Parser};
 use profiler::{
     collector::CollectorOptions,
-    kernel::KernelOptions,
+    kernel::{KernelOptions, PlacementMode},
     sampling::DEFAULT_SAMPLE_INTERVAL,
     session::{SessionOptions, Targets},
 };
@@ -89,6 +89,12 @@ pub struct Cli {
     #[arg(long, value_name = "N", default_value_t = CollectorOptions::default().max_live)]
     pub max_live_samples: usize,
 
+    /// Where probes go in each function: `emulated` (the first instruction
+    /// the kernel emulates rather than single-steps, far cheaper for the
+    /// target) or `entry` (each function's first instruction).
+    #[arg(long, value_name = "WHERE", default_value = "emulated", value_parser = ["emulated", "entry"])]
+    pub placement: String,
+
     /// Say which entry points were attached where, and why the run stopped.
     #[arg(long, short = 'v')]
     pub verbose: bool,
@@ -103,6 +109,11 @@ impl Cli {
         };
         let kernel = KernelOptions {
             sample_interval: self.sample_interval,
+            placement: if self.placement == "entry" {
+                PlacementMode::Entry
+            } else {
+                PlacementMode::Emulated
+            },
             ..KernelOptions::default()
         };
         let targets = if self.all {

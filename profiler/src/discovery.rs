@@ -11,6 +11,7 @@ use crate::{
     code::{plt_stub_symbol, straight_line_exit},
     elf::FunctionSymbols,
     error::{Error, Result},
+    placement::{self, Placement},
     target::{EntryPoint, FileId, Mapping, find_entry_points, proc_path},
 };
 
@@ -175,7 +176,10 @@ fn read_facts(path: &Path) -> FileFacts {
     };
     FileFacts {
         allocator: find_entry_points(&symbols).map(|(prefix, entry_points)| {
-            let (entry_points, wrappers) = split_wrappers(&symbols, &data, entry_points);
+            let (mut entry_points, wrappers) = split_wrappers(&symbols, &data, entry_points);
+            for entry in &mut entry_points {
+                entry.placement = place_probe(&symbols, &data, entry);
+            }
             Arc::new(Allocator {
                 prefix,
                 entry_points,
@@ -221,6 +225,22 @@ fn split_wrappers(
         }
     }
     (probed, wrappers)
+}
+
+/// The probe's place in an entry point's code.
+fn place_probe(symbols: &FunctionSymbols, data: &[u8], entry: &EntryPoint) -> Placement {
+    let Some(function) = symbols.function(&entry.symbol) else {
+        return Placement::entry("no symbol size");
+    };
+    let Some(code) = symbols.code(data, function.address, function.size.max(16)) else {
+        return Placement::entry("code not in the file");
+    };
+    placement::place(
+        code,
+        function.address,
+        entry.shape.reads(),
+        entry.shape.needs_return(),
+    )
 }
 
 /// jemalloc copies in a file that is not mapped yet (launch mode).

@@ -1,4 +1,5 @@
 //! jemalloc's entry points, and which eBPF program watches each.
+use iced_x86::Register;
 use profiler_common::programs;
 
 /// How an entry point passes its arguments, i.e. which program probes it.
@@ -37,6 +38,18 @@ impl CallShape {
     /// Whether the call's result is needed: the new pointer or size.
     pub fn needs_return(self) -> bool {
         self != CallShape::Free
+    }
+
+    /// The argument registers the entry program reads.
+    pub fn reads(self) -> &'static [Register] {
+        use Register::{RDI, RDX, RSI};
+        match self {
+            CallShape::SizeArg0 | CallShape::Xallocx | CallShape::Free => &[RDI],
+            CallShape::SizeArg1 | CallShape::Calloc | CallShape::Realloc | CallShape::Mallocx => {
+                &[RDI, RSI]
+            }
+            CallShape::PosixMemalign | CallShape::Rallocx => &[RDI, RSI, RDX],
+        }
     }
 }
 

@@ -17,6 +17,7 @@ use crate::{
     discovery::Allocator,
     entry_points::CallShape,
     error::{Error, Result},
+    placement::Placement,
     sampling,
 };
 
@@ -29,6 +30,8 @@ pub struct KernelOptions {
     pub max_sampled_pointers: u32,
     /// Ring-buffer size in bytes (a power of two). Default: 8 MiB.
     pub ring_buffer_bytes: u32,
+    /// Where in each function probes go. Default: emulated instructions.
+    pub placement: PlacementMode,
 }
 
 impl Default for KernelOptions {
@@ -37,6 +40,7 @@ impl Default for KernelOptions {
             sample_interval: sampling::DEFAULT_SAMPLE_INTERVAL,
             max_sampled_pointers: 262_144,
             ring_buffer_bytes: 8 << 20,
+            placement: PlacementMode::Emulated,
         }
     }
 }
@@ -50,13 +54,25 @@ pub enum Scope {
     AllProcesses,
 }
 
+/// Where probes go in each function.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PlacementMode {
+    /// On the first instruction the kernel emulates (see `placement`).
+    #[default]
+    Emulated,
+    /// On each function's first instruction, as other tools do.
+    Entry,
+}
+
 /// One attached entry point, for `--verbose` and the cost report.
 #[derive(Clone, Debug)]
 pub struct AttachedProbe {
     pub scope: Scope,
     pub symbol: String,
     pub path: String,
+    /// File offset of the function.
     pub file_offset: u64,
+    pub placement: Placement,
     pub with_return: bool,
     pub instance: u16,
 }
@@ -64,6 +80,7 @@ pub struct AttachedProbe {
 pub struct KernelProbes {
     ebpf: Ebpf,
     pub attached: Vec<AttachedProbe>,
+    placement: PlacementMode,
 }
 
 const ALL_PROGRAMS: [&str; 10] = [
@@ -86,6 +103,7 @@ fn load_error(what: &str, error: impl std::fmt::Display) -> Error {
 impl KernelProbes {
     /// Loads the programs into the kernel; nothing is attached yet.
     pub fn load(options: &KernelOptions) -> Result<Self> {
+        let placement = options.placement;
         let mut ebpf = EbpfLoader::new()
             .map_max_entries(maps::SAMPLED, options.max_sampled_pointers)
             .map_max_entries(maps::EVENTS, options.ring_buffer_bytes)
@@ -118,6 +136,7 @@ impl KernelProbes {
         Ok(Self {
             ebpf,
             attached: Vec::new(),
+            placement,
         })
     }
 
@@ -141,10 +160,17 @@ impl KernelProbes {
         };
         for entry in &allocator.entry_points {
             let probe_index = self.attached.len() as u32;
-            // At the first instruction the return address is at [rsp].
+            let placement = match self.placement {
+                PlacementMode::Emulated => entry.placement.clone(),
+                PlacementMode::Entry => Placement::entry("--placement entry"),
+            };
+            // After `pushes` pushes the return address is at [rsp + 8 * pushes].
+            let return_address_offset = placement.pushes * 8;
             let point = || UProbeAttachPoint {
-                location: UProbeAttachLocation::AbsoluteOffset(entry.file_offset),
-                cookie: Some(cookie::encode(probe_index, 0, instance)),
+                location: UProbeAttachLocation::AbsoluteOffset(
+                    entry.file_offset + placement.offset,
+                ),
+                cookie: Some(cookie::encode(probe_index, return_address_offset, instance)),
             };
             let attach_error = |message: String| Error::Attach {
                 pid,
@@ -174,6 +200,7 @@ impl KernelProbes {
                 symbol: entry.symbol.clone(),
                 path: path.to_owned(),
                 file_offset: entry.file_offset,
+                placement,
                 with_return,
                 instance,
             });

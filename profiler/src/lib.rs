@@ -17,6 +17,7 @@ pub mod format;
 pub mod kernel;
 pub mod launch;
 pub mod output;
+pub mod placement;
 pub mod profile;
 pub mod sampling;
 pub mod session;

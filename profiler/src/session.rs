@@ -616,17 +616,19 @@ impl Session<'_> {
                 Scope::Process(pid) => format!("pid {pid}"),
                 Scope::AllProcesses => "all processes".to_owned(),
             };
+            let halves = if p.with_return {
+                "entry and return"
+            } else {
+                "entry"
+            };
+            let place = match &p.placement.fallback {
+                None => format!("+{:#x} `{}`", p.placement.offset, p.placement.instruction),
+                Some(reason) => format!(" at the first instruction: {reason}"),
+            };
             let _ = writeln!(
                 self.status,
-                "memprobe: {scope}: {} at {}+{:#x}{}",
-                p.symbol,
-                p.path,
-                p.file_offset,
-                if p.with_return {
-                    " (entry and return)"
-                } else {
-                    " (entry)"
-                }
+                "memprobe: {scope}: {} at {}+{:#x}{place} ({halves})",
+                p.symbol, p.path, p.file_offset,
             );
         }
     }

@@ -5,6 +5,7 @@ use crate::{
     elf::FunctionSymbols,
     entry_points::{C_ENTRY_POINTS, CXX_ENTRY_POINTS, CallShape, SIGNATURE},
     error::{Error, Result},
+    placement::Placement,
 };
 
 /// One line of `/proc/PID/maps`.
@@ -93,6 +94,8 @@ pub struct EntryPoint {
     pub shape: CallShape,
     /// File offset of the function's first instruction.
     pub file_offset: u64,
+    /// Where in the function the probe goes.
+    pub placement: Placement,
 }
 
 /// The pid as the process's own pid namespace sees it (`NSpid`), when it
@@ -127,6 +130,7 @@ pub fn find_entry_points(symbols: &FunctionSymbols) -> Option<(String, Vec<Entry
                 symbol,
                 shape,
                 file_offset,
+                placement: Placement::entry("not analysed"),
             })
         })
         .collect();

@@ -368,17 +368,28 @@ impl Memprobe {
     }
 
     /// Waits for memprobe to exit (at most 60 s); its status and stderr.
-    pub fn wait(mut self) -> (ExitStatus, String) {
+    pub fn wait(self) -> (ExitStatus, String) {
+        let mut this = self;
         for _ in 0..600 {
-            if let Some(status) = self.child.try_wait().unwrap() {
+            if let Some(status) = this.child.try_wait().unwrap() {
                 // Let the reader thread take the last lines.
                 std::thread::sleep(Duration::from_millis(200));
-                return (status, self.stderr_text());
+                return (status, this.stderr_text());
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-        let _ = self.child.kill();
-        panic!("memprobe did not exit within 60 s:\n{}", self.stderr_text());
+        panic!("memprobe did not exit within 60 s:\n{}", this.stderr_text());
+    }
+}
+
+/// A test that fails must not leave memprobe, and its probes, running into
+/// the next tests.
+impl Drop for Memprobe {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
     }
 }
 
