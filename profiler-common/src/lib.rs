@@ -21,7 +21,13 @@ pub mod maps {
     pub const EXP_QUANTILES: &str = "EXP_QUANTILES";
     /// Per-CPU counters indexed by [`crate::Counter`].
     pub const COUNTERS: &str = "COUNTERS";
+    /// Per-CPU hits of each attached entry point, indexed by probe index.
+    pub const PROBE_HITS: &str = "PROBE_HITS";
 }
+
+/// Most entry points counted in [`maps::PROBE_HITS`]; probes beyond share
+/// the last slot.
+pub const MAX_COUNTED_PROBES: u32 = 4096;
 
 /// Program names, as the eBPF functions are called.
 pub mod programs {

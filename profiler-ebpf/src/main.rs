@@ -92,6 +92,7 @@ pub fn alloc_rallocx(ctx: ProbeContext) -> u32 {
 /// xallocx(ptr, size, extra, flags): resizes in place, returns the new size.
 #[uprobe]
 pub fn resize_xallocx(ctx: ProbeContext) -> u32 {
+    record::count_entry(&ctx);
     let args = Args::of(&ctx);
     on_resize_entry(&ctx, args.arg(0));
     0
@@ -100,6 +101,7 @@ pub fn resize_xallocx(ctx: ProbeContext) -> u32 {
 /// free, dallocx, sdallocx, operator delete (all variants): pointer first.
 #[uprobe]
 pub fn free_arg0(ctx: ProbeContext) -> u32 {
+    record::count_entry(&ctx);
     let args = Args::of(&ctx);
     on_free(&ctx, args.arg(0));
     0

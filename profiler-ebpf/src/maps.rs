@@ -26,3 +26,7 @@ pub static EXP_QUANTILES: Array<u64> = Array::with_max_entries(sampling::TABLE_L
 #[map(name = "COUNTERS")]
 pub static COUNTERS: PerCpuArray<u64> =
     PerCpuArray::with_max_entries(profiler_common::Counter::COUNT, 0);
+
+#[map(name = "PROBE_HITS")]
+pub static PROBE_HITS: PerCpuArray<u64> =
+    PerCpuArray::with_max_entries(profiler_common::MAX_COUNTED_PROBES, 0);

@@ -15,7 +15,7 @@ use profiler_common::{
     PendingCall, ResizeEvent, ThreadState, cookie, event_kind, pending_kind, sampling,
 };
 
-use crate::maps::{COUNTERS, EVENTS, EXP_QUANTILES, PENDING, SAMPLED, THREADS};
+use crate::maps::{COUNTERS, EVENTS, EXP_QUANTILES, PENDING, PROBE_HITS, SAMPLED, THREADS};
 
 /// The registers a probe reads, copied once from the context.
 pub struct Args {
@@ -50,6 +50,27 @@ impl Args {
 pub fn mallocx_alignment(flags: u64) -> u64 {
     let lg = flags & 0x3f;
     if lg == 0 { 0 } else { 1u64 << lg }
+}
+
+/// Counts a hit of an entry point that does not allocate.
+#[inline(always)]
+pub fn count_entry(ctx: &ProbeContext) {
+    count_hit(ctx);
+}
+
+/// One hit of the entry point this program was attached to.
+#[inline(always)]
+fn count_hit<C: EbpfContext>(ctx: &C) {
+    let index = cookie::probe_index(probe_cookie(ctx));
+    let index = if index < profiler_common::MAX_COUNTED_PROBES {
+        index
+    } else {
+        profiler_common::MAX_COUNTED_PROBES - 1
+    };
+    if let Some(value) = PROBE_HITS.get_ptr_mut(index) {
+        // SAFETY: per-CPU slot, no concurrent writer on this CPU.
+        unsafe { *value += 1 };
+    }
 }
 
 #[inline(always)]
@@ -93,6 +114,7 @@ fn probe_cookie<C: EbpfContext>(ctx: &C) -> u64 {
 #[inline(always)]
 pub fn on_allocation(ctx: &ProbeContext, size: u64, align: u64, pending: PendingCall) -> u32 {
     count(Counter::AllocCalls);
+    count_hit(ctx);
     let id = bpf_get_current_pid_tgid();
     let state = match THREADS.get_ptr_mut(id) {
         Some(state) => state,

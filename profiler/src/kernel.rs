@@ -217,6 +217,24 @@ impl KernelProbes {
         RingBuf::try_from(map).map_err(|e| Error::Events(e.to_string()))
     }
 
+    /// Hits of each attached entry point, summed over CPUs, in the order of
+    /// [`attached`](Self::attached).
+    pub fn probe_hits(&self) -> Vec<u64> {
+        let mut hits = vec![0; self.attached.len()];
+        let Some(map) = self.ebpf.map(maps::PROBE_HITS) else {
+            return hits;
+        };
+        let Ok(counters) = PerCpuArray::<_, u64>::try_from(map) else {
+            return hits;
+        };
+        for (index, slot) in hits.iter_mut().enumerate() {
+            if let Ok(values) = counters.get(&(index as u32), 0) {
+                *slot = values.iter().sum();
+            }
+        }
+        hits
+    }
+
     /// Kernel counters summed over CPUs, indexed by [`Counter`].
     pub fn counters(&self) -> [u64; Counter::COUNT as usize] {
         let mut totals = [0; Counter::COUNT as usize];

@@ -8,6 +8,7 @@
 pub mod checks;
 pub mod code;
 pub mod collector;
+pub mod cost;
 pub mod discovery;
 pub mod elf;
 pub mod entry_points;

@@ -25,6 +25,7 @@ use crate::{
     discovery::{Allocator, AllocatorCache, Found, allocator_in_file},
     error::{Error, Result},
     events::{Event, decode},
+    cost::{CostModel, ProbeCost, rates},
     kernel::{KernelOptions, KernelProbes, Scope},
     launch,
     output::{files::OutputDir, heap_v2},
@@ -100,6 +101,8 @@ pub struct Summary {
     pub kernel_counters: Vec<u64>,
     /// In launch mode: the command's exit code (128 + signal if killed).
     pub exit_code: Option<i32>,
+    /// Hits and estimated cost per entry point, busiest first.
+    pub probe_costs: Vec<ProbeCost>,
 }
 
 /// Why the run stopped.
@@ -242,6 +245,8 @@ pub async fn run(options: SessionOptions, status: &mut dyn Write) -> Result<Summ
         .map(|d| tokio::time::Instant::now() + d);
     let mut ticker = tokio::time::interval(session.options.rescan_interval);
     let mut exit_status: Option<std::io::Result<ExitStatus>> = None;
+    let mut ticks: u64 = 0;
+    let mut last_hits: Vec<u64> = Vec::new();
 
     let stop = loop {
         tokio::select! {
@@ -271,6 +276,10 @@ pub async fn run(options: SessionOptions, status: &mut dyn Write) -> Result<Summ
             }
             _ = ticker.tick() => {
                 session.rescan()?;
+                ticks += 1;
+                if session.options.verbose && ticks % 10 == 0 {
+                    last_hits = session.report_rates(&last_hits, session.options.rescan_interval * 10);
+                }
                 if session.options.progress {
                     let line = session.progress_line(started.elapsed());
                     let _ = write!(session.status, "\r\x1b[2K{line}");
@@ -308,6 +317,7 @@ pub async fn run(options: SessionOptions, status: &mut dyn Write) -> Result<Summ
     } = session;
     let kernel_counters = probes.counters().to_vec();
     let probe_count = probes.attached.len();
+    let probe_costs = CostModel::default().costs(&probes.attached, &probes.probe_hits());
     // Detach before anything else: the targets run unprobed from here on.
     drop(ring);
     drop(probes);
@@ -353,6 +363,7 @@ pub async fn run(options: SessionOptions, status: &mut dyn Write) -> Result<Summ
         elapsed,
         kernel_counters,
         exit_code,
+        probe_costs,
     })
 }
 
@@ -693,6 +704,26 @@ impl Session<'_> {
         let _ = self.status.flush();
     }
 
+    /// `--verbose`: probe hits per second per entry point since the last call.
+    fn report_rates(&mut self, previous: &[u64], period: Duration) -> Vec<u64> {
+        let hits = self.probes.probe_hits();
+        let delta: Vec<u64> = hits
+            .iter()
+            .enumerate()
+            .map(|(i, h)| h - previous.get(i).copied().unwrap_or(0))
+            .collect();
+        let costs = CostModel::default().costs(&self.probes.attached, &delta);
+        let added: Duration = costs.iter().map(|c| c.added).sum();
+        self.clear_progress();
+        let _ = writeln!(
+            self.status,
+            "memprobe: probe hits: {}; ~{:.1}% of a CPU added to the targets",
+            if costs.is_empty() { "none".to_owned() } else { rates(&costs, period, 6) },
+            100.0 * added.as_secs_f64() / period.as_secs_f64()
+        );
+        hits
+    }
+
     fn clear_progress(&mut self) {
         if self.options.progress {
             let _ = write!(self.status, "\r\x1b[2K");
@@ -787,6 +818,22 @@ pub fn summary_lines(summary: &Summary) -> Vec<String> {
             files.join(", ")
         ));
     }
+    let hits: u64 = summary.probe_costs.iter().map(|c| c.hits).sum();
+    let added: Duration = summary.probe_costs.iter().map(|c| c.added).sum();
+    let seconds = summary.elapsed.as_secs_f64().max(1e-3);
+    lines.push(format!(
+        "memprobe: cost: {} probe hits ({}/s){}; estimated time added to the profiled \
+         processes: {:.3} s ({:.1}% of one CPU)",
+        hits,
+        crate::cost::human_count(hits as f64 / seconds),
+        if hits > 0 {
+            format!(": {}", rates(&summary.probe_costs, summary.elapsed, 5))
+        } else {
+            String::new()
+        },
+        added.as_secs_f64(),
+        100.0 * added.as_secs_f64() / seconds,
+    ));
     if let Some(code) = summary.exit_code {
         lines.push(format!("memprobe: the command exited with code {code}"));
     }

@@ -1,5 +1,6 @@
 //! `cargo xtask`: set-up, the demo and the test suite, each installing what
 //! it needs first (idempotently), so that a fresh machine needs nothing else.
+mod bench;
 mod demo;
 mod setup;
 
@@ -30,6 +31,10 @@ enum Task {
         #[arg(long, default_value = "5s")]
         duration: String,
     },
+    /// Set up, build, and measure what memprobe costs the profiled process,
+    /// side by side with no profiler and with bcc memleak's probe placement;
+    /// writes target/bench/results.md.
+    Bench,
     /// Set up, then run every check: rustfmt, clippy (userspace and eBPF),
     /// unit tests, and the integration tests that attach to real processes.
     Test {
@@ -45,6 +50,12 @@ fn main() -> Result<()> {
             setup::install()?;
             build_release()?;
             demo::show(&duration)
+        }
+        Task::Bench => {
+            setup::install()?;
+            setup::install_bench_tools()?;
+            build_release()?;
+            bench::bench()
         }
         Task::Test { filter } => {
             setup::install()?;

@@ -45,8 +45,19 @@ fn privileged(program: &str) -> Command {
     }
 }
 
+/// What `cargo xtask bench` runs besides memprobe.
+const BENCH_PACKAGES: &[&str] = &["bpftrace", "redis-server", "redis-tools"];
+
+pub fn install_bench_tools() -> Result<()> {
+    install_packages(BENCH_PACKAGES)
+}
+
 fn apt_packages() -> Result<()> {
-    let missing: Vec<&str> = PACKAGES
+    install_packages(PACKAGES)
+}
+
+fn install_packages(packages: &[&str]) -> Result<()> {
+    let missing: Vec<&str> = packages
         .iter()
         .copied()
         .filter(|package| {

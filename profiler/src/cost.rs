@@ -1,0 +1,136 @@
+//! What memprobe costs the profiled processes: probe hits per entry point,
+//! and the time they add, estimated from per-hit costs.
+use std::time::Duration;
+
+use crate::kernel::{AttachedProbe, Scope};
+
+/// Time one probe hit adds to the target, by kind. Defaults come from
+/// `cargo xtask bench` on this machine kind (a VM, where a single-step trap
+/// is dear): a malloc+free pair with emulated probes (entry and return on
+/// malloc, entry on free) added 1,083 ns; with every probe single-stepped
+/// about 28 µs. See the README's table.
+#[derive(Clone, Copy, Debug)]
+pub struct CostModel {
+    /// A probe on an instruction the kernel emulates.
+    pub emulated: Duration,
+    /// A probe on an instruction the kernel single-steps.
+    pub single_stepped: Duration,
+    /// The return half of a call with a return probe.
+    pub return_half: Duration,
+}
+
+impl Default for CostModel {
+    fn default() -> Self {
+        Self {
+            emulated: Duration::from_nanos(370),
+            single_stepped: Duration::from_nanos(10_000),
+            return_half: Duration::from_nanos(340),
+        }
+    }
+}
+
+/// Hits and estimated cost of one entry point.
+#[derive(Clone, Debug)]
+pub struct ProbeCost {
+    pub scope: Scope,
+    pub symbol: String,
+    pub hits: u64,
+    pub added: Duration,
+}
+
+impl CostModel {
+    /// Per-hit cost of `probe`. A probe kept at the entry for lack of an
+    /// emulated instruction is counted as single-stepped.
+    pub fn per_hit(&self, probe: &AttachedProbe) -> Duration {
+        let entry = if probe.placement.fallback.is_none() {
+            self.emulated
+        } else {
+            self.single_stepped
+        };
+        if probe.with_return {
+            entry + self.return_half
+        } else {
+            entry
+        }
+    }
+
+    pub fn costs(&self, probes: &[AttachedProbe], hits: &[u64]) -> Vec<ProbeCost> {
+        let mut costs: Vec<ProbeCost> = probes
+            .iter()
+            .zip(hits)
+            .filter(|(_, hits)| **hits > 0)
+            .map(|(probe, &hits)| ProbeCost {
+                scope: probe.scope,
+                symbol: probe.symbol.clone(),
+                hits,
+                added: self.per_hit(probe) * hits.min(u32::MAX as u64) as u32,
+            })
+            .collect();
+        costs.sort_by(|a, b| b.hits.cmp(&a.hits));
+        costs
+    }
+}
+
+/// "malloc 120.3k/s, free 118.0k/s, ..." for the busiest entry points.
+pub fn rates(costs: &[ProbeCost], elapsed: Duration, most: usize) -> String {
+    let seconds = elapsed.as_secs_f64().max(1e-3);
+    costs
+        .iter()
+        .take(most)
+        .map(|c| format!("{} {}/s", c.symbol, human_count(c.hits as f64 / seconds)))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+pub fn human_count(value: f64) -> String {
+    match value {
+        v if v >= 1e6 => format!("{:.1}M", v / 1e6),
+        v if v >= 1e3 => format!("{:.1}k", v / 1e3),
+        v => format!("{v:.0}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::placement::Placement;
+
+    fn probe(symbol: &str, emulated: bool, with_return: bool) -> AttachedProbe {
+        let mut placement = Placement::entry("test");
+        if emulated {
+            placement.fallback = None;
+        }
+        AttachedProbe {
+            scope: Scope::Process(1),
+            symbol: symbol.into(),
+            path: "/lib/libjemalloc.so.2".into(),
+            file_offset: 0,
+            placement,
+            with_return,
+            instance: 0,
+        }
+    }
+
+    #[test]
+    fn costs_follow_placement_and_return_probes() {
+        let model = CostModel::default();
+        let probes = [
+            probe("malloc", true, true),
+            probe("free", true, false),
+            probe("calloc", false, true),
+        ];
+        let costs = model.costs(&probes, &[1000, 2000, 0]);
+        assert_eq!(costs.len(), 2);
+        assert_eq!(costs[0].symbol, "free");
+        assert_eq!(costs[0].added, Duration::from_nanos(370 * 2000));
+        assert_eq!(costs[1].added, Duration::from_nanos((370 + 340) * 1000));
+        assert_eq!(
+            model.per_hit(&probes[2]),
+            Duration::from_nanos(10_000 + 340)
+        );
+        assert_eq!(
+            rates(&costs, Duration::from_secs(2), 1),
+            "free 1.0k/s"
+        );
+    }
+}
