@@ -128,9 +128,6 @@ mod tests {
             model.per_hit(&probes[2]),
             Duration::from_nanos(10_000 + 340)
         );
-        assert_eq!(
-            rates(&costs, Duration::from_secs(2), 1),
-            "free 1.0k/s"
-        );
+        assert_eq!(rates(&costs, Duration::from_secs(2), 1), "free 1.0k/s");
     }
 }

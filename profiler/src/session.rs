@@ -22,10 +22,10 @@ use tokio::{
 use crate::{
     checks,
     collector::{CollectorOptions, Drops, ProcessHeap},
+    cost::{CostModel, ProbeCost, rates},
     discovery::{Allocator, AllocatorCache, Found, allocator_in_file},
     error::{Error, Result},
     events::{Event, decode},
-    cost::{CostModel, ProbeCost, rates},
     kernel::{KernelOptions, KernelProbes, Scope},
     launch,
     output::{files::OutputDir, heap_v2},
@@ -718,7 +718,11 @@ impl Session<'_> {
         let _ = writeln!(
             self.status,
             "memprobe: probe hits: {}; ~{:.1}% of a CPU added to the targets",
-            if costs.is_empty() { "none".to_owned() } else { rates(&costs, period, 6) },
+            if costs.is_empty() {
+                "none".to_owned()
+            } else {
+                rates(&costs, period, 6)
+            },
             100.0 * added.as_secs_f64() / period.as_secs_f64()
         );
         hits

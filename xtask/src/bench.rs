@@ -96,23 +96,29 @@ pub fn bench() -> Result<()> {
     let profiles_dir = profiles.to_str().context("path")?.to_owned();
 
     eprintln!("bench: malloc/free loop");
-    let none = loop_ns(|| {
-        let mut c = Command::new(&malloc_loop);
-        c.arg("5000000");
-        c
-    }, 5)?;
+    let none = loop_ns(
+        || {
+            let mut c = Command::new(&malloc_loop);
+            c.arg("5000000");
+            c
+        },
+        5,
+    )?;
     let script = format!(
         "uprobe:{LIBJEMALLOC}:malloc {{ @size[tid] = arg0; }} \
          uretprobe:{LIBJEMALLOC}:malloc {{ @live[retval] = @size[tid]; delete(@size[tid]); }} \
          uprobe:{LIBJEMALLOC}:free {{ delete(@live[arg0]); }} \
          END {{ clear(@size); clear(@live); }}"
     );
-    let memleak = loop_ns(|| {
-        let mut c = Command::new("bpftrace");
-        c.args(["-e", &script, "-c"])
-            .arg(format!("{} 20000", malloc_loop.display()));
-        c
-    }, 3)?;
+    let memleak = loop_ns(
+        || {
+            let mut c = Command::new("bpftrace");
+            c.args(["-e", &script, "-c"])
+                .arg(format!("{} 20000", malloc_loop.display()));
+            c
+        },
+        3,
+    )?;
     let memprobe_loop = |placement: &'static str, pairs: &'static str| {
         let memprobe = memprobe.clone();
         let malloc_loop = malloc_loop.clone();
@@ -194,20 +200,48 @@ pub fn bench() -> Result<()> {
 fn redis_bench(memprobe: &Path, profiles_dir: &str) -> Result<(f64, f64, Option<(f64, u64)>)> {
     let port = "6399";
     let mut server = Command::new("redis-server")
-        .args(["--port", port, "--save", "", "--appendonly", "no", "--bind", "127.0.0.1"])
+        .args([
+            "--port",
+            port,
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--bind",
+            "127.0.0.1",
+        ])
         .stdout(Stdio::null())
         .spawn()
         .context("starting redis-server")?;
     std::thread::sleep(Duration::from_millis(500));
     let benchmark = || -> Result<f64> {
         let output = Command::new("redis-benchmark")
-            .args(["-h", "127.0.0.1", "-p", port, "-t", "set,get", "-n", "200000", "-d", "256", "-q"])
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                port,
+                "-t",
+                "set,get",
+                "-n",
+                "200000",
+                "-d",
+                "256",
+                "-q",
+            ])
             .output()?;
         let text = String::from_utf8_lossy(&output.stdout);
         // "SET: 98765.43 requests per second, p50=..." per test.
         let rates: Vec<f64> = text
             .split(['\r', '\n'])
-            .filter_map(|line| line.split_once(": ")?.1.split_whitespace().next()?.parse().ok())
+            .filter_map(|line| {
+                line.split_once(": ")?
+                    .1
+                    .split_whitespace()
+                    .next()?
+                    .parse()
+                    .ok()
+            })
             .collect();
         if rates.is_empty() {
             bail!("no rate in redis-benchmark output: {text}");

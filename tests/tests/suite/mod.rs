@@ -1,3 +1,4 @@
 mod errors;
 mod heap_profile;
 mod locations;
+mod overhead;

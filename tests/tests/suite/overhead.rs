@@ -1,0 +1,232 @@
+//! Probe placement and cost: every chosen place checked by an independent
+//! decoder (objdump), the same profile whichever placement, and the cost
+//! report counting the calls that really happened.
+use std::process::Command;
+
+use tests::*;
+
+/// Argument registers each entry point's program reads (without prefix).
+fn reads(symbol: &str) -> &'static [&'static str] {
+    let name = symbol
+        .trim_start_matches("_rjem_")
+        .trim_start_matches("je_");
+    match name {
+        "posix_memalign" | "rallocx" => &["di", "si", "dx"],
+        "calloc" | "realloc" | "aligned_alloc" | "memalign" | "mallocx" => &["di", "si"],
+        _ => &["di"],
+    }
+}
+
+/// Whether an AT&T operand names one of `registers` in any width.
+fn names_register(operand: &str, registers: &[&str]) -> bool {
+    let operand = operand.trim().trim_start_matches('%');
+    registers.iter().any(|r| {
+        let low = match *r {
+            "di" => "dil",
+            "si" => "sil",
+            _ => "dl",
+        };
+        [
+            format!("r{r}"),
+            format!("e{r}"),
+            r.to_string(),
+            low.to_string(),
+        ]
+        .contains(&operand.to_string())
+    })
+}
+
+/// (address, mnemonic, operands) from objdump, for [start, end).
+fn disassemble(path: &str, start: u64, end: u64) -> Vec<(u64, String, String)> {
+    let out = Command::new("objdump")
+        .args(["-d", "--no-show-raw-insn", "-M", "suffix"])
+        .arg(format!("--start-address={start:#x}"))
+        .arg(format!("--stop-address={end:#x}"))
+        .arg(path)
+        .output()
+        .expect("running objdump");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|line| {
+            let (address, rest) = line.trim().split_once(":\t")?;
+            let address = u64::from_str_radix(address, 16).ok()?;
+            let mut parts = rest.trim().splitn(2, char::is_whitespace);
+            let mnemonic = parts.next()?.to_owned();
+            let operands = parts.next().unwrap_or("").trim().to_owned();
+            Some((address, mnemonic, operands))
+        })
+        .collect()
+}
+
+/// File offset -> virtual address, from the LOAD program headers.
+fn offset_to_address(path: &str, offset: u64) -> u64 {
+    let out = Command::new("readelf")
+        .args(["-lW", path])
+        .output()
+        .unwrap();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        if fields.first() != Some(&"LOAD") {
+            continue;
+        }
+        let hex = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).unwrap();
+        let (file_offset, address, size) = (hex(fields[1]), hex(fields[2]), hex(fields[4]));
+        if offset >= file_offset && offset < file_offset + size {
+            return offset - file_offset + address;
+        }
+    }
+    panic!("{offset:#x} not in a LOAD segment of {path}");
+}
+
+/// Checks every "SYMBOL at PATH+0xF+0xO `...` (...)" line memprobe printed.
+fn check_placements(stderr: &str) -> (usize, usize) {
+    let (mut placed, mut fallbacks) = (0, 0);
+    for line in stderr
+        .lines()
+        .filter(|l| l.contains(" at /") && l.contains(": "))
+    {
+        let rest = line.splitn(3, ": ").nth(2).unwrap();
+        let (symbol, location) = rest.split_once(" at ").unwrap();
+        if location.contains(" at the first instruction: ") {
+            fallbacks += 1;
+            continue;
+        }
+        let with_return = line.ends_with("(entry and return)");
+        let (path, offsets) = location.split_once('+').unwrap();
+        let mut numbers = offsets
+            .split(['+', ' '])
+            .take(2)
+            .map(|n| u64::from_str_radix(n.trim_start_matches("0x"), 16).unwrap());
+        let (function, offset) = (numbers.next().unwrap(), numbers.next().unwrap());
+        let function = offset_to_address(path, function);
+        let code = disassemble(path, function, function + offset + 16);
+        let probed = code
+            .iter()
+            .find(|(a, ..)| *a == function + offset)
+            .unwrap_or_else(|| {
+                panic!("{symbol}+{offset:#x} is not an instruction boundary: {code:?}")
+            });
+        let m = probed.1.as_str();
+        assert!(
+            m.starts_with('j')
+                || m.starts_with("call")
+                || m.starts_with("push")
+                || m.starts_with("nop"),
+            "{symbol}+{offset:#x}: {m} is not emulated by the kernel"
+        );
+        for (address, mnemonic, operands) in code.iter().filter(|(a, ..)| *a < function + offset) {
+            let at = address - function;
+            assert!(
+                !(mnemonic.starts_with('j')
+                    || mnemonic.starts_with("call")
+                    || mnemonic.starts_with("ret")),
+                "{symbol}: branch at +{at:#x} before the probe at +{offset:#x}"
+            );
+            let destination = operands.rsplit(',').next().unwrap_or("");
+            assert!(
+                !names_register(destination, reads(symbol))
+                    || mnemonic.starts_with("cmp")
+                    || mnemonic.starts_with("test"),
+                "{symbol}: {mnemonic} {operands} at +{at:#x} writes an argument before the probe"
+            );
+            if with_return {
+                assert!(
+                    !mnemonic.starts_with("push") && !destination.contains("%rsp"),
+                    "{symbol}: rsp moves at +{at:#x} before a probe with a return half"
+                );
+            }
+        }
+        placed += 1;
+    }
+    (placed, fallbacks)
+}
+
+#[test]
+fn placements_in_libjemalloc_and_tikv_jemallocator_obey_the_rules() {
+    let _guard = shared();
+    for (name, binary) in [
+        ("libjemalloc.so.2", sites_fixture()),
+        ("tikv-jemallocator", rust_fixture()),
+    ] {
+        let fixture = Fixture::start(&binary, &[]);
+        let pid = fixture.pid.to_string();
+        let out = output_dir(&format!("placement_{}", name.replace('.', "_")));
+        let (status, stderr) = run_memprobe(
+            &[
+                "--pid",
+                &pid,
+                "--duration",
+                "1s",
+                "-v",
+                "-o",
+                out.to_str().unwrap(),
+            ],
+            &[],
+        );
+        assert!(status.success(), "{stderr}");
+        let (placed, fallbacks) = check_placements(&stderr);
+        eprintln!(
+            "{name}: {placed} entry points placed on emulated instructions, {fallbacks} at the entry"
+        );
+        assert!(placed > 0, "{name}: nothing placed:\n{stderr}");
+        if name == "libjemalloc.so.2" {
+            for expected in ["malloc at ", "free at ", "sdallocx at "] {
+                let line = stderr
+                    .lines()
+                    .find(|l| l.contains(&format!(": {expected}")))
+                    .unwrap();
+                assert!(!line.contains("first instruction"), "{line}");
+            }
+        }
+    }
+}
+
+#[test]
+fn profiles_agree_between_entry_and_emulated_placement() {
+    let _guard = shared();
+    let binary = sites_fixture();
+    let mut results = Vec::new();
+    for placement in ["entry", "emulated"] {
+        let out = output_dir(&format!("placement_profile_{placement}"));
+        let mut fixture = Fixture::start(&binary, &[]);
+        let (heap, _) = profile_workload(&mut fixture, &out, &["--placement", placement]);
+        let inuse = jeprof_text(&binary, &heap, "--inuse_space");
+        let allocated = jeprof_text(&binary, &heap, "--alloc_space");
+        results.push((inuse["keep_4k"], inuse["keep_1m"], allocated["churn_512"]));
+    }
+    let (entry, emulated) = (results[0], results[1]);
+    assert_within("keep_4k", emulated.0, entry.0, 0.10);
+    assert_within("keep_1m", emulated.1, entry.1, 0.10);
+    assert_within("churn_512 allocated", emulated.2, entry.2, 0.10);
+}
+
+#[test]
+fn cost_report_counts_the_calls_made() {
+    let _guard = shared();
+    let out = output_dir("cost_report");
+    let mut command = Command::new(memprobe_bin());
+    command
+        .args(["-o", out.to_str().unwrap(), "--"])
+        .arg(malloc_loop_fixture())
+        .arg("20480");
+    let output = command.output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("memprobe: cost: "))
+        .expect(&stderr);
+    let hits: u64 = line["memprobe: cost: ".len()..]
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    // 20480 mallocs and 20480 frees, plus the program's own few.
+    assert!((40_960..41_200).contains(&hits), "{line}");
+    assert!(line.contains("malloc ") && line.contains("free "), "{line}");
+    assert!(
+        line.contains("estimated time added to the profiled processes"),
+        "{line}"
+    );
+}
