@@ -44,7 +44,7 @@ fn loop_ns(mut make: impl FnMut() -> Command, runs: usize) -> Result<f64> {
 }
 
 /// CPU seconds and peak RSS (KiB) of a live process.
-fn usage(pid: u32) -> Option<(f64, u64)> {
+fn usage(pid: u32) -> Usage {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
     let ticks: f64 = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
@@ -196,8 +196,11 @@ pub fn bench() -> Result<()> {
     Ok(())
 }
 
+/// CPU seconds and peak RSS in KiB of a process.
+type Usage = Option<(f64, u64)>;
+
 /// Requests per second without and with memprobe, and memprobe's usage.
-fn redis_bench(memprobe: &Path, profiles_dir: &str) -> Result<(f64, f64, Option<(f64, u64)>)> {
+fn redis_bench(memprobe: &Path, profiles_dir: &str) -> Result<(f64, f64, Usage)> {
     let port = "6399";
     let mut server = Command::new("redis-server")
         .args([
