@@ -66,7 +66,7 @@ impl CostModel {
                 added: self.per_hit(probe) * hits.min(u32::MAX as u64) as u32,
             })
             .collect();
-        costs.sort_by(|a, b| b.hits.cmp(&a.hits));
+        costs.sort_by_key(|c| std::cmp::Reverse(c.hits));
         costs
     }
 }

@@ -277,7 +277,7 @@ pub async fn run(options: SessionOptions, status: &mut dyn Write) -> Result<Summ
             _ = ticker.tick() => {
                 session.rescan()?;
                 ticks += 1;
-                if session.options.verbose && ticks % 10 == 0 {
+                if session.options.verbose && ticks.is_multiple_of(10) {
                     last_hits = session.report_rates(&last_hits, session.options.rescan_interval * 10);
                 }
                 if session.options.progress {
