@@ -7,7 +7,7 @@ use profiler::{
     collector::CollectorOptions,
     kernel::{KernelOptions, PlacementMode},
     sampling::DEFAULT_SAMPLE_INTERVAL,
-    session::{SessionOptions, Targets},
+    session::{GrowthTrigger, SessionOptions, Targets},
 };
 
 const EXAMPLES: &str = "\
@@ -21,6 +21,10 @@ Examples:
   Start a command with the probes in place, profile it until it exits, and
   exit with its exit code:
     sudo memprobe --output /tmp/prof -- ./server --port 8080
+
+  A long run: a snapshot every minute, and one whenever the heap grew by
+  20 MiB within 10 minutes; `kill -USR1 <memprobe pid>` takes one at once:
+    sudo memprobe --pid 1234 --interval 1m --dump-on-growth 20MiB/10m
 
   Every process that uses jemalloc, including those started during the run:
     sudo memprobe --all --duration 5m
@@ -84,6 +88,22 @@ pub struct Cli {
     #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_SAMPLE_INTERVAL, value_parser = parse_size)]
     pub sample_interval: u64,
 
+    /// Write a full snapshot of every process this often (each complete on
+    /// its own, like jemalloc's interval dumps), e.g. 1m; the last one is
+    /// written at the end of the run.
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    pub interval: Option<Duration>,
+
+    /// Write a snapshot of a process whenever its estimated in-use heap grew
+    /// by SIZE within WINDOW (default 10m), e.g. 20MiB/10m; at most once per
+    /// --min-dump-gap. Each snapshot says why it was taken.
+    #[arg(long, value_name = "SIZE[/WINDOW]", value_parser = parse_growth)]
+    pub dump_on_growth: Option<GrowthTrigger>,
+
+    /// Least time between two growth-triggered snapshots of one process.
+    #[arg(long, value_name = "DUR", default_value = "10s", value_parser = parse_duration)]
+    pub min_dump_gap: Duration,
+
     /// Largest number of live sampled allocations kept per process; beyond
     /// it samples are dropped and counted in the output.
     #[arg(long, value_name = "N", default_value_t = CollectorOptions::default().max_live)]
@@ -131,6 +151,9 @@ impl Cli {
             collector,
             verbose: self.verbose,
             progress,
+            snapshot_interval: self.interval,
+            dump_on_growth: self.dump_on_growth,
+            min_dump_gap: self.min_dump_gap,
             ..SessionOptions::default()
         }
     }
@@ -143,6 +166,17 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
         return Err("the duration must be longer than zero".into());
     }
     Ok(duration)
+}
+
+fn parse_growth(text: &str) -> Result<GrowthTrigger, String> {
+    let (size, window) = match text.split_once('/') {
+        Some((size, window)) => (size, parse_duration(window)?),
+        None => (text, Duration::from_secs(600)),
+    };
+    Ok(GrowthTrigger {
+        size: parse_size(size)?,
+        window,
+    })
 }
 
 pub fn parse_size(text: &str) -> Result<u64, String> {
@@ -185,6 +219,19 @@ mod tests {
     }
 
     #[test]
+    fn growth_triggers() {
+        assert_eq!(
+            parse_growth("20MiB/10m"),
+            Ok(GrowthTrigger {
+                size: 20 << 20,
+                window: Duration::from_secs(600)
+            })
+        );
+        assert_eq!(parse_growth("1M").unwrap().window, Duration::from_secs(600));
+        assert!(parse_growth("20MiB/never").is_err());
+    }
+
+    #[test]
     fn durations() {
         assert_eq!(parse_duration("10m"), Ok(Duration::from_secs(600)));
         assert!(parse_duration("0s").is_err());
@@ -202,6 +249,9 @@ mod tests {
             "--duration",
             "--output",
             "--sample-interval",
+            "--interval",
+            "--dump-on-growth",
+            "USR1",
             "--verbose",
             "Examples:",
         ] {

@@ -62,6 +62,20 @@ pub struct SessionOptions {
     /// How often to look for newly loaded libraries and new processes.
     /// Default: one second.
     pub rescan_interval: Duration,
+    /// Write a full snapshot of every process this often. Default: none.
+    pub snapshot_interval: Option<Duration>,
+    /// Write a snapshot when a process's estimated in-use heap grew this much.
+    pub dump_on_growth: Option<GrowthTrigger>,
+    /// Least time between two growth-triggered snapshots of one process.
+    /// Default: 10 s.
+    pub min_dump_gap: Duration,
+}
+
+/// `--dump-on-growth SIZE[/WINDOW]`: growth of `size` bytes within `window`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GrowthTrigger {
+    pub size: u64,
+    pub window: Duration,
 }
 
 impl Default for SessionOptions {
@@ -75,6 +89,9 @@ impl Default for SessionOptions {
             verbose: false,
             progress: false,
             rescan_interval: Duration::from_secs(1),
+            snapshot_interval: None,
+            dump_on_growth: None,
+            min_dump_gap: Duration::from_secs(10),
         }
     }
 }
@@ -124,6 +141,10 @@ struct Tracked {
     attached_files: HashSet<FileId>,
     exited: bool,
     files: Vec<PathBuf>,
+    /// (when, estimated bytes in use) once a tick, for growth triggers; the
+    /// oldest entry is the baseline.
+    growth: std::collections::VecDeque<(Instant, f64)>,
+    last_growth_dump: Option<Instant>,
 }
 
 struct Session<'a> {
@@ -137,6 +158,8 @@ struct Session<'a> {
     next_instance: u16,
     output: OutputDir,
     exits: mpsc::UnboundedSender<u32>,
+    /// When the probes were attached: snapshots say how long after.
+    started: Instant,
 }
 
 /// Runs a session; status lines go to `status` (stderr in the binary).
@@ -178,6 +201,7 @@ pub async fn run(options: SessionOptions, status: &mut dyn Write) -> Result<Summ
         system_wide: HashSet::new(),
         next_instance: 0,
         exits,
+        started: Instant::now(),
     };
 
     let mut launched_exit: Option<oneshot::Receiver<std::io::Result<ExitStatus>>> = None;
@@ -230,6 +254,7 @@ pub async fn run(options: SessionOptions, status: &mut dyn Write) -> Result<Summ
     session.announce();
 
     let started = Instant::now();
+    session.started = started;
     // SAFETY: the ring buffer owns its fd and keeps it open while it lives,
     // which is as long as the AsyncFd that owns the ring buffer.
     let mut ring = unsafe {
@@ -239,6 +264,11 @@ pub async fn run(options: SessionOptions, status: &mut dyn Write) -> Result<Summ
     let signal_error = |e: std::io::Error| Error::Events(e.to_string());
     let mut interrupt = signal(SignalKind::interrupt()).map_err(signal_error)?;
     let mut terminate = signal(SignalKind::terminate()).map_err(signal_error)?;
+    let mut snapshot_signal = signal(SignalKind::user_defined1()).map_err(signal_error)?;
+    let mut snapshot_timer = session
+        .options
+        .snapshot_interval
+        .map(|period| tokio::time::interval_at(tokio::time::Instant::now() + period, period));
     let deadline = session
         .options
         .duration
@@ -258,6 +288,14 @@ pub async fn run(options: SessionOptions, status: &mut dyn Write) -> Result<Summ
             _ = sleep_until(deadline) => break Stop::Duration,
             _ = interrupt.recv() => break Stop::Signal(libc::SIGINT),
             _ = terminate.recv() => break Stop::Signal(libc::SIGTERM),
+            _ = snapshot_signal.recv() => {
+                session.drain(ring.get_mut());
+                session.snapshot_all("SIGUSR1")?;
+            }
+            _ = tick_of(&mut snapshot_timer) => {
+                session.drain(ring.get_mut());
+                session.snapshot_all("interval")?;
+            }
             status = wait_launched(&mut launched_exit) => {
                 exit_status = Some(status);
                 session.drain(ring.get_mut());
@@ -275,7 +313,9 @@ pub async fn run(options: SessionOptions, status: &mut dyn Write) -> Result<Summ
                 }
             }
             _ = ticker.tick() => {
+                session.drain(ring.get_mut());
                 session.rescan()?;
+                session.check_growth()?;
                 ticks += 1;
                 if session.options.verbose && ticks.is_multiple_of(10) {
                     last_hits = session.report_rates(&last_hits, session.options.rescan_interval * 10);
@@ -307,7 +347,7 @@ pub async fn run(options: SessionOptions, status: &mut dyn Write) -> Result<Summ
         .map(|t| t.pid)
         .collect();
     for pid in pids {
-        session.write_profile(pid)?;
+        session.write_profile(pid, "end of run")?;
     }
     let Session {
         probes,
@@ -389,6 +429,15 @@ async fn wait_launched(
     }
 }
 
+async fn tick_of(timer: &mut Option<tokio::time::Interval>) {
+    match timer {
+        Some(timer) => {
+            timer.tick().await;
+        }
+        None => std::future::pending().await,
+    }
+}
+
 async fn sleep_until(deadline: Option<tokio::time::Instant>) {
     match deadline {
         Some(deadline) => tokio::time::sleep_until(deadline).await,
@@ -421,6 +470,8 @@ impl Session<'_> {
                 attached_files: HashSet::new(),
                 exited: false,
                 files: Vec::new(),
+                growth: std::collections::VecDeque::new(),
+                last_growth_dump: None,
             },
         );
         if !matches!(self.options.targets, Targets::Launch(_)) {
@@ -570,7 +621,7 @@ impl Session<'_> {
             return Ok(());
         }
         t.exited = true;
-        let path = self.write_profile(pid)?;
+        let path = self.write_profile(pid, "process exited")?;
         self.clear_progress();
         let _ = writeln!(
             self.status,
@@ -580,17 +631,94 @@ impl Session<'_> {
         Ok(())
     }
 
-    fn write_profile(&mut self, pid: u32) -> Result<PathBuf> {
+    /// A snapshot of every live process, for `reason`.
+    fn snapshot_all(&mut self, reason: &str) -> Result<()> {
+        let pids: Vec<u32> = self
+            .tracked
+            .values()
+            .filter(|t| !t.exited)
+            .map(|t| t.pid)
+            .collect();
+        for pid in pids {
+            self.write_profile(pid, reason)?;
+        }
+        Ok(())
+    }
+
+    /// `--dump-on-growth`: a snapshot of each process whose estimated
+    /// in-use bytes grew by the trigger's size within its window, at most
+    /// once per minimum gap; the next one needs as much growth again.
+    fn check_growth(&mut self) -> Result<()> {
+        let Some(trigger) = self.options.dump_on_growth else {
+            return Ok(());
+        };
+        let now = Instant::now();
+        let mut due = Vec::new();
+        for t in self.tracked.values_mut().filter(|t| !t.exited) {
+            let inuse = t.heap.inuse_bytes();
+            t.growth.push_back((now, inuse));
+            while t
+                .growth
+                .front()
+                .is_some_and(|(when, _)| now.duration_since(*when) > trigger.window)
+            {
+                t.growth.pop_front();
+            }
+            let (since, lowest) = t
+                .growth
+                .iter()
+                .copied()
+                .min_by(|a, b| a.1.total_cmp(&b.1))
+                .unwrap_or((now, inuse));
+            let gap_ok = t
+                .last_growth_dump
+                .is_none_or(|last| now.duration_since(last) >= self.options.min_dump_gap);
+            if inuse - lowest >= trigger.size as f64 && gap_ok {
+                due.push((
+                    t.pid,
+                    format!(
+                        "growth: +{} in {} (trigger {} within {})",
+                        crate::format::bytes(inuse - lowest),
+                        humantime::format_duration(Duration::from_secs(
+                            now.duration_since(since).as_secs()
+                        )),
+                        crate::format::bytes(trigger.size as f64),
+                        humantime::format_duration(trigger.window)
+                    ),
+                ));
+                t.last_growth_dump = Some(now);
+                t.growth.clear();
+                t.growth.push_back((now, inuse));
+            }
+        }
+        for (pid, reason) in due {
+            let path = self.write_profile(pid, &reason)?;
+            self.clear_progress();
+            let _ = writeln!(
+                self.status,
+                "memprobe: pid {pid}: {reason}: wrote {}",
+                path.display()
+            );
+        }
+        Ok(())
+    }
+
+    fn write_profile(&mut self, pid: u32, reason: &str) -> Result<PathBuf> {
         let t = self.tracked.get_mut(&pid).expect("tracked pid");
         let mut profile = t.heap.snapshot(t.maps.clone());
-        profile
-            .notes
-            .insert(0, ("command".into(), t.command.clone()));
+        let mut head = vec![
+            ("command".to_owned(), t.command.clone()),
+            ("reason".to_owned(), reason.to_owned()),
+            ("snapshot".to_owned(), t.files.len().to_string()),
+            (
+                "elapsed_s".to_owned(),
+                format!("{:.3}", self.started.elapsed().as_secs_f64()),
+            ),
+        ];
         if let Some(inner) = t.container_pid {
-            profile
-                .notes
-                .insert(1, ("container_pid".into(), inner.to_string()));
+            head.push(("container_pid".into(), inner.to_string()));
         }
+        profile.notes.splice(0..0, head);
         let seq = self.output.next_seq(pid);
         let path = self
             .output
@@ -745,8 +873,10 @@ impl Session<'_> {
             .values()
             .map(|t| t.heap.drops.live_table_full + t.heap.drops.stack_table_full)
             .sum();
+        let snapshots: usize = self.tracked.values().map(|t| t.files.len()).sum();
         format!(
-            "memprobe: {} elapsed, {} processes, {samples} samples, ~{} in use, {} dropped",
+            "memprobe: {} elapsed, {} processes, {samples} samples, ~{} in use, {} dropped, \
+             {snapshots} snapshots written",
             humantime::format_duration(Duration::from_secs(elapsed.as_secs())),
             self.tracked.values().filter(|t| !t.exited).count(),
             crate::format::bytes(inuse),

@@ -95,6 +95,34 @@ pub fn sites_static_fixture() -> PathBuf {
     })
 }
 
+/// Three sites with different trends over 6 seconds.
+pub fn trends_fixture() -> PathBuf {
+    build_once("trends", |out| {
+        compile("cc", out, "trends.c", &["-ljemalloc"])
+    })
+}
+
+/// The `# key: value` notes of a `.heap` file.
+pub fn heap_notes(heap: &Path) -> HashMap<String, String> {
+    std::fs::read_to_string(heap)
+        .unwrap()
+        .lines()
+        .take_while(|l| !l.starts_with('@'))
+        .filter_map(|l| l.strip_prefix("# ")?.split_once(": "))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
+}
+
+/// Peak resident memory of a live process, in KiB.
+pub fn peak_rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .unwrap()
+}
+
 /// C++ new/delete sites against libjemalloc.so.2's operators.
 pub fn new_delete_fixture() -> PathBuf {
     build_once("new_delete", |out| {
@@ -352,6 +380,10 @@ impl Memprobe {
             "memprobe did not attach within 60 s:\n{}",
             self.stderr_text()
         );
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     pub fn child(&mut self) -> &mut Child {

@@ -1,0 +1,207 @@
+//! Production runs: snapshots over time, growth-triggered dumps, SIGUSR1,
+//! and bounded memory when the live table overflows.
+use std::time::{Duration, Instant};
+
+use tests::*;
+
+const MIB_F: f64 = MIB;
+
+/// In-use MiB of each trend site in one snapshot.
+fn sites(binary: &std::path::Path, heap: &std::path::Path) -> (f64, f64, f64) {
+    let inuse = jeprof_text(binary, heap, "--inuse_space");
+    let get = |name: &str| inuse.get(name).copied().unwrap_or(0.0);
+    (get("leak_steadily"), get("working_set"), get("burst"))
+}
+
+#[test]
+fn interval_snapshots_show_each_trend() {
+    let _guard = shared();
+    let binary = trends_fixture();
+    let out = output_dir("interval");
+    let mut fixture = Fixture::start(&binary, &[]);
+    let pid = fixture.pid.to_string();
+    let mut memprobe = Memprobe::start(&[
+        "--pid",
+        &pid,
+        "--interval",
+        "1s",
+        "--sample-interval",
+        "64KiB",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    memprobe.wait_attached();
+    fixture.run_workload();
+    memprobe.signal(libc::SIGINT);
+    let (status, stderr) = memprobe.wait();
+    assert!(status.success(), "{stderr}");
+    let heaps = heap_files(&out);
+    assert!(heaps.len() >= 6, "{} snapshots: {stderr}", heaps.len());
+    // Numbered in order, each complete, each saying why it was taken.
+    let mut series = Vec::new();
+    for (seq, heap) in heaps.iter().enumerate() {
+        let notes = heap_notes(heap);
+        assert_eq!(notes["snapshot"], seq.to_string());
+        let expected = if seq + 1 == heaps.len() {
+            "end of run"
+        } else {
+            "interval"
+        };
+        assert_eq!(notes["reason"], expected, "{}", heap.display());
+        series.push(sites(&binary, heap));
+    }
+    eprintln!("(leak, working set, burst) MiB per snapshot: {series:?}");
+    let last = series.last().unwrap();
+    // The leak grows from snapshot to snapshot and ends near 15 MiB.
+    for pair in series.windows(2) {
+        assert!(pair[1].0 >= pair[0].0 - 0.5, "leak shrank: {series:?}");
+    }
+    assert_within("leak at the end", last.0 * MIB_F, 15.0 * MIB_F, 0.15);
+    // The working set stays near 8 MiB.
+    for s in &series[1..] {
+        assert_within("working set", s.1 * MIB_F, 8.0 * MIB_F, 0.20);
+    }
+    // The burst rose to ~16 MiB and went back to nothing.
+    let peak = series.iter().map(|s| s.2).fold(0.0, f64::max);
+    assert_within("burst at its peak", peak * MIB_F, 16.0 * MIB_F, 0.15);
+    assert!(last.2 < 0.5, "burst still in use at the end: {series:?}");
+}
+
+#[test]
+fn growth_triggered_dumps_fire_at_the_threshold_and_keep_their_gap() {
+    let _guard = shared();
+    let binary = trends_fixture();
+    let out = output_dir("growth");
+    let mut fixture = Fixture::start(&binary, &[]);
+    let pid = fixture.pid.to_string();
+    let mut memprobe = Memprobe::start(&[
+        "--pid",
+        &pid,
+        "--dump-on-growth",
+        "4MiB/10s",
+        "--min-dump-gap",
+        "2s",
+        "--sample-interval",
+        "64KiB",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    memprobe.wait_attached();
+    fixture.run_workload();
+    memprobe.signal(libc::SIGINT);
+    let (status, stderr) = memprobe.wait();
+    assert!(status.success(), "{stderr}");
+    let heaps = heap_files(&out);
+    let growth: Vec<_> = heaps
+        .iter()
+        .map(|h| (heap_notes(h), h))
+        .filter(|(notes, _)| notes["reason"].starts_with("growth: "))
+        .collect();
+    // 16 MiB burst plus a 2.5 MiB/s leak over 6 s: several triggers, but
+    // never two within the gap.
+    assert!(
+        growth.len() >= 2,
+        "{} growth dumps:\n{stderr}",
+        growth.len()
+    );
+    let mut previous_time: Option<f64> = None;
+    for (i, (notes, heap)) in growth.iter().enumerate() {
+        let elapsed: f64 = notes["elapsed_s"].parse().unwrap();
+        if let Some(previous) = previous_time {
+            assert!(
+                elapsed - previous >= 1.95,
+                "dumps {previous} s and {elapsed} s apart"
+            );
+        }
+        previous_time = Some(elapsed);
+        // "growth: +4.3 MiB in 1s (...)": never below the trigger.
+        let grown: f64 = notes["reason"]["growth: +".len()..]
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(grown >= 4.0, "{}", notes["reason"]);
+        if i == 0 {
+            // From nothing at attach: the first dump's own profile shows it.
+            let (leak, working, burst) = sites(&binary, heap);
+            assert!((leak + working + burst) >= 0.8 * 4.0, "{}", notes["reason"]);
+        }
+        assert!(
+            stderr.contains(&format!("wrote {}", heap.display())),
+            "{stderr}"
+        );
+    }
+}
+
+#[test]
+fn sigusr1_writes_a_snapshot_at_once() {
+    let _guard = shared();
+    let binary = sites_fixture();
+    let out = output_dir("sigusr1");
+    let mut fixture = Fixture::start(&binary, &[]);
+    let pid = fixture.pid.to_string();
+    let mut memprobe = Memprobe::start(&[
+        "--pid",
+        &pid,
+        "--sample-interval",
+        "4096",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    memprobe.wait_attached();
+    fixture.run_workload();
+    memprobe.signal(libc::SIGUSR1);
+    let asked = Instant::now();
+    while heap_files(&out).is_empty() {
+        assert!(
+            asked.elapsed() < Duration::from_secs(2),
+            "no snapshot after SIGUSR1"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let snapshot = &heap_files(&out)[0];
+    assert_eq!(heap_notes(snapshot)["reason"], "SIGUSR1");
+    let inuse = jeprof_text(&binary, snapshot, "--inuse_space");
+    assert_within("keep_1m", inuse["keep_1m"] * MIB_F, 16.0 * MIB_F, 0.10);
+    memprobe.signal(libc::SIGINT);
+    let (status, stderr) = memprobe.wait();
+    assert!(status.success(), "{stderr}");
+    assert_eq!(heap_files(&out).len(), 2);
+}
+
+#[test]
+fn an_overflowing_live_table_is_reported_and_memory_stays_bounded() {
+    let _guard = shared();
+    let binary = sites_fixture();
+    let out = output_dir("overflow");
+    let mut fixture = Fixture::start(&binary, &[]);
+    let pid = fixture.pid.to_string();
+    let mut memprobe = Memprobe::start(&[
+        "--pid",
+        &pid,
+        "--sample-interval",
+        "4096",
+        "--max-live-samples",
+        "100",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    memprobe.wait_attached();
+    fixture.run_workload();
+    let peak = peak_rss_kib(memprobe.pid());
+    memprobe.signal(libc::SIGINT);
+    let (status, stderr) = memprobe.wait();
+    assert!(status.success(), "{stderr}");
+    // ~1300 samples of the kept sites cannot all be live in a table of 100.
+    let notes = heap_notes(&heap_files(&out)[0]);
+    let dropped: u64 = notes["dropped_live_table_full"].parse().unwrap();
+    assert!(dropped > 1000, "{notes:?}");
+    let summary = stderr
+        .lines()
+        .find(|l| l.contains(&format!("pid {pid} (sites)")))
+        .unwrap();
+    assert!(summary.contains(&format!("{dropped} dropped")), "{summary}");
+    // The stated cap for this configuration: 64 MiB.
+    assert!(peak < 64 * 1024, "memprobe peaked at {peak} KiB");
+}
