@@ -32,6 +32,10 @@ Examples:
   Read the result with the jeprof you know:
     jeprof --text /path/to/binary memprobe.1234.0.heap
 
+  Rank a run's snapshots (likely leaks first), or diff two profiles:
+    memprobe leaks /tmp/prof
+    memprobe diff memprobe.1234.0.heap memprobe.1234.5.heap
+
 memprobe attaches uprobes to jemalloc's entry points (malloc, calloc, realloc,
 free, posix_memalign, aligned_alloc, memalign, valloc, mallocx, rallocx,
 xallocx, dallocx, sdallocx, C++ operator new/delete) wherever jemalloc lives:
@@ -56,9 +60,15 @@ CAP_PERFMON) and a kernel with uprobes and BTF.";
     version,
     about = "Heap profiles of running jemalloc processes, without a restart; jeprof reads them.",
     after_help = EXAMPLES,
+    args_conflicts_with_subcommands = true,
+    subcommand_negates_reqs = true,
     group(ArgGroup::new("targets").required(true).args(["pids", "all", "command"]))
 )]
 pub struct Cli {
+    /// Work on profiles already written instead of profiling.
+    #[command(subcommand)]
+    pub offline: Option<Offline>,
+
     /// Process to profile (repeat for several).
     #[arg(long = "pid", value_name = "PID", value_parser = clap::value_parser!(u32).range(1..))]
     pub pids: Vec<u32>,
@@ -118,6 +128,36 @@ pub struct Cli {
     /// Say which entry points were attached where, and why the run stopped.
     #[arg(long, short = 'v')]
     pub verbose: bool,
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum Offline {
+    /// Rank the sites of a run's snapshots: likely leaks (growing, never
+    /// shrinking) first, then working sets and bursts released later.
+    #[command(after_help = "Example:\n  memprobe leaks /tmp/prof --min-age 10m")]
+    Leaks {
+        /// The --output folder of a run (memprobe.<pid>.<seq>.heap files).
+        dir: PathBuf,
+        /// Only this process's snapshots.
+        #[arg(long)]
+        pid: Option<u32>,
+        /// Keep only sites whose oldest live allocation is older than DUR.
+        #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+        min_age: Option<Duration>,
+        /// Look for the binaries under this folder (as jeprof's --lib_prefix).
+        #[arg(long, value_name = "DIR")]
+        lib_prefix: Option<PathBuf>,
+    },
+    /// Growth in bytes in use per site from OLD to NEW (memprobe's or
+    /// jemalloc's own .heap files of one process).
+    #[command(after_help = "Example:\n  memprobe diff memprobe.1234.0.heap memprobe.1234.5.heap")]
+    Diff {
+        old: PathBuf,
+        new: PathBuf,
+        /// Look for the binaries under this folder (as jeprof's --lib_prefix).
+        #[arg(long, value_name = "DIR")]
+        lib_prefix: Option<PathBuf>,
+    },
 }
 
 impl Cli {

@@ -212,6 +212,12 @@ impl ProcessHeap {
 
     /// A complete profile of the process now.
     pub fn snapshot(&self, mapped_libraries: String) -> HeapProfile {
+        let now_ns = monotonic_ns();
+        let mut oldest: HashMap<u32, u64> = HashMap::new();
+        for live in self.live.values() {
+            let entry = oldest.entry(live.stack).or_insert(live.time_ns);
+            *entry = (*entry).min(live.time_ns);
+        }
         let mut notes = vec![("memprobe_samples".to_owned(), self.samples.to_string())];
         let d = &self.drops;
         for (name, value) in [
@@ -231,13 +237,30 @@ impl ProcessHeap {
             stacks: self
                 .stacks
                 .iter()
-                .filter(|s| s.alloc_objects > 0.0)
-                .cloned()
+                .enumerate()
+                .filter(|(_, s)| s.alloc_objects > 0.0)
+                .map(|(id, s)| StackEstimate {
+                    oldest_live_s: oldest
+                        .get(&(id as u32))
+                        .map(|&t| now_ns.saturating_sub(t) as f64 / 1e9),
+                    ..s.clone()
+                })
                 .collect(),
             mapped_libraries,
             notes,
         }
     }
+}
+
+/// CLOCK_MONOTONIC in nanoseconds: the kernel's `bpf_ktime_get_ns` clock.
+pub fn monotonic_ns() -> u64 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `now` is a valid timespec to write into.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    now.tv_sec as u64 * 1_000_000_000 + now.tv_nsec as u64
 }
 
 #[cfg(test)]

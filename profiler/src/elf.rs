@@ -35,9 +35,9 @@ pub struct FunctionSymbols {
 
 impl FunctionSymbols {
     pub fn read(path: &Path) -> Result<Self> {
-        let data = std::fs::read(path).map_err(|source| Error::Read {
+        let data = std::fs::read(path).map_err(|cause| Error::Read {
             path: path.to_owned(),
-            source,
+            cause,
         })?;
         Self::parse(&data).map_err(|message| Error::Elf {
             path: path.to_owned(),

@@ -1,4 +1,6 @@
-//! The library's errors. Each message says what is wrong and what to do.
+//! The library's errors. Each message says what is wrong and what to do,
+//! with its cause inside (fields are `cause`, not `source`, so that the
+//! cause is not printed twice by error chains).
 use std::{io, path::PathBuf};
 
 #[derive(Debug, thiserror::Error)]
@@ -31,8 +33,8 @@ pub enum Error {
     )]
     NoBtf(PathBuf),
 
-    #[error("cannot read {}: {source}", path.display())]
-    Read { path: PathBuf, source: io::Error },
+    #[error("cannot read {}: {cause}", path.display())]
+    Read { path: PathBuf, cause: io::Error },
 
     #[error("cannot parse {} as ELF: {message}", path.display())]
     Elf { path: PathBuf, message: String },
@@ -48,14 +50,29 @@ pub enum Error {
         message: String,
     },
 
+    #[error(
+        "cannot read {} as a heap profile: {cause}; give a .heap file written by memprobe \
+         or by jemalloc", path.display()
+    )]
+    BadProfile {
+        path: PathBuf,
+        cause: crate::input::heap_v2::ParseError,
+    },
+
+    #[error(
+        "no memprobe.<pid>.<seq>.heap files in {}: point at the --output folder of a run",
+        .0.display()
+    )]
+    NoSnapshots(PathBuf),
+
     #[error("cannot launch {0}")]
     Launch(String),
 
     #[error("reading kernel events failed: {0}")]
     Events(String),
 
-    #[error("writing {}: {source}", path.display())]
-    Write { path: PathBuf, source: io::Error },
+    #[error("writing {}: {cause}", path.display())]
+    Write { path: PathBuf, cause: io::Error },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

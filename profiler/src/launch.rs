@@ -125,9 +125,9 @@ pub fn resolve_program(program: &OsString) -> Result<PathBuf> {
 
 /// The executable and the libraries its loader will map at start.
 pub fn predict_files(executable: &Path) -> Result<Vec<PredictedFile>> {
-    let data = std::fs::read(executable).map_err(|source| Error::Read {
+    let data = std::fs::read(executable).map_err(|cause| Error::Read {
         path: executable.to_owned(),
-        source,
+        cause,
     })?;
     let interpreter = ElfFile64::<object::Endianness>::parse(&*data)
         .ok()

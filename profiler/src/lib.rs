@@ -5,6 +5,7 @@
 //! loads the eBPF programs and attaches them, [`events`] decodes what they
 //! send, [`collector`] keeps the live set and the per-stack estimates,
 //! [`output`] writes the profiles, and [`session`] ties it together.
+pub mod analysis;
 pub mod checks;
 pub mod code;
 pub mod collector;
@@ -15,14 +16,17 @@ pub mod entry_points;
 pub mod error;
 pub mod events;
 pub mod format;
+pub mod input;
 pub mod kernel;
 pub mod launch;
+pub mod offline;
 pub mod output;
 pub mod placement;
 pub mod profile;
 pub mod sampling;
 pub mod session;
 pub mod size_class;
+pub mod symbolize;
 pub mod target;
 
 pub use error::{Error, Result};

@@ -41,7 +41,51 @@ fn main() -> ExitCode {
     }
 }
 
+fn offline(command: cli::Offline) -> anyhow::Result<ExitCode> {
+    use profiler::{analysis::LeakOptions, offline};
+    let stdout = std::io::stdout().lock();
+    match command {
+        cli::Offline::Leaks {
+            dir,
+            pid,
+            min_age,
+            lib_prefix,
+        } => offline::leaks(
+            &dir,
+            pid,
+            &LeakOptions { min_age },
+            lib_prefix.as_deref(),
+            stdout,
+        )?,
+        cli::Offline::Diff {
+            old,
+            new,
+            lib_prefix,
+        } => offline::diff_files(&old, &new, lib_prefix.as_deref(), stdout)?,
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// After a run with snapshots: the leak ranking of each process, briefly.
+fn leak_summary(summary: &profiler::session::Summary) {
+    for process in summary.processes.iter().filter(|p| p.files.len() >= 3) {
+        let mut table = Vec::new();
+        let options = profiler::analysis::LeakOptions::default();
+        if profiler::offline::leaks_of(&process.files, &options, None, 3, &mut table).is_ok() {
+            eprintln!(
+                "memprobe: pid {} over {} snapshots:",
+                process.pid,
+                process.files.len()
+            );
+            eprint!("{}", String::from_utf8_lossy(&table));
+        }
+    }
+}
+
 fn run(cli: cli::Cli) -> anyhow::Result<ExitCode> {
+    if let Some(command) = cli.offline {
+        return offline(command);
+    }
     let progress = std::io::stderr().is_terminal();
     let options = cli.session_options(progress);
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -53,6 +97,7 @@ fn run(cli: cli::Cli) -> anyhow::Result<ExitCode> {
     for line in profiler::session::summary_lines(&summary) {
         eprintln!("{line}");
     }
+    leak_summary(&summary);
     // Launch mode: the command's exit code is ours.
     Ok(match summary.exit_code {
         Some(code) => ExitCode::from(code.clamp(0, 255) as u8),

@@ -12,6 +12,9 @@ pub struct StackEstimate {
     /// Estimated objects and bytes allocated since the probes were attached.
     pub alloc_objects: f64,
     pub alloc_bytes: f64,
+    /// Seconds since the oldest still-live sampled allocation of this stack
+    /// was made, when one is live.
+    pub oldest_live_s: Option<f64>,
 }
 
 /// The heap profile of one process at one moment.

@@ -723,12 +723,12 @@ impl Session<'_> {
         let path = self
             .output
             .write_file(pid, seq, "heap", |w| heap_v2::write(&profile, w))
-            .map_err(|source| Error::Write {
+            .map_err(|cause| Error::Write {
                 path: self
                     .output
                     .path()
                     .join(crate::output::files::file_name(pid, seq, "heap")),
-                source,
+                cause,
             })?;
         t.files.push(path.clone());
         Ok(path)

@@ -73,10 +73,10 @@ pub fn proc_path(pid: u32, rest: &str) -> PathBuf {
 /// Reads `/proc/PID/maps`; a missing process is [`Error::NoSuchProcess`].
 pub fn read_maps(pid: u32) -> Result<String> {
     let path = proc_path(pid, "maps");
-    std::fs::read_to_string(&path).map_err(|source| match source.kind() {
+    std::fs::read_to_string(&path).map_err(|cause| match cause.kind() {
         std::io::ErrorKind::NotFound => Error::NoSuchProcess(pid),
         _ if !proc_path(pid, "").exists() => Error::NoSuchProcess(pid),
-        _ => Error::Read { path, source },
+        _ => Error::Read { path, cause },
     })
 }
 

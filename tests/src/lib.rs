@@ -439,6 +439,18 @@ pub fn run_memprobe(args: &[&str], env: &[(&str, &str)]) -> (ExitStatus, String)
     )
 }
 
+/// Runs memprobe; its status and stdout (offline commands).
+pub fn memprobe_stdout(args: &[&str]) -> (ExitStatus, String) {
+    let out = Command::new(memprobe_bin())
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("running memprobe");
+    let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.push_str(&String::from_utf8_lossy(&out.stderr));
+    (out.status, text)
+}
+
 /// `jeprof --text <flag>`: flat megabytes per function.
 pub fn jeprof_text(binary: &Path, heap: &Path, flag: &str) -> HashMap<String, f64> {
     jeprof_rows(binary, heap, flag)

@@ -58,6 +58,9 @@ pub fn write<W: Write>(profile: &HeapProfile, mut out: W) -> io::Result<()> {
             "  t*: {}: {} [{}: {}]",
             inuse.0, inuse.1, alloc.0, alloc.1
         )?;
+        if let Some(age) = stack.oldest_live_s {
+            writeln!(out, "# oldest_live_s: {age:.3}")?;
+        }
     }
     writeln!(out)?;
     writeln!(out, "MAPPED_LIBRARIES:")?;
@@ -103,6 +106,7 @@ mod tests {
                     inuse_bytes: 526_338.0,
                     alloc_objects: 257.0,
                     alloc_bytes: 1_052_676.0,
+                    oldest_live_s: Some(12.5),
                 },
                 StackEstimate {
                     frames: vec![0x55d0c0a0116e, 0x55d0c0a011bf, 0x7f3a1c029d90],
@@ -110,6 +114,7 @@ mod tests {
                     inuse_bytes: 22_020_096.0,
                     alloc_objects: 21.0,
                     alloc_bytes: 22_020_096.0,
+                    oldest_live_s: None,
                 },
                 // Freed entirely: only the allocated side remains.
                 StackEstimate {
@@ -118,6 +123,7 @@ mod tests {
                     inuse_bytes: 0.0,
                     alloc_objects: 1024.0,
                     alloc_bytes: 524_288.0,
+                    oldest_live_s: None,
                 },
                 // Nothing at all: not written.
                 StackEstimate {

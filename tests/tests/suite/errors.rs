@@ -158,3 +158,25 @@ fn stripped_static_jemalloc_is_named_not_attached() {
         ],
     );
 }
+
+#[test]
+fn offline_commands_reject_bad_input_in_one_line() {
+    let dir = output_dir("offline_errors");
+    let garbage = dir.join("garbage.heap");
+    std::fs::write(&garbage, "heap_v2/4096\n@ 0xnothex\n").unwrap();
+    let g = garbage.to_str().unwrap();
+    for (args, needle) in [
+        (vec!["diff", g, g], "line 2: bad address"),
+        (
+            vec!["diff", "/nonexistent.heap", g],
+            "cannot read /nonexistent.heap",
+        ),
+        (
+            vec!["leaks", dir.to_str().unwrap()],
+            "no memprobe.<pid>.<seq>.heap files",
+        ),
+    ] {
+        let (status, stderr) = run_memprobe(&args, &[]);
+        assert_one_line_error(&stderr, status, &[needle]);
+    }
+}

@@ -65,6 +65,73 @@ fn interval_snapshots_show_each_trend() {
     let peak = series.iter().map(|s| s.2).fold(0.0, f64::max);
     assert_within("burst at its peak", peak * MIB_F, 16.0 * MIB_F, 0.15);
     assert!(last.2 < 0.5, "burst still in use at the end: {series:?}");
+
+    // The end of the run summarises the ranking...
+    assert!(
+        stderr.contains(&format!(
+            "memprobe: pid {pid} over {} snapshots:",
+            heaps.len()
+        )),
+        "{stderr}"
+    );
+    // ...and `memprobe leaks` ranks the leak first and tells the others apart.
+    let (status, report) = memprobe_stdout(&["leaks", out.to_str().unwrap()]);
+    assert!(status.success(), "{report}");
+    let rows: Vec<&str> = report.lines().filter(|l| l.contains(" < main")).collect();
+    assert!(
+        rows[0].contains("likely leak") && rows[0].contains("leak_steadily"),
+        "{report}"
+    );
+    let row = |site: &str| {
+        *rows
+            .iter()
+            .find(|r| r.contains(site))
+            .unwrap_or_else(|| panic!("{report}"))
+    };
+    assert!(row("working_set").contains("working set"), "{report}");
+    assert!(row("burst").contains("released after burst"), "{report}");
+    // The leak's oldest allocation is as old as the run, about 6 s.
+    assert!(rows[0].contains(" no "), "a leak never shrank: {report}");
+    // --min-age keeps only sites with allocations older than the run.
+    let (status, old_only) = memprobe_stdout(&["leaks", out.to_str().unwrap(), "--min-age", "1h"]);
+    assert!(status.success());
+    assert!(!old_only.contains("leak_steadily"), "{old_only}");
+}
+
+#[test]
+fn diff_works_on_jemallocs_own_dumps() {
+    let _guard = shared();
+    let binary = sites_fixture();
+    let out = output_dir("diff_jemalloc");
+    let (before, after) = (out.join("before.heap"), out.join("after.heap"));
+    let mut fixture = Fixture::start(
+        &binary,
+        &[
+            ("MALLOC_CONF", "prof:true,lg_prof_sample:12"),
+            ("FIXTURE_PROF_DUMP_BEFORE", before.to_str().unwrap()),
+            ("FIXTURE_PROF_DUMP", after.to_str().unwrap()),
+        ],
+    );
+    fixture.run_workload();
+    assert!(fixture.finish().success());
+    let (status, report) =
+        memprobe_stdout(&["diff", before.to_str().unwrap(), after.to_str().unwrap()]);
+    assert!(status.success(), "{report}");
+    let rows: Vec<&str> = report.lines().skip(2).collect();
+    assert!(
+        rows[0].contains("keep_1m") && rows[0].contains('+'),
+        "{report}"
+    );
+    assert!(rows[1].contains("keep_4k"), "{report}");
+    // The change of the biggest site is about 16 MiB.
+    let change: f64 = rows[0]
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .trim_start_matches('+')
+        .parse()
+        .unwrap();
+    assert!((14.5..17.5).contains(&change), "{report}");
 }
 
 #[test]

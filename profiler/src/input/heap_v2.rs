@@ -1,0 +1,177 @@
+//! Reading jemalloc `heap_v2` profiles: memprobe's own and jemalloc's
+//! `jeprof.*.heap` dumps. Malformed input is an error with a line number,
+//! never a panic.
+use std::collections::HashMap;
+
+use crate::sampling::jeprof_decode;
+
+/// One stack of a parsed profile, with jeprof's un-sampled estimates.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ParsedStack {
+    /// Addresses as written: the leaf first.
+    pub frames: Vec<u64>,
+    pub inuse_objects: f64,
+    pub inuse_bytes: f64,
+    pub alloc_objects: f64,
+    pub alloc_bytes: f64,
+    /// memprobe's `# oldest_live_s:` line, if any.
+    pub oldest_live_s: Option<f64>,
+}
+
+/// A parsed `.heap` file.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ParsedHeap {
+    pub sample_interval: u64,
+    /// memprobe's `# key: value` lines before the first stack.
+    pub notes: HashMap<String, String>,
+    pub stacks: Vec<ParsedStack>,
+    /// The text after `MAPPED_LIBRARIES:`.
+    pub mapped_libraries: String,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ParseError {
+    #[error("not a heap_v2 profile: the first line must be heap_v2/<interval>")]
+    NotHeapV2,
+    #[error("line {line}: {what}")]
+    Line { line: usize, what: String },
+}
+
+fn line_error(line: usize, what: impl Into<String>) -> ParseError {
+    ParseError::Line {
+        line,
+        what: what.into(),
+    }
+}
+
+/// `N: N [N: N]` after `t*:` or `t<id>:`.
+fn parse_counts(text: &str, line: usize) -> Result<[u64; 4], ParseError> {
+    let numbers: Vec<&str> = text
+        .split(|c: char| c == ':' || c == '[' || c == ']' || c.is_whitespace())
+        .filter(|s| !s.is_empty())
+        .collect();
+    if numbers.len() != 4 || !text.trim_end().ends_with(']') {
+        return Err(line_error(line, format!("bad counts {text:?}")));
+    }
+    let mut counts = [0u64; 4];
+    for (slot, number) in counts.iter_mut().zip(&numbers) {
+        *slot = number
+            .parse()
+            .map_err(|_| line_error(line, format!("bad number {number:?}")))?;
+    }
+    Ok(counts)
+}
+
+pub fn parse(text: &str) -> Result<ParsedHeap, ParseError> {
+    let mut lines = text.lines().enumerate().map(|(i, l)| (i + 1, l));
+    let (_, header) = lines.next().ok_or(ParseError::NotHeapV2)?;
+    let sample_interval = header
+        .trim()
+        .strip_prefix("heap_v2/")
+        .and_then(|r| r.parse::<u64>().ok())
+        .ok_or(ParseError::NotHeapV2)?;
+    let mut heap = ParsedHeap {
+        sample_interval,
+        ..ParsedHeap::default()
+    };
+    let mut current: Option<ParsedStack> = None;
+    for (number, raw) in lines.by_ref() {
+        let line = raw.trim();
+        if line.starts_with("MAPPED_LIBRARIES:") {
+            break;
+        }
+        if let Some(frames) = line.strip_prefix('@') {
+            heap.stacks.extend(current.take());
+            let frames = frames
+                .split_whitespace()
+                .map(|f| {
+                    u64::from_str_radix(f.trim_start_matches("0x"), 16)
+                        .map_err(|_| line_error(number, format!("bad address {f:?}")))
+                })
+                .collect::<Result<Vec<u64>, _>>()?;
+            if frames.is_empty() {
+                return Err(line_error(number, "a stack with no address"));
+            }
+            current = Some(ParsedStack {
+                frames,
+                inuse_objects: 0.0,
+                inuse_bytes: 0.0,
+                alloc_objects: 0.0,
+                alloc_bytes: 0.0,
+                oldest_live_s: None,
+            });
+        } else if let Some(counts) = line.strip_prefix("t*:") {
+            let [n1, s1, n2, s2] = parse_counts(counts, number)?;
+            // The header's totals come before any stack: not needed.
+            if let Some(stack) = current.as_mut() {
+                (stack.inuse_objects, stack.inuse_bytes) = jeprof_decode(n1, s1, sample_interval);
+                (stack.alloc_objects, stack.alloc_bytes) = jeprof_decode(n2, s2, sample_interval);
+            }
+        } else if let Some(note) = line.strip_prefix("# ") {
+            let Some((key, value)) = note.split_once(": ") else {
+                continue;
+            };
+            match current.as_mut() {
+                Some(stack) if key == "oldest_live_s" => {
+                    stack.oldest_live_s = value.parse().ok();
+                }
+                Some(_) => {}
+                None => {
+                    heap.notes.insert(key.to_owned(), value.to_owned());
+                }
+            }
+        }
+        // Per-thread `t<id>:` lines and anything else are skipped, as jeprof does.
+    }
+    heap.stacks.extend(current);
+    heap.mapped_libraries = lines.map(|(_, l)| l).collect::<Vec<_>>().join("\n");
+    Ok(heap)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_back_what_the_writer_wrote() {
+        let text = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/golden/example.heap"
+        ))
+        .unwrap();
+        let heap = parse(&text).unwrap();
+        assert_eq!(heap.sample_interval, 524_288);
+        assert_eq!(heap.notes["dropped_samples"], "3");
+        assert_eq!(heap.stacks.len(), 3);
+        assert_eq!(heap.stacks[0].frames[0], 0x55d0c0a01162);
+        assert_eq!(heap.stacks[0].oldest_live_s, Some(12.5));
+        // Within the writer's rounding of half a sample.
+        assert!((heap.stacks[1].inuse_bytes - 22_020_096.0).abs() < 262_144.0);
+        assert!(heap.mapped_libraries.contains("/usr/bin/demo"));
+    }
+
+    #[test]
+    fn reads_jemallocs_own_format_with_thread_lines() {
+        let text = "heap_v2/524288\n  t*: 2: 8192 [0: 0]\n  t0: 2: 8192 [0: 0]\n\
+                    @ 0x1 0x2\n  t*: 2: 8192 [0: 0]\n  t0: 2: 8192 [0: 0]\n\nMAPPED_LIBRARIES:\nx\n";
+        let heap = parse(text).unwrap();
+        assert_eq!(heap.stacks.len(), 1);
+        assert!(heap.stacks[0].inuse_bytes > 8192.0);
+        assert_eq!(heap.mapped_libraries, "x");
+    }
+
+    #[test]
+    fn malformed_input_is_an_error_not_a_panic() {
+        for bad in [
+            "",
+            "heap profile: 1: 2 [3: 4] @ heapprofile",
+            "heap_v2/x",
+            "heap_v2/1\n@ 0xzz\n",
+            "heap_v2/1\n@\n",
+            "heap_v2/1\n@ 0x1\n  t*: 1: 2 [3\n",
+            "heap_v2/1\n@ 0x1\n  t*: 99999999999999999999999: 2 [3: 4]\n",
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?} parsed");
+        }
+    }
+}

@@ -1,0 +1,2 @@
+//! Readers of existing profiles, one module per format.
+pub mod heap_v2;

@@ -1,0 +1,127 @@
+//! Commands on profiles already written: `leaks` over a run's snapshots and
+//! `diff` of two profiles (memprobe's or jemalloc's own dumps).
+use std::{
+    collections::BTreeMap,
+    io::Write,
+    path::{Path, PathBuf},
+};
+
+use crate::{
+    analysis::{LeakOptions, diff, rank_sites, write_diff, write_leak_report},
+    error::{Error, Result},
+    input::heap_v2::{ParsedHeap, parse},
+    symbolize::Namer,
+};
+
+/// Frames of a site shown in reports.
+const SITE_DEPTH: usize = 3;
+
+pub fn read_heap(path: &Path) -> Result<ParsedHeap> {
+    let text = std::fs::read(path).map_err(|cause| Error::Read {
+        path: path.to_owned(),
+        cause,
+    })?;
+    parse(&String::from_utf8_lossy(&text)).map_err(|cause| Error::BadProfile {
+        path: path.to_owned(),
+        cause,
+    })
+}
+
+/// `memprobe.<pid>.<seq>.heap` files in `dir`, by pid, in sequence order.
+pub fn snapshots_by_pid(dir: &Path) -> Result<BTreeMap<u32, Vec<PathBuf>>> {
+    let entries = std::fs::read_dir(dir).map_err(|cause| Error::Read {
+        path: dir.to_owned(),
+        cause,
+    })?;
+    let mut runs: BTreeMap<u32, Vec<(u64, PathBuf)>> = BTreeMap::new();
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let mut parts = name.split('.');
+        if let (Some("memprobe"), Some(pid), Some(seq), Some("heap"), None) = (
+            parts.next(),
+            parts.next().and_then(|p| p.parse().ok()),
+            parts.next().and_then(|s| s.parse().ok()),
+            parts.next(),
+            parts.next(),
+        ) {
+            runs.entry(pid).or_default().push((seq, entry.path()));
+        }
+    }
+    Ok(runs
+        .into_iter()
+        .map(|(pid, mut files)| {
+            files.sort();
+            (pid, files.into_iter().map(|(_, p)| p).collect())
+        })
+        .collect())
+}
+
+/// Ranks the sites of one process's snapshots; writes the table.
+pub fn leaks_of<W: Write>(
+    files: &[PathBuf],
+    options: &LeakOptions,
+    lib_prefix: Option<&Path>,
+    most: usize,
+    out: W,
+) -> Result<()> {
+    let snapshots = files
+        .iter()
+        .map(|f| read_heap(f))
+        .collect::<Result<Vec<_>>>()?;
+    let sites = rank_sites(&snapshots, options);
+    let maps = snapshots
+        .last()
+        .map(|s| s.mapped_libraries.as_str())
+        .unwrap_or("");
+    let mut namer = Namer::new(maps, lib_prefix.map(Path::to_owned));
+    write_leak_report(&sites, most, |f| namer.site(f, SITE_DEPTH), out).map_err(|cause| {
+        Error::Write {
+            path: "standard output".into(),
+            cause,
+        }
+    })
+}
+
+/// `memprobe leaks DIR`: per process in DIR, its sites ranked.
+pub fn leaks<W: Write>(
+    dir: &Path,
+    pid: Option<u32>,
+    options: &LeakOptions,
+    lib_prefix: Option<&Path>,
+    mut out: W,
+) -> Result<()> {
+    let runs = snapshots_by_pid(dir)?;
+    let runs: Vec<_> = runs
+        .into_iter()
+        .filter(|(p, _)| pid.is_none_or(|want| want == *p))
+        .collect();
+    if runs.is_empty() {
+        return Err(Error::NoSnapshots(dir.to_owned()));
+    }
+    for (pid, files) in runs {
+        let write_error = |cause| Error::Write {
+            path: "standard output".into(),
+            cause,
+        };
+        writeln!(out, "pid {pid}: {} snapshots", files.len()).map_err(write_error)?;
+        leaks_of(&files, options, lib_prefix, 20, &mut out)?;
+        writeln!(out).map_err(write_error)?;
+    }
+    Ok(())
+}
+
+/// `memprobe diff OLD NEW`: growth per site, in text.
+pub fn diff_files<W: Write>(
+    old: &Path,
+    new: &Path,
+    lib_prefix: Option<&Path>,
+    out: W,
+) -> Result<()> {
+    let (before, after) = (read_heap(old)?, read_heap(new)?);
+    let rows = diff(&before, &after);
+    let mut namer = Namer::new(&after.mapped_libraries, lib_prefix.map(Path::to_owned));
+    write_diff(&rows, 30, |f| namer.site(f, SITE_DEPTH), out).map_err(|cause| Error::Write {
+        path: "standard output".into(),
+        cause,
+    })
+}

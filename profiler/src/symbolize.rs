@@ -1,0 +1,135 @@
+//! Naming addresses of a profile with blazesym, from the binaries named in
+//! its `MAPPED_LIBRARIES`, in memprobe's process: never in the target.
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+};
+
+use blazesym::symbolize::{Input, Symbolized, Symbolizer, source::Elf, source::Source};
+
+use crate::{
+    discovery::allocator_in_file,
+    entry_points::{C_ENTRY_POINTS, CXX_ENTRY_POINTS},
+    target::{Mapping, parse_maps},
+};
+
+/// Names addresses of one process's profile.
+pub struct Namer {
+    mappings: Vec<Mapping>,
+    symbolizer: Symbolizer,
+    /// Where to look for the binaries instead of `/` (jeprof's --lib_prefix).
+    lib_prefix: Option<PathBuf>,
+    cache: HashMap<u64, String>,
+    /// Per file: whether it holds a copy of jemalloc.
+    holds_jemalloc: HashMap<String, bool>,
+}
+
+impl Namer {
+    pub fn new(mapped_libraries: &str, lib_prefix: Option<PathBuf>) -> Self {
+        Self {
+            mappings: parse_maps(mapped_libraries)
+                .into_iter()
+                .filter(|m| m.is_executable() && m.is_file())
+                .collect(),
+            symbolizer: Symbolizer::new(),
+            lib_prefix,
+            cache: HashMap::new(),
+            holds_jemalloc: HashMap::new(),
+        }
+    }
+
+    /// The function at `address`; unknown addresses stay hex (data, not errors).
+    pub fn name(&mut self, address: u64) -> String {
+        if let Some(name) = self.cache.get(&address) {
+            return name.clone();
+        }
+        let name = self
+            .lookup(address)
+            .unwrap_or_else(|| format!("{address:#x}"));
+        self.cache.insert(address, name.clone());
+        name
+    }
+
+    fn lookup(&self, address: u64) -> Option<String> {
+        let mapping = self
+            .mappings
+            .iter()
+            .find(|m| address >= m.start && address < m.end)?;
+        let path = PathBuf::from(mapping.path.as_deref()?);
+        let path = match &self.lib_prefix {
+            Some(prefix) => prefix.join(path.strip_prefix("/").unwrap_or(&path)),
+            None => path,
+        };
+        let offset = address - mapping.start + mapping.offset;
+        let source = Source::Elf(Elf::new(path));
+        match self
+            .symbolizer
+            .symbolize_single(&source, Input::FileOffset(offset))
+            .ok()?
+        {
+            Symbolized::Sym(sym) => Some(sym.name.into_owned()),
+            Symbolized::Unknown(_) => None,
+        }
+    }
+
+    /// "leaf < caller < ..." for the first `depth` frames of a stack as
+    /// written in a `.heap` (the first frame is already inside the call;
+    /// the others are return addresses), allocator frames cut off first:
+    /// jemalloc's own dumps start inside jemalloc.
+    pub fn site(&mut self, frames: &[u64], depth: usize) -> String {
+        let named: Vec<(u64, String)> = frames
+            .iter()
+            .enumerate()
+            .map(|(i, &f)| {
+                let address = if i == 0 { f } else { f.saturating_sub(1) };
+                (address, self.name(address))
+            })
+            .collect();
+        let skip = named
+            .iter()
+            .take_while(|(address, name)| self.is_allocator_frame(*address, name))
+            .count();
+        let skip = if skip == named.len() { 0 } else { skip };
+        named[skip..]
+            .iter()
+            .take(depth)
+            .map(|(_, name)| name.as_str())
+            .collect::<Vec<_>>()
+            .join(" < ")
+    }
+
+    /// A frame of the allocator itself: named as one of its functions, or
+    /// unnamed inside a file that holds jemalloc.
+    fn is_allocator_frame(&mut self, address: u64, name: &str) -> bool {
+        const INTERNAL: [&str; 6] = [
+            "je_",
+            "_rjem_",
+            "prof_",
+            "imalloc",
+            "malloc_default",
+            "ialloc",
+        ];
+        let entry_point = C_ENTRY_POINTS.iter().any(|(n, _)| *n == name)
+            || CXX_ENTRY_POINTS.iter().any(|(n, _)| *n == name)
+            || name.starts_with("operator new")
+            || name.starts_with("operator delete");
+        if entry_point || INTERNAL.iter().any(|p| name.starts_with(p)) {
+            return true;
+        }
+        if !name.starts_with("0x") {
+            return false;
+        }
+        let Some(path) = self
+            .mappings
+            .iter()
+            .find(|m| address >= m.start && address < m.end)
+            .and_then(|m| m.path.clone())
+        else {
+            return false;
+        };
+        *self
+            .holds_jemalloc
+            .entry(path.clone())
+            .or_insert_with(|| allocator_in_file(Path::new(&path)).is_some())
+    }
+}
