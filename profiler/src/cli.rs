@@ -148,6 +148,23 @@ pub enum Offline {
         #[arg(long, value_name = "DIR")]
         lib_prefix: Option<PathBuf>,
     },
+    /// An SVG flame graph of the bytes in use of a .heap file (memprobe's or
+    /// jemalloc's); with --base, a differential one: red grew, blue shrank.
+    #[command(
+        after_help = "Example:\n  memprobe flamegraph memprobe.1234.5.heap --base memprobe.1234.0.heap -o growth.svg"
+    )]
+    Flamegraph {
+        file: PathBuf,
+        /// An earlier profile of the same process to compare with.
+        #[arg(long, value_name = "OLD")]
+        base: Option<PathBuf>,
+        /// Where to write the SVG.
+        #[arg(long, short = 'o', value_name = "OUT.svg")]
+        output: PathBuf,
+        /// Look for the binaries under this folder (as jeprof's --lib_prefix).
+        #[arg(long, value_name = "DIR")]
+        lib_prefix: Option<PathBuf>,
+    },
     /// Growth in bytes in use per site from OLD to NEW (memprobe's or
     /// jemalloc's own .heap files of one process).
     #[command(after_help = "Example:\n  memprobe diff memprobe.1234.0.heap memprobe.1234.5.heap")]

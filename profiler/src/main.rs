@@ -62,6 +62,12 @@ fn offline(command: cli::Offline) -> anyhow::Result<ExitCode> {
             new,
             lib_prefix,
         } => offline::diff_files(&old, &new, lib_prefix.as_deref(), stdout)?,
+        cli::Offline::Flamegraph {
+            file,
+            base,
+            output,
+            lib_prefix,
+        } => offline::flamegraph_file(&file, base.as_deref(), lib_prefix.as_deref(), &output)?,
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -125,3 +125,51 @@ pub fn diff_files<W: Write>(
         cause,
     })
 }
+
+/// Folded lines of a profile's in-use bytes, named.
+fn folded_inuse(heap: &ParsedHeap, namer: &mut Namer) -> Vec<String> {
+    let stacks: Vec<crate::output::folded::NamedStack> = heap
+        .stacks
+        .iter()
+        .map(|s| {
+            (
+                namer.stack(&s.frames),
+                s.inuse_bytes.round().max(0.0) as u64,
+            )
+        })
+        .collect();
+    crate::output::folded::lines(&stacks)
+}
+
+/// `memprobe flamegraph FILE [--base OLD] -o OUT.svg`: a flame graph of the
+/// bytes in use; with a base, a differential one (red grew, blue shrank).
+pub fn flamegraph_file(
+    file: &Path,
+    base: Option<&Path>,
+    lib_prefix: Option<&Path>,
+    output: &Path,
+) -> Result<()> {
+    let after = read_heap(file)?;
+    let mut namer = Namer::new(&after.mapped_libraries, lib_prefix.map(Path::to_owned));
+    let after_lines = folded_inuse(&after, &mut namer);
+    let mut svg = Vec::new();
+    let written = match base {
+        None => crate::output::flamegraph::write(&after_lines, "Bytes in use", &mut svg),
+        Some(base) => {
+            let before = read_heap(base)?;
+            let before_lines = folded_inuse(&before, &mut namer);
+            crate::output::flamegraph::write_differential(
+                &before_lines,
+                &after_lines,
+                "Bytes in use: growth since the base (red) and shrinkage (blue)",
+                &mut svg,
+            )
+        }
+    };
+    let write_error = |cause| Error::Write {
+        path: output.to_owned(),
+        cause,
+    };
+    written.map_err(write_error)?;
+    std::fs::write(output, svg).map_err(write_error)
+}

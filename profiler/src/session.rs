@@ -192,7 +192,11 @@ pub async fn run(options: SessionOptions, status: &mut dyn Write) -> Result<Summ
     let probes = KernelProbes::load(&options.kernel)?;
     let (exits, mut exit_rx) = mpsc::unbounded_channel();
     let mut session = Session {
-        output: OutputDir::new(&options.output_dir),
+        output: {
+            let output = OutputDir::new(&options.output_dir);
+            output.remove_stale_temporaries();
+            output
+        },
         options,
         status,
         probes,

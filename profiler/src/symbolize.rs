@@ -77,6 +77,13 @@ impl Namer {
     /// the others are return addresses), allocator frames cut off first:
     /// jemalloc's own dumps start inside jemalloc.
     pub fn site(&mut self, frames: &[u64], depth: usize) -> String {
+        let mut names = self.stack(frames);
+        names.truncate(depth);
+        names.join(" < ")
+    }
+
+    /// Names of a stack's frames, leaf first, allocator frames cut off.
+    pub fn stack(&mut self, frames: &[u64]) -> Vec<String> {
         let named: Vec<(u64, String)> = frames
             .iter()
             .enumerate()
@@ -90,12 +97,7 @@ impl Namer {
             .take_while(|(address, name)| self.is_allocator_frame(*address, name))
             .count();
         let skip = if skip == named.len() { 0 } else { skip };
-        named[skip..]
-            .iter()
-            .take(depth)
-            .map(|(_, name)| name.as_str())
-            .collect::<Vec<_>>()
-            .join(" < ")
+        named.into_iter().skip(skip).map(|(_, name)| name).collect()
     }
 
     /// A frame of the allocator itself: named as one of its functions, or

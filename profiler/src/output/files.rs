@@ -28,6 +28,35 @@ impl OutputDir {
         &self.dir
     }
 
+    /// Removes temporaries left by a memprobe that was killed while writing
+    /// (`.memprobe.*.<writer pid>.tmp` whose writer is gone); returns how
+    /// many. Finished files only ever appear whole, by rename.
+    pub fn remove_stale_temporaries(&self) -> usize {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+            return 0;
+        };
+        let mut removed = 0;
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let Some(writer) = name
+                .strip_prefix(".memprobe.")
+                .and_then(|rest| rest.strip_suffix(".tmp"))
+                .and_then(|rest| rest.rsplit('.').next())
+                .and_then(|pid| pid.parse::<i32>().ok())
+            else {
+                continue;
+            };
+            // SAFETY: signal 0 only asks whether the process exists.
+            let gone = unsafe { libc::kill(writer, 0) } != 0
+                && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+            let is_file = entry.file_type().is_ok_and(|t| t.is_file());
+            if gone && is_file && std::fs::remove_file(entry.path()).is_ok() {
+                removed += 1;
+            }
+        }
+        removed
+    }
+
     /// Reserves the next sequence number for `pid` whose `.heap` file does
     /// not exist yet: files of an earlier run stay untouched.
     pub fn next_seq(&mut self, pid: u32) -> u64 {
@@ -138,6 +167,18 @@ mod tests {
             "old"
         );
         assert_eq!(out.next_seq(7), 3);
+    }
+
+    #[test]
+    fn stale_temporaries_of_dead_writers_are_removed() {
+        let dir = scratch("stale");
+        // pid_max is at most 4194304: this writer cannot exist.
+        std::fs::write(dir.join(".memprobe.7.0.heap.4194305.tmp"), "half").unwrap();
+        let live = format!(".memprobe.7.1.heap.{}.tmp", std::process::id());
+        std::fs::write(dir.join(&live), "being written").unwrap();
+        let out = OutputDir::new(&dir);
+        assert_eq!(out.remove_stale_temporaries(), 1);
+        assert!(dir.join(&live).exists());
     }
 
     #[test]

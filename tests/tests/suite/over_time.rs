@@ -92,6 +92,34 @@ fn interval_snapshots_show_each_trend() {
     assert!(row("burst").contains("released after burst"), "{report}");
     // The leak's oldest allocation is as old as the run, about 6 s.
     assert!(rows[0].contains(" no "), "a leak never shrank: {report}");
+    // Flame graphs of the last snapshot, and of its growth since the first.
+    let svg = out.join("inuse.svg");
+    let diff_svg = out.join("growth.svg");
+    let (first, last_heap) = (
+        heaps[0].to_str().unwrap(),
+        heaps.last().unwrap().to_str().unwrap(),
+    );
+    let (status, text) = memprobe_stdout(&["flamegraph", last_heap, "-o", svg.to_str().unwrap()]);
+    assert!(status.success(), "{text}");
+    let (status, text) = memprobe_stdout(&[
+        "flamegraph",
+        last_heap,
+        "--base",
+        first,
+        "-o",
+        diff_svg.to_str().unwrap(),
+    ]);
+    assert!(status.success(), "{text}");
+    let plain = std::fs::read_to_string(&svg).unwrap();
+    assert!(plain.contains("leak_steadily") && plain.contains("working_set"));
+    let grown = std::fs::read_to_string(&diff_svg).unwrap();
+    // The leak grew since the first snapshot: drawn red.
+    let leak = grown
+        .split("<g>")
+        .find(|g| g.contains("<title>leak_steadily"))
+        .expect("leak frame");
+    assert!(leak.contains("rgb(255,"), "{leak}");
+
     // --min-age keeps only sites with allocations older than the run.
     let (status, old_only) = memprobe_stdout(&["leaks", out.to_str().unwrap(), "--min-age", "1h"]);
     assert!(status.success());
@@ -271,4 +299,100 @@ fn an_overflowing_live_table_is_reported_and_memory_stays_bounded() {
     assert!(summary.contains(&format!("{dropped} dropped")), "{summary}");
     // The stated cap for this configuration: 64 MiB.
     assert!(peak < 64 * 1024, "memprobe peaked at {peak} KiB");
+}
+
+#[test]
+fn killed_while_writing_leaves_only_whole_files() {
+    let _guard = shared();
+    let binary = sites_fixture();
+    let out = output_dir("killed");
+    let mut fixture = Fixture::start(&binary, &[]);
+    fixture.run_workload();
+    let pid = fixture.pid.to_string();
+    // Snapshots as fast as they come, killed at varying moments.
+    for round in 0..5u64 {
+        let mut memprobe = Memprobe::start(&[
+            "--pid",
+            &pid,
+            "--interval",
+            "20ms",
+            "--sample-interval",
+            "4096",
+            "-o",
+            out.to_str().unwrap(),
+        ]);
+        memprobe.wait_attached();
+        std::thread::sleep(Duration::from_millis(150 + 37 * round));
+        memprobe.signal(libc::SIGKILL);
+        let _ = memprobe.wait();
+    }
+    let heaps = heap_files(&out);
+    assert!(heaps.len() >= 5, "{heaps:?}");
+    for heap in &heaps {
+        let text = std::fs::read_to_string(heap).unwrap();
+        assert!(text.starts_with("heap_v2/4096\n"), "{}", heap.display());
+        assert!(
+            text.contains("\nMAPPED_LIBRARIES:\n") && text.ends_with('\n'),
+            "{} is partial",
+            heap.display()
+        );
+    }
+    // Every run started at the next free number: nothing was overwritten.
+    let numbers: Vec<String> = heaps
+        .iter()
+        .map(|h| heap_notes(h)["snapshot"].clone())
+        .collect();
+    assert!(
+        numbers.iter().filter(|n| *n == "0").count() == 5,
+        "{numbers:?}"
+    );
+    // A later run removes the temporaries the killed ones left.
+    let (status, stderr) = run_memprobe(
+        &[
+            "--pid",
+            &pid,
+            "--duration",
+            "1s",
+            "-o",
+            out.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(status.success(), "{stderr}");
+    let leftovers: Vec<_> = std::fs::read_dir(&out)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}
+
+#[test]
+fn a_symlink_in_the_output_folder_is_not_followed() {
+    let _guard = shared();
+    let binary = sites_fixture();
+    let out = output_dir("symlink");
+    let victim = out.join("victim");
+    std::fs::write(&victim, "precious").unwrap();
+    let fixture = Fixture::start(&binary, &[]);
+    let pid = fixture.pid;
+    // The name memprobe would write first is a planted symlink.
+    std::os::unix::fs::symlink(&victim, out.join(format!("memprobe.{pid}.0.heap"))).unwrap();
+    let (status, stderr) = run_memprobe(
+        &[
+            "--pid",
+            &pid.to_string(),
+            "--duration",
+            "1s",
+            "-o",
+            out.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(status.success(), "{stderr}");
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+    assert!(
+        out.join(format!("memprobe.{pid}.1.heap")).exists(),
+        "{stderr}"
+    );
 }
