@@ -6,6 +6,7 @@ use clap::{ArgGroup, Parser};
 use profiler::{
     collector::CollectorOptions,
     kernel::{KernelOptions, PlacementMode},
+    output::Format,
     sampling::DEFAULT_SAMPLE_INTERVAL,
     session::{GrowthTrigger, SessionOptions, Targets},
 };
@@ -114,6 +115,12 @@ pub struct Cli {
     #[arg(long, value_name = "DUR", default_value = "10s", value_parser = parse_duration)]
     pub min_dump_gap: Duration,
 
+    /// What to write for each snapshot, comma-separated: heap (jeprof),
+    /// pb.gz (pprof, symbolized), folded, svg (flame graph), sym.heap (jeprof
+    /// with the symbols inside: needs no binary). Default: all of them.
+    #[arg(long, value_name = "FORMATS", value_delimiter = ',', value_parser = parse_format)]
+    pub format: Vec<Format>,
+
     /// Largest number of live sampled allocations kept per process; beyond
     /// it samples are dropped and counted in the output.
     #[arg(long, value_name = "N", default_value_t = CollectorOptions::default().max_live)]
@@ -211,6 +218,11 @@ impl Cli {
             snapshot_interval: self.interval,
             dump_on_growth: self.dump_on_growth,
             min_dump_gap: self.min_dump_gap,
+            formats: if self.format.is_empty() {
+                Format::ALL.to_vec()
+            } else {
+                self.format.clone()
+            },
             ..SessionOptions::default()
         }
     }
@@ -223,6 +235,12 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
         return Err("the duration must be longer than zero".into());
     }
     Ok(duration)
+}
+
+fn parse_format(text: &str) -> Result<Format, String> {
+    Format::from_extension(text.trim()).ok_or_else(|| {
+        format!("unknown format '{text}' (use heap, pb.gz, folded, svg or sym.heap)")
+    })
 }
 
 fn parse_growth(text: &str) -> Result<GrowthTrigger, String> {

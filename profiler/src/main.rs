@@ -74,7 +74,7 @@ fn offline(command: cli::Offline) -> anyhow::Result<ExitCode> {
 
 /// After a run with snapshots: the leak ranking of each process, briefly.
 fn leak_summary(summary: &profiler::session::Summary) {
-    for process in summary.processes.iter().filter(|p| p.files.len() >= 3) {
+    for process in summary.processes.iter().filter(|p| p.heaps.len() >= 3) {
         let mut table = Vec::new();
         let options = profiler::analysis::LeakOptions::default();
         if profiler::offline::leaks_of(&process.files, &options, None, 3, &mut table).is_ok() {

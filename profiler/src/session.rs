@@ -28,7 +28,9 @@ use crate::{
     events::{Event, decode},
     kernel::{KernelOptions, KernelProbes, Scope},
     launch,
-    output::{files::OutputDir, heap_v2},
+    output::{Format, files::OutputDir, flamegraph, folded, heap_v2, pprof, symbolized},
+    profile::HeapProfile,
+    symbolize::Namer,
     target::{FileId, all_pids, command_name, namespace_pid, parse_maps, read_maps},
 };
 
@@ -69,6 +71,8 @@ pub struct SessionOptions {
     /// Least time between two growth-triggered snapshots of one process.
     /// Default: 10 s.
     pub min_dump_gap: Duration,
+    /// The files each snapshot is written as. Default: all formats.
+    pub formats: Vec<Format>,
 }
 
 /// `--dump-on-growth SIZE[/WINDOW]`: growth of `size` bytes within `window`.
@@ -92,6 +96,7 @@ impl Default for SessionOptions {
             snapshot_interval: None,
             dump_on_growth: None,
             min_dump_gap: Duration::from_secs(10),
+            formats: Format::ALL.to_vec(),
         }
     }
 }
@@ -105,6 +110,8 @@ pub struct ProcessSummary {
     pub samples: u64,
     pub inuse_bytes: f64,
     pub files: Vec<PathBuf>,
+    /// The `heap_v2` snapshots among `files`, in order.
+    pub heaps: Vec<PathBuf>,
     pub drops: Drops,
     pub exited: bool,
 }
@@ -140,7 +147,12 @@ struct Tracked {
     /// Files whose jemalloc is probed for this process.
     attached_files: HashSet<FileId>,
     exited: bool,
+    /// Every file written, all formats.
     files: Vec<PathBuf>,
+    /// The `heap_v2` snapshots among them, in order.
+    heaps: Vec<PathBuf>,
+    /// Names frames for the symbolized formats; rebuilt when the maps change.
+    namer: Option<(String, Namer)>,
     /// (when, estimated bytes in use) once a tick, for growth triggers; the
     /// oldest entry is the baseline.
     growth: std::collections::VecDeque<(Instant, f64)>,
@@ -397,6 +409,7 @@ pub async fn run(options: SessionOptions, status: &mut dyn Write) -> Result<Summ
             samples: t.heap.samples,
             inuse_bytes: t.heap.inuse_bytes(),
             files: t.files,
+            heaps: t.heaps,
             drops: t.heap.drops,
             exited: t.exited,
         })
@@ -474,6 +487,8 @@ impl Session<'_> {
                 attached_files: HashSet::new(),
                 exited: false,
                 files: Vec::new(),
+                heaps: Vec::new(),
+                namer: None,
                 growth: std::collections::VecDeque::new(),
                 last_growth_dump: None,
             },
@@ -713,7 +728,7 @@ impl Session<'_> {
         let mut head = vec![
             ("command".to_owned(), t.command.clone()),
             ("reason".to_owned(), reason.to_owned()),
-            ("snapshot".to_owned(), t.files.len().to_string()),
+            ("snapshot".to_owned(), t.heaps.len().to_string()),
             (
                 "elapsed_s".to_owned(),
                 format!("{:.3}", self.started.elapsed().as_secs_f64()),
@@ -724,18 +739,32 @@ impl Session<'_> {
         }
         profile.notes.splice(0..0, head);
         let seq = self.output.next_seq(pid);
-        let path = self
-            .output
-            .write_file(pid, seq, "heap", |w| heap_v2::write(&profile, w))
-            .map_err(|cause| Error::Write {
+        let symbolized = self.options.formats.iter().any(|f| *f != Format::Heap);
+        if symbolized && t.namer.as_ref().is_none_or(|(maps, _)| *maps != t.maps) {
+            let namer = Namer::for_process(pid, &t.maps);
+            t.namer = Some((t.maps.clone(), namer));
+        }
+        let mut first = None;
+        for &format in &self.options.formats {
+            let ext = format.extension();
+            let namer = t.namer.as_mut().map(|(_, n)| n);
+            let written = self
+                .output
+                .write_file(pid, seq, ext, |w| write_format(format, &profile, namer, w));
+            let path = written.map_err(|cause| Error::Write {
                 path: self
                     .output
                     .path()
-                    .join(crate::output::files::file_name(pid, seq, "heap")),
+                    .join(crate::output::files::file_name(pid, seq, ext)),
                 cause,
             })?;
-        t.files.push(path.clone());
-        Ok(path)
+            if format == Format::Heap {
+                t.heaps.push(path.clone());
+            }
+            first.get_or_insert(path.clone());
+            t.files.push(path);
+        }
+        Ok(first.unwrap_or_default())
     }
 
     fn print_verbose_wrappers(&mut self, path: &str, allocator: &Allocator) {
@@ -877,7 +906,7 @@ impl Session<'_> {
             .values()
             .map(|t| t.heap.drops.live_table_full + t.heap.drops.stack_table_full)
             .sum();
-        let snapshots: usize = self.tracked.values().map(|t| t.files.len()).sum();
+        let snapshots: usize = self.tracked.values().map(|t| t.heaps.len()).sum();
         format!(
             "memprobe: {} elapsed, {} processes, {samples} samples, ~{} in use, {} dropped, \
              {snapshots} snapshots written",
@@ -886,6 +915,44 @@ impl Session<'_> {
             crate::format::bytes(inuse),
             kernel_drops + user_drops
         )
+    }
+}
+
+/// Writes one snapshot in one format.
+fn write_format(
+    format: Format,
+    profile: &HeapProfile,
+    namer: Option<&mut Namer>,
+    out: &mut dyn Write,
+) -> std::io::Result<()> {
+    let mut fallback;
+    let namer = match namer {
+        Some(namer) => namer,
+        None => {
+            fallback = Namer::new(&profile.mapped_libraries, None);
+            &mut fallback
+        }
+    };
+    match format {
+        Format::Heap => heap_v2::write(profile, out),
+        Format::Pprof => pprof::write(profile, namer, out),
+        Format::SymbolizedHeap => symbolized::write(profile, namer, out),
+        Format::Folded | Format::Svg => {
+            let stacks: Vec<folded::NamedStack> = profile
+                .stacks
+                .iter()
+                .map(|s| {
+                    let names = namer.stack_of_return_addresses(&s.frames);
+                    (names, s.inuse_bytes.round().max(0.0) as u64)
+                })
+                .collect();
+            if format == Format::Folded {
+                folded::write(&stacks, out)
+            } else {
+                let title = format!("Bytes in use, pid {}", profile.pid);
+                flamegraph::write(&folded::lines(&stacks), &title, out)
+            }
+        }
     }
 }
 

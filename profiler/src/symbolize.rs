@@ -19,14 +19,26 @@ pub struct Namer {
     symbolizer: Symbolizer,
     /// Where to look for the binaries instead of `/` (jeprof's --lib_prefix).
     lib_prefix: Option<PathBuf>,
+    /// The live process whose maps these are, if any.
+    pid: Option<u32>,
     cache: HashMap<u64, String>,
     /// Per file: whether it holds a copy of jemalloc.
     holds_jemalloc: HashMap<String, bool>,
 }
 
 impl Namer {
+    /// For a running process: binaries are opened through
+    /// `/proc/PID/map_files/`, the very files mapped, in containers too,
+    /// without walking a path that could lead out of the target's root.
+    pub fn for_process(pid: u32, mapped_libraries: &str) -> Self {
+        let mut namer = Self::new(mapped_libraries, None);
+        namer.pid = Some(pid);
+        namer
+    }
+
     pub fn new(mapped_libraries: &str, lib_prefix: Option<PathBuf>) -> Self {
         Self {
+            pid: None,
             mappings: parse_maps(mapped_libraries)
                 .into_iter()
                 .filter(|m| m.is_executable() && m.is_file())
@@ -56,9 +68,14 @@ impl Namer {
             .iter()
             .find(|m| address >= m.start && address < m.end)?;
         let path = PathBuf::from(mapping.path.as_deref()?);
-        let path = match &self.lib_prefix {
-            Some(prefix) => prefix.join(path.strip_prefix("/").unwrap_or(&path)),
-            None => path,
+        let live = self
+            .pid
+            .map(|pid| crate::discovery::map_file(pid, mapping))
+            .filter(|p| p.exists());
+        let path = match (&self.lib_prefix, live) {
+            (_, Some(live)) => live,
+            (Some(prefix), None) => prefix.join(path.strip_prefix("/").unwrap_or(&path)),
+            (None, None) => path,
         };
         let offset = address - mapping.start + mapping.offset;
         let source = Source::Elf(Elf::new(path));
@@ -80,6 +97,15 @@ impl Namer {
         let mut names = self.stack(frames);
         names.truncate(depth);
         names.join(" < ")
+    }
+
+    /// Names of a stack of raw return addresses (as the collector keeps them).
+    pub fn stack_of_return_addresses(&mut self, frames: &[u64]) -> Vec<String> {
+        let mut written = frames.to_vec();
+        if let Some(first) = written.first_mut() {
+            *first = first.saturating_sub(1);
+        }
+        self.stack(&written)
     }
 
     /// Names of a stack's frames, leaf first, allocator frames cut off.

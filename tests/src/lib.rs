@@ -499,6 +499,11 @@ pub fn jeprof_rows(binary: &Path, heap: &Path, flag: &str) -> Vec<JeprofRow> {
         "jeprof failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+    parse_jeprof_rows(&text)
+}
+
+/// Rows of `jeprof --text` output.
+pub fn parse_jeprof_rows(text: &str) -> Vec<JeprofRow> {
     text.lines()
         .filter_map(|line| {
             let fields: Vec<&str> = line.split_whitespace().collect();
@@ -514,6 +519,14 @@ pub fn jeprof_rows(binary: &Path, heap: &Path, flag: &str) -> Vec<JeprofRow> {
         .collect()
 }
 
+/// Flat megabytes by function name, from `jeprof --text` output.
+pub fn parse_jeprof_text(text: &str) -> HashMap<String, f64> {
+    parse_jeprof_rows(text)
+        .into_iter()
+        .map(|r| (r.name, r.flat))
+        .collect()
+}
+
 /// The row whose function name contains `needle`, with the largest cum.
 pub fn row<'a>(rows: &'a [JeprofRow], needle: &str) -> &'a JeprofRow {
     rows.iter()
@@ -522,12 +535,13 @@ pub fn row<'a>(rows: &'a [JeprofRow], needle: &str) -> &'a JeprofRow {
         .unwrap_or_else(|| panic!("no {needle} in jeprof's output: {rows:#?}"))
 }
 
-/// The `.heap` files in `dir`, sorted.
+/// The `heap_v2` files in `dir` (not the self-symbolized `.sym.heap`), sorted.
 pub fn heap_files(dir: &Path) -> Vec<PathBuf> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
         .unwrap()
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|e| e == "heap"))
+        .filter(|p| !p.to_string_lossy().ends_with(".sym.heap"))
         .collect();
     files.sort();
     files

@@ -6,7 +6,7 @@ use anyhow::{Context, Result, bail};
 use crate::run_command;
 
 /// Debian packages: jemalloc (library, headers, jeprof, static archive),
-/// binutils for jeprof and strip, C and C++ compilers and a JDK for the
+/// binutils for jeprof and strip, C and C++ compilers, Go (go tool pprof) and a JDK for the
 /// fixtures, util-linux for setpriv and unshare.
 const PACKAGES: &[&str] = &[
     "libjemalloc2",
@@ -14,6 +14,7 @@ const PACKAGES: &[&str] = &[
     "binutils",
     "gcc",
     "g++",
+    "golang-go",
     "libc6-dev",
     "openjdk-17-jdk-headless",
     "perl",

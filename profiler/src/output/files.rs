@@ -57,16 +57,16 @@ impl OutputDir {
         removed
     }
 
-    /// Reserves the next sequence number for `pid` whose `.heap` file does
-    /// not exist yet: files of an earlier run stay untouched.
+    /// Reserves the next sequence number for `pid` for which no file of
+    /// any format exists yet: files of an earlier run stay untouched.
     pub fn next_seq(&mut self, pid: u32) -> u64 {
         let seq = self.next_seq.entry(pid).or_insert(0);
-        while self
-            .dir
-            .join(file_name(pid, *seq, "heap"))
-            .symlink_metadata()
-            .is_ok()
-        {
+        while super::Format::ALL.iter().any(|f| {
+            self.dir
+                .join(file_name(pid, *seq, f.extension()))
+                .symlink_metadata()
+                .is_ok()
+        }) {
             *seq += 1;
         }
         let reserved = *seq;

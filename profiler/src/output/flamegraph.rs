@@ -18,8 +18,23 @@ fn to_io(error: impl std::fmt::Display) -> io::Error {
     io::Error::other(error.to_string())
 }
 
+/// An SVG that says there is nothing to draw (inferno refuses no stacks).
+fn write_empty<W: Write>(title: &str, mut out: W) -> io::Result<()> {
+    let title = title.replace('&', "&amp;").replace('<', "&lt;");
+    write!(
+        out,
+        "<?xml version=\"1.0\" standalone=\"no\"?>\n\
+         <svg version=\"1.1\" width=\"1200\" height=\"60\" xmlns=\"http://www.w3.org/2000/svg\">\n\
+         <text x=\"600\" y=\"24\" text-anchor=\"middle\">{title}</text>\n\
+         <text x=\"600\" y=\"48\" text-anchor=\"middle\">no sampled bytes</text>\n</svg>\n"
+    )
+}
+
 /// An SVG flame graph of folded lines (`root;...;leaf BYTES`).
 pub fn write<W: Write>(folded: &[String], title: &str, out: W) -> io::Result<()> {
+    if folded.is_empty() {
+        return write_empty(title, out);
+    }
     let mut options = options(title);
     flamegraph::from_lines(&mut options, folded.iter().map(String::as_str), out).map_err(to_io)
 }
@@ -32,6 +47,9 @@ pub fn write_differential<W: Write>(
     title: &str,
     out: W,
 ) -> io::Result<()> {
+    if after.is_empty() {
+        return write_empty(title, out);
+    }
     let joined = |lines: &[String]| lines.join("\n").into_bytes();
     let (before, after) = (joined(before), joined(after));
     let mut diffed = Vec::new();
@@ -49,6 +67,14 @@ pub fn write_differential<W: Write>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nothing_sampled_is_still_an_svg() {
+        let mut svg = Vec::new();
+        write(&[], "in use", &mut svg).unwrap();
+        let svg = String::from_utf8(svg).unwrap();
+        assert!(svg.contains("<svg") && svg.contains("no sampled bytes"));
+    }
 
     #[test]
     fn svg_names_the_frames() {
