@@ -45,6 +45,9 @@ pub struct Drops {
     pub unmatched_returns: u64,
     /// Samples whose stack could not be walked.
     pub stack_errors: u64,
+    /// Samples whose immediate caller was hidden by another tool's return
+    /// probe (the return address was the kernel's uretprobe trampoline).
+    pub trampoline_callers: u64,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -226,6 +229,7 @@ impl ProcessHeap {
             ("dropped_stack_table_full", d.stack_table_full),
             ("dropped_unmatched_returns", d.unmatched_returns),
             ("stack_errors", d.stack_errors),
+            ("callers_hidden_by_other_uretprobes", d.trampoline_callers),
         ] {
             if value > 0 {
                 notes.push((name.to_owned(), value.to_string()));

@@ -627,6 +627,7 @@ impl Session<'_> {
                 self.track(pid, maps);
             }
             if let Some(t) = self.tracked.get_mut(&pid) {
+                let event = drop_trampoline_caller(event, &t.maps, &mut t.heap);
                 t.heap.apply(event);
             }
         }
@@ -915,6 +916,44 @@ impl Session<'_> {
             crate::format::bytes(inuse),
             kernel_drops + user_drops
         )
+    }
+}
+
+/// Another tool's return probe on the same function (a system-wide one at
+/// its entry, say) replaces the return address on the stack with the
+/// kernel's trampoline in the `[uprobes]` area before our probe reads it:
+/// such a caller is dropped (the frame-pointer walk above it stays) and
+/// counted, rather than written as a frame.
+fn drop_trampoline_caller(event: Event, maps: &str, heap: &mut ProcessHeap) -> Event {
+    let Event::Sampled {
+        header,
+        size,
+        align,
+        mut frames,
+        stack_error,
+    } = event
+    else {
+        return event;
+    };
+    let in_trampoline = |address: u64| {
+        maps.lines()
+            .filter(|l| l.ends_with("[uprobes]"))
+            .any(|line| {
+                crate::target::parse_maps(line)
+                    .first()
+                    .is_some_and(|m| address >= m.start && address < m.end)
+            })
+    };
+    if frames.first().is_some_and(|&f| in_trampoline(f)) {
+        frames.remove(0);
+        heap.drops.trampoline_callers += 1;
+    }
+    Event::Sampled {
+        header,
+        size,
+        align,
+        frames,
+        stack_error,
     }
 }
 

@@ -12,6 +12,7 @@ const PACKAGES: &[&str] = &[
     "libjemalloc2",
     "libjemalloc-dev",
     "binutils",
+    "bpftrace",
     "gcc",
     "g++",
     "golang-go",
@@ -47,7 +48,7 @@ fn privileged(program: &str) -> Command {
 }
 
 /// What `cargo xtask bench` runs besides memprobe.
-const BENCH_PACKAGES: &[&str] = &["bpftrace", "redis-server", "redis-tools"];
+const BENCH_PACKAGES: &[&str] = &["redis-server", "redis-tools"];
 
 pub fn install_bench_tools() -> Result<()> {
     install_packages(BENCH_PACKAGES)

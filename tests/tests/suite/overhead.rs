@@ -230,3 +230,55 @@ fn cost_report_counts_the_calls_made() {
         "{line}"
     );
 }
+
+/// Another tool's system-wide return probe at malloc's entry swaps the
+/// return address for the kernel's trampoline before memprobe reads it: the
+/// hidden callers are counted, and no trampoline address becomes a frame.
+#[test]
+fn callers_hidden_by_another_tools_uretprobe_are_counted_not_written() {
+    let _guard = exclusive();
+    let binary = sites_fixture();
+    let out = output_dir("foreign_uretprobe");
+    let mut bpftrace = Command::new("bpftrace")
+        .args([
+            "-e",
+            "uretprobe:/usr/lib/x86_64-linux-gnu/libjemalloc.so.2:malloc { @n = count(); }",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("running bpftrace");
+    // bpftrace says "Attaching 1 probe..." once attached.
+    let mut first = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(bpftrace.stdout.take().unwrap()),
+        &mut first,
+    )
+    .unwrap();
+    assert!(first.contains("Attaching"), "{first}");
+    let mut fixture = Fixture::start(&binary, &[]);
+    let (heap, _) = profile_workload(&mut fixture, &out, &[]);
+    let _ = bpftrace.kill();
+    let _ = bpftrace.wait();
+    let notes = heap_notes(&heap);
+    let hidden: u64 = notes
+        .get("callers_hidden_by_other_uretprobes")
+        .unwrap_or_else(|| panic!("{notes:?}"))
+        .parse()
+        .unwrap();
+    assert!(hidden > 1000, "{notes:?}");
+    // No frame in the [uprobes] area (0x7fffffffe000 on x86-64).
+    let text = std::fs::read_to_string(&heap).unwrap();
+    assert!(
+        !text.contains("0x7fffffffe"),
+        "trampoline written as a frame"
+    );
+    // The bytes are all still there, one frame up.
+    let inuse = jeprof_rows(&binary, &heap, "--inuse_space");
+    assert_within(
+        "in use under main",
+        row(&inuse, "main").cum * MIB,
+        16.0 * MIB + 2000.0 * 4096.0,
+        0.10,
+    );
+}
