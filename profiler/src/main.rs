@@ -77,11 +77,11 @@ fn leak_summary(summary: &profiler::session::Summary) {
     for process in summary.processes.iter().filter(|p| p.heaps.len() >= 3) {
         let mut table = Vec::new();
         let options = profiler::analysis::LeakOptions::default();
-        if profiler::offline::leaks_of(&process.files, &options, None, 3, &mut table).is_ok() {
+        if profiler::offline::leaks_of(&process.heaps, &options, None, 3, &mut table).is_ok() {
             eprintln!(
                 "memprobe: pid {} over {} snapshots:",
                 process.pid,
-                process.files.len()
+                process.heaps.len()
             );
             eprint!("{}", String::from_utf8_lossy(&table));
         }
