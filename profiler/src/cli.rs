@@ -172,6 +172,39 @@ pub enum Offline {
         #[arg(long, value_name = "DIR")]
         lib_prefix: Option<PathBuf>,
     },
+    /// The top functions of a .heap file (memprobe's, or jemalloc's own
+    /// dumps) like `jeprof --text`, with the same numbers, without addr2line.
+    #[command(
+        after_help = "Example:\n  memprobe report memprobe.1234.0.heap --measure alloc-space"
+    )]
+    Report {
+        file: PathBuf,
+        /// What to rank by.
+        #[arg(long, value_enum, default_value = "inuse-space")]
+        measure: profiler::report::Measure,
+        /// How many functions to list.
+        #[arg(long, default_value_t = 30)]
+        top: usize,
+        /// Look for the binaries under this folder (as jeprof's --lib_prefix).
+        #[arg(long, value_name = "DIR")]
+        lib_prefix: Option<PathBuf>,
+    },
+    /// Convert a .heap file to pprof (symbolized .pb.gz) or folded stacks.
+    #[command(
+        after_help = "Example:\n  memprobe convert memprobe.1234.0.heap --to pprof -o heap.pb.gz"
+    )]
+    Convert {
+        file: PathBuf,
+        /// pprof or folded.
+        #[arg(long, value_parser = ["pprof", "folded"])]
+        to: String,
+        /// Where to write.
+        #[arg(long, short = 'o', value_name = "OUT")]
+        output: PathBuf,
+        /// Look for the binaries under this folder (as jeprof's --lib_prefix).
+        #[arg(long, value_name = "DIR")]
+        lib_prefix: Option<PathBuf>,
+    },
     /// Growth in bytes in use per site from OLD to NEW (memprobe's or
     /// jemalloc's own .heap files of one process).
     #[command(after_help = "Example:\n  memprobe diff memprobe.1234.0.heap memprobe.1234.5.heap")]

@@ -23,6 +23,7 @@ pub mod offline;
 pub mod output;
 pub mod placement;
 pub mod profile;
+pub mod report;
 pub mod sampling;
 pub mod session;
 pub mod size_class;

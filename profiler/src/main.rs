@@ -62,6 +62,28 @@ fn offline(command: cli::Offline) -> anyhow::Result<ExitCode> {
             new,
             lib_prefix,
         } => offline::diff_files(&old, &new, lib_prefix.as_deref(), stdout)?,
+        cli::Offline::Report {
+            file,
+            measure,
+            top,
+            lib_prefix,
+        } => offline::report(&file, measure, lib_prefix.as_deref(), top, stdout)?,
+        cli::Offline::Convert {
+            file,
+            to,
+            output,
+            lib_prefix,
+        } => {
+            let format = if to == "pprof" {
+                profiler::output::Format::Pprof
+            } else {
+                profiler::output::Format::Folded
+            };
+            let out = std::fs::File::create(&output)
+                .map(std::io::BufWriter::new)
+                .with_context(|| format!("creating {}", output.display()))?;
+            offline::convert(&file, format, lib_prefix.as_deref(), out)?;
+        }
         cli::Offline::Flamegraph {
             file,
             base,

@@ -73,7 +73,11 @@ pub fn leaks_of<W: Write>(
         .last()
         .map(|s| s.mapped_libraries.as_str())
         .unwrap_or("");
-    let mut namer = Namer::new(maps, lib_prefix.map(Path::to_owned));
+    let symbols = snapshots
+        .last()
+        .map(|s| s.symbols.clone())
+        .unwrap_or_default();
+    let mut namer = Namer::new(maps, lib_prefix.map(Path::to_owned)).with_symbols(&symbols);
     write_leak_report(&sites, most, |f| namer.site(f, SITE_DEPTH), out).map_err(|cause| {
         Error::Write {
             path: "standard output".into(),
@@ -110,6 +114,87 @@ pub fn leaks<W: Write>(
     Ok(())
 }
 
+/// A namer for a parsed profile: its own symbols first, then its binaries.
+fn namer_for(heap: &ParsedHeap, lib_prefix: Option<&Path>) -> Namer {
+    Namer::new(&heap.mapped_libraries, lib_prefix.map(Path::to_owned)).with_symbols(&heap.symbols)
+}
+
+/// `memprobe report FILE`: jeprof --text's table, computed here.
+pub fn report<W: Write>(
+    file: &Path,
+    measure: crate::report::Measure,
+    lib_prefix: Option<&Path>,
+    most: usize,
+    out: W,
+) -> Result<()> {
+    let heap = read_heap(file)?;
+    let mut namer = namer_for(&heap, lib_prefix);
+    let (rows, total) = crate::report::rows(&heap, measure, |frames| namer.stack(frames));
+    crate::report::write(&rows, total, measure, most, out).map_err(|cause| Error::Write {
+        path: "standard output".into(),
+        cause,
+    })
+}
+
+/// `memprobe convert FILE --to pprof|folded`.
+pub fn convert<W: Write>(
+    file: &Path,
+    to: crate::output::Format,
+    lib_prefix: Option<&Path>,
+    out: W,
+) -> Result<()> {
+    use crate::{
+        output::{Format, folded, pprof},
+        profile::{HeapProfile, StackEstimate},
+    };
+    let heap = read_heap(file)?;
+    let mut namer = namer_for(&heap, lib_prefix);
+    // The writers take raw return addresses: the first frame was written - 1.
+    let profile = HeapProfile {
+        pid: 0,
+        sample_interval: heap.sample_interval,
+        stacks: heap
+            .stacks
+            .iter()
+            .map(|s| StackEstimate {
+                frames: s
+                    .frames
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &f)| if i == 0 { f + 1 } else { f })
+                    .collect(),
+                inuse_objects: s.inuse_objects,
+                inuse_bytes: s.inuse_bytes,
+                alloc_objects: s.alloc_objects,
+                alloc_bytes: s.alloc_bytes,
+                oldest_live_s: s.oldest_live_s,
+            })
+            .collect(),
+        mapped_libraries: heap.mapped_libraries.clone(),
+        notes: heap.notes.clone().into_iter().collect(),
+    };
+    let written = match to {
+        Format::Pprof => pprof::write(&profile, &mut namer, out),
+        _ => {
+            let stacks: Vec<folded::NamedStack> = heap
+                .stacks
+                .iter()
+                .map(|s| {
+                    (
+                        namer.stack(&s.frames),
+                        s.inuse_bytes.round().max(0.0) as u64,
+                    )
+                })
+                .collect();
+            folded::write(&stacks, out)
+        }
+    };
+    written.map_err(|cause| Error::Write {
+        path: "the output".into(),
+        cause,
+    })
+}
+
 /// `memprobe diff OLD NEW`: growth per site, in text.
 pub fn diff_files<W: Write>(
     old: &Path,
@@ -119,7 +204,7 @@ pub fn diff_files<W: Write>(
 ) -> Result<()> {
     let (before, after) = (read_heap(old)?, read_heap(new)?);
     let rows = diff(&before, &after);
-    let mut namer = Namer::new(&after.mapped_libraries, lib_prefix.map(Path::to_owned));
+    let mut namer = namer_for(&after, lib_prefix);
     write_diff(&rows, 30, |f| namer.site(f, SITE_DEPTH), out).map_err(|cause| Error::Write {
         path: "standard output".into(),
         cause,
@@ -150,7 +235,7 @@ pub fn flamegraph_file(
     output: &Path,
 ) -> Result<()> {
     let after = read_heap(file)?;
-    let mut namer = Namer::new(&after.mapped_libraries, lib_prefix.map(Path::to_owned));
+    let mut namer = namer_for(&after, lib_prefix);
     let after_lines = folded_inuse(&after, &mut namer);
     let mut svg = Vec::new();
     let written = match base {

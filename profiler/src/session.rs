@@ -144,6 +144,9 @@ struct Tracked {
     heap: ProcessHeap,
     /// `/proc/PID/maps` as last read: written with each profile.
     maps: String,
+    /// The address ranges of `maps`, to notice samples from code mapped
+    /// since (a library just loaded, a launched command just exec'd).
+    ranges: Vec<(u64, u64)>,
     /// Files whose jemalloc is probed for this process.
     attached_files: HashSet<FileId>,
     exited: bool,
@@ -157,6 +160,21 @@ struct Tracked {
     /// oldest entry is the baseline.
     growth: std::collections::VecDeque<(Instant, f64)>,
     last_growth_dump: Option<Instant>,
+}
+
+impl Tracked {
+    /// Keeps a fresh copy of the maps; a failed read keeps the last good one
+    /// (the process may be gone).
+    fn set_maps(&mut self, maps: Option<String>) {
+        if let Some(maps) = maps {
+            self.ranges = ranges_of(&maps);
+            self.maps = maps;
+        }
+    }
+}
+
+fn ranges_of(maps: &str) -> Vec<(u64, u64)> {
+    parse_maps(maps).iter().map(|m| (m.start, m.end)).collect()
 }
 
 struct Session<'a> {
@@ -483,6 +501,7 @@ impl Session<'_> {
                 command: command_name(pid),
                 container_pid: namespace_pid(pid),
                 heap: ProcessHeap::new(pid, self.options.collector.clone()),
+                ranges: ranges_of(&maps),
                 maps,
                 attached_files: HashSet::new(),
                 exited: false,
@@ -555,7 +574,7 @@ impl Session<'_> {
                 }
             }
             match self.tracked.get_mut(&pid) {
-                Some(t) => t.maps = maps,
+                Some(t) => t.set_maps(Some(maps)),
                 None => {
                     self.track(pid, maps);
                     if let Some(t) = self.tracked.get_mut(&pid) {
@@ -586,7 +605,7 @@ impl Session<'_> {
             };
             let found = self.cache.find(pid, &parse_maps(&maps));
             if let Some(t) = self.tracked.get_mut(&pid) {
-                t.maps = maps;
+                t.set_maps(Some(maps));
             }
             let new: Vec<Found> = found
                 .into_iter()
@@ -627,6 +646,12 @@ impl Session<'_> {
                 self.track(pid, maps);
             }
             if let Some(t) = self.tracked.get_mut(&pid) {
+                if let Event::Sampled { frames, .. } = &event
+                    && let Some(&caller) = frames.first()
+                    && !t.ranges.iter().any(|&(s, e)| caller >= s && caller < e)
+                {
+                    t.set_maps(read_maps(pid).ok());
+                }
                 let event = drop_trampoline_caller(event, &t.maps, &mut t.heap);
                 t.heap.apply(event);
             }

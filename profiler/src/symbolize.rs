@@ -50,6 +50,14 @@ impl Namer {
         }
     }
 
+    /// Names known beforehand (a self-symbolized profile's), keyed by the
+    /// address as looked up.
+    pub fn with_symbols(mut self, symbols: &HashMap<u64, String>) -> Self {
+        self.cache
+            .extend(symbols.iter().map(|(a, n)| (*a, n.clone())));
+        self
+    }
+
     /// The function at `address`; unknown addresses stay hex (data, not errors).
     pub fn name(&mut self, address: u64) -> String {
         if let Some(name) = self.cache.get(&address) {

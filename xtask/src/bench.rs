@@ -151,6 +151,9 @@ pub fn bench() -> Result<()> {
     eprintln!("bench: redis-server under redis-benchmark");
     let redis = redis_bench(&memprobe, &profiles_dir)?;
 
+    eprintln!("bench: offline reports of a large program's profile");
+    let offline = offline_bench(&memprobe, &out)?;
+
     let added_memleak = memleak - none;
     let added_emulated = memprobe_emulated - none;
     let mut table = String::new();
@@ -190,6 +193,7 @@ pub fn bench() -> Result<()> {
             rss as f64 / 1024.0
         ));
     }
+    table.push_str(&offline);
     std::fs::write(out.join("results.md"), &table)?;
     println!("{table}");
     eprintln!("bench: results in {}", out.join("results.md").display());
@@ -263,4 +267,83 @@ fn redis_bench(memprobe: &Path, profiles_dir: &str) -> Result<(f64, f64, Usage)>
     let _ = server.kill();
     let _ = server.wait();
     result
+}
+
+/// Seconds of the fastest of `runs` runs of `command`.
+fn best_time(mut make: impl FnMut() -> Command, runs: usize) -> Result<f64> {
+    let mut best = f64::INFINITY;
+    for _ in 0..runs {
+        let started = Instant::now();
+        let status = make()
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()?;
+        if !status.success() {
+            bail!("{:?} failed", make());
+        }
+        best = best.min(started.elapsed().as_secs_f64());
+    }
+    Ok(best)
+}
+
+/// A JVM's start-up profiled at 4 KiB (libjvm.so is 20 MB with a large
+/// symbol table): jeprof --collapsed (binutils) against memprobe's own
+/// symbolization (blazesym), same profile, same machine, one run.
+fn offline_bench(memprobe: &Path, out: &Path) -> Result<String> {
+    let java = PathBuf::from("/usr/lib/jvm/java-17-openjdk-amd64/bin/java");
+    let dir = out.join("jvm");
+    std::fs::create_dir_all(&dir)?;
+    let status = Command::new(memprobe)
+        .args(["--sample-interval", "4096", "--format", "heap", "-o"])
+        .arg(&dir)
+        .arg("--")
+        .arg(&java)
+        .args(["-Xshare:off", "-XX:+UseSerialGC", "-version"])
+        .env("LD_PRELOAD", LIBJEMALLOC)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()?;
+    if !status.success() {
+        bail!("profiling the JVM failed");
+    }
+    let heap = std::fs::read_dir(&dir)?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|e| e == "heap"))
+        .context("no JVM profile")?;
+    let text = std::fs::read_to_string(&heap)?;
+    let stacks = text.lines().filter(|l| l.starts_with('@')).count();
+    let jeprof = best_time(
+        || {
+            let mut c = Command::new("jeprof");
+            c.arg("--collapsed").arg(&java).arg(&heap);
+            c
+        },
+        3,
+    )?;
+    let folded = best_time(
+        || {
+            let mut c = Command::new(memprobe);
+            c.args(["convert", "--to", "folded", "-o", "/dev/null"])
+                .arg(&heap);
+            c
+        },
+        3,
+    )?;
+    let report = best_time(
+        || {
+            let mut c = Command::new(memprobe);
+            c.arg("report").arg(&heap);
+            c
+        },
+        3,
+    )?;
+    Ok(format!(
+        "\n| offline, JVM start-up profile ({stacks} stacks, libjvm.so) | seconds | vs jeprof |\n|---|---|---|\n\
+         | `jeprof --collapsed` | {jeprof:.2} | 1.0x |\n\
+         | `memprobe convert --to folded` | {folded:.3} | {:.0}x faster |\n\
+         | `memprobe report` | {report:.3} | {:.0}x faster |\n",
+        jeprof / folded,
+        jeprof / report
+    ))
 }

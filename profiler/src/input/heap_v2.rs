@@ -27,6 +27,9 @@ pub struct ParsedHeap {
     pub stacks: Vec<ParsedStack>,
     /// The text after `MAPPED_LIBRARIES:`.
     pub mapped_libraries: String,
+    /// Names from a self-symbolized profile's `--- symbol` section, keyed by
+    /// the address as jeprof looks it up.
+    pub symbols: HashMap<u64, String>,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -62,8 +65,36 @@ fn parse_counts(text: &str, line: usize) -> Result<[u64; 4], ParseError> {
     Ok(counts)
 }
 
+/// A self-symbolized profile: `--- symbol`, `binary=...`, `0xADDR name`
+/// lines, `---`, `--- heap`, then the `heap_v2` profile.
+fn split_symbols(text: &str) -> Result<(HashMap<u64, String>, &str, usize), ParseError> {
+    let mut symbols = HashMap::new();
+    if !text.starts_with("--- symbol") {
+        return Ok((symbols, text, 0));
+    }
+    let heap_start = text
+        .find("\n--- heap\n")
+        .ok_or_else(|| line_error(1, "a --- symbol section without --- heap"))?;
+    for (number, line) in text[..heap_start].lines().enumerate().skip(1) {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with("---") || line.starts_with("binary=") {
+            continue;
+        }
+        let (address, name) = line
+            .split_once(char::is_whitespace)
+            .ok_or_else(|| line_error(number + 1, format!("bad symbol line {line:?}")))?;
+        let address = u64::from_str_radix(address.trim_start_matches("0x"), 16)
+            .map_err(|_| line_error(number + 1, format!("bad address {address:?}")))?;
+        symbols.insert(address, name.trim().to_owned());
+    }
+    let body = &text[heap_start + "\n--- heap\n".len()..];
+    let skipped = text[..heap_start].lines().count() + 1;
+    Ok((symbols, body, skipped))
+}
+
 pub fn parse(text: &str) -> Result<ParsedHeap, ParseError> {
-    let mut lines = text.lines().enumerate().map(|(i, l)| (i + 1, l));
+    let (symbols, text, skipped) = split_symbols(text)?;
+    let mut lines = text.lines().enumerate().map(|(i, l)| (i + 1 + skipped, l));
     let (_, header) = lines.next().ok_or(ParseError::NotHeapV2)?;
     let sample_interval = header
         .trim()
@@ -72,6 +103,7 @@ pub fn parse(text: &str) -> Result<ParsedHeap, ParseError> {
         .ok_or(ParseError::NotHeapV2)?;
     let mut heap = ParsedHeap {
         sample_interval,
+        symbols,
         ..ParsedHeap::default()
     };
     let mut current: Option<ParsedStack> = None;
@@ -158,6 +190,16 @@ mod tests {
         assert_eq!(heap.stacks.len(), 1);
         assert!(heap.stacks[0].inuse_bytes > 8192.0);
         assert_eq!(heap.mapped_libraries, "x");
+    }
+
+    #[test]
+    fn reads_a_self_symbolized_profile() {
+        let text = "--- symbol\nbinary=/bin/app\n0x0000000000001000 keep_1m\n---\n--- heap\n\
+                    heap_v2/4096\n@ 0x1000\n  t*: 1: 1048576 [1: 1048576]\n\nMAPPED_LIBRARIES:\n";
+        let heap = parse(text).unwrap();
+        assert_eq!(heap.symbols[&0x1000], "keep_1m");
+        assert_eq!(heap.stacks.len(), 1);
+        assert!(parse("--- symbol\n0x1 a\n").is_err());
     }
 
     #[test]

@@ -169,3 +169,104 @@ fn format_chooses_the_files() {
     assert_eq!(status.code(), Some(2));
     assert!(stderr.contains("unknown format 'png'"), "{stderr}");
 }
+
+/// `memprobe report` against `jeprof --text` on the same files: memprobe's
+/// own profile and jemalloc's own dump of the same fixture.
+#[test]
+fn report_gives_jeprofs_numbers() {
+    let _guard = shared();
+    let binary = sites_fixture();
+    let out = output_dir("report");
+    let mut fixture = Fixture::start(&binary, &[]);
+    let (ours, _) = profile_workload(&mut fixture, &out, &["--format", "heap"]);
+    let dump = out.join("jemalloc.dump");
+    let mut own = Fixture::start(
+        &binary,
+        &[
+            ("MALLOC_CONF", "prof:true,lg_prof_sample:12,prof_accum:true"),
+            ("FIXTURE_PROF_DUMP", dump.to_str().unwrap()),
+        ],
+    );
+    own.run_workload();
+    assert!(own.finish().success());
+    for heap in [&ours, &dump] {
+        for (measure, flag) in [
+            ("inuse-space", "--inuse_space"),
+            ("alloc-space", "--alloc_space"),
+        ] {
+            let (status, text) =
+                memprobe_stdout(&["report", heap.to_str().unwrap(), "--measure", measure]);
+            assert!(status.success(), "{text}");
+            let mine = parse_jeprof_rows(&text);
+            let theirs = jeprof_rows(&binary, heap, flag);
+            for site in ["keep_1m", "keep_4k", "churn_512", "main"] {
+                let (Some(a), Some(b)) = (
+                    mine.iter().find(|r| r.name == site),
+                    theirs.iter().find(|r| r.name == site),
+                ) else {
+                    // Sites below jeprof's display threshold on one side.
+                    continue;
+                };
+                assert!(
+                    (a.flat - b.flat).abs() <= 0.1 && (a.cum - b.cum).abs() <= 0.1,
+                    "{} {measure} {site}: memprobe {a:?} vs jeprof {b:?}",
+                    heap.display()
+                );
+            }
+            let total = |t: &str| {
+                t.lines()
+                    .find_map(|l| l.strip_prefix("Total: ").map(str::to_owned))
+            };
+            let jeprof_text = Command::new("jeprof")
+                .args(["--text", flag])
+                .arg(&binary)
+                .arg(heap)
+                .output()
+                .unwrap();
+            assert_eq!(
+                total(&text),
+                total(&String::from_utf8_lossy(&jeprof_text.stdout)),
+                "{measure}"
+            );
+        }
+    }
+}
+
+#[test]
+fn convert_to_pprof_and_folded() {
+    let _guard = shared();
+    let binary = sites_fixture();
+    let out = output_dir("convert");
+    let mut fixture = Fixture::start(&binary, &[]);
+    let (heap, _) = profile_workload(&mut fixture, &out, &["--format", "heap"]);
+    let pb = out.join("converted.pb.gz");
+    let folded = out.join("converted.folded");
+    for (to, path) in [("pprof", &pb), ("folded", &folded)] {
+        let (status, text) = memprobe_stdout(&[
+            "convert",
+            heap.to_str().unwrap(),
+            "--to",
+            to,
+            "-o",
+            path.to_str().unwrap(),
+        ]);
+        assert!(status.success(), "{text}");
+    }
+    let top = Command::new("go")
+        .args(["tool", "pprof", "-top", "-sample_index=inuse_space"])
+        .arg(&pb)
+        .output()
+        .unwrap();
+    let top = String::from_utf8_lossy(&top.stdout);
+    assert!(
+        top.find("keep_1m").unwrap() < top.find("keep_4k").unwrap(),
+        "{top}"
+    );
+    let folded = std::fs::read_to_string(&folded).unwrap();
+    assert!(
+        folded
+            .lines()
+            .any(|l| l.starts_with("__libc_start_call_main;main;keep_1m ")),
+        "{folded}"
+    );
+}
