@@ -247,7 +247,7 @@ mod tests {
                     oldest_live_s: Some(t),
                 })
                 .collect(),
-            mapped_libraries: String::new(),
+            ..ParsedHeap::default()
         }
     }
 
