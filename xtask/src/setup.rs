@@ -12,6 +12,7 @@ const PACKAGES: &[&str] = &[
     "libjemalloc2",
     "libjemalloc-dev",
     "binutils",
+    "bpftool",
     "bpftrace",
     "gcc",
     "g++",

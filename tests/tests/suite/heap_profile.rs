@@ -224,3 +224,56 @@ fn verbose_lists_every_entry_point_it_attached() {
     assert_eq!(stderr.matches("memprobe: attached").count(), 1);
     drop(fixture);
 }
+
+/// perf-event links of memprobe's programs, as `bpftool link list` shows them.
+fn perf_event_links() -> usize {
+    let out = std::process::Command::new("bpftool")
+        .args(["link", "list"])
+        .output()
+        .expect("running bpftool");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.contains("perf_event"))
+        .count()
+}
+
+fn wait_for_links(expected: usize) -> usize {
+    for _ in 0..100 {
+        if perf_event_links() == expected {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    perf_event_links()
+}
+
+/// No probe is left behind, whether memprobe exits, is stopped, or dies.
+#[test]
+fn no_probe_is_left_behind_after_exit_sigterm_or_sigkill() {
+    let _guard = exclusive();
+    let binary = sites_fixture();
+    let baseline = perf_event_links();
+    for signal in [None, Some(libc::SIGTERM), Some(libc::SIGKILL)] {
+        let fixture = Fixture::start(&binary, &[]);
+        let pid = fixture.pid.to_string();
+        let out = output_dir("left_behind");
+        let mut args = vec!["--pid", &pid, "-o", out.to_str().unwrap()];
+        if signal.is_none() {
+            args.extend(["--duration", "2s"]);
+        }
+        let mut memprobe = Memprobe::start(&args);
+        memprobe.wait_attached();
+        let attached = perf_event_links();
+        assert!(
+            attached >= baseline + 19,
+            "{signal:?}: {attached} links, baseline {baseline}"
+        );
+        if let Some(signal) = signal {
+            memprobe.signal(signal);
+        }
+        let _ = memprobe.wait();
+        let after = wait_for_links(baseline);
+        assert_eq!(after, baseline, "{signal:?}: links left behind");
+        drop(fixture);
+    }
+}

@@ -396,3 +396,55 @@ fn a_symlink_in_the_output_folder_is_not_followed() {
         "{stderr}"
     );
 }
+
+/// On a terminal a status line is redrawn in place; through a pipe, none.
+#[test]
+fn status_line_on_a_terminal_only() {
+    let _guard = shared();
+    let binary = sites_fixture();
+    let out = output_dir("status_line");
+    let fixture = Fixture::start(&binary, &[]);
+    let pid = fixture.pid.to_string();
+    let memprobe = memprobe_bin();
+    let command = format!(
+        "{} --pid {pid} --duration 3s --interval 1s -o {}",
+        memprobe.display(),
+        out.display()
+    );
+    // `script` runs it on a pseudo-terminal.
+    let tty = std::process::Command::new("script")
+        .args(["-qefc", &command, "/dev/null"])
+        .output()
+        .expect("running script");
+    let text = String::from_utf8_lossy(&tty.stdout);
+    assert!(tty.status.success(), "{text}");
+    let status = text
+        .split(['\r', '\n'])
+        .find(|l| l.contains(" elapsed, "))
+        .unwrap_or_else(|| panic!("no status line:\n{text}"));
+    for part in [
+        "elapsed",
+        "samples",
+        "in use",
+        "dropped",
+        "snapshots written",
+    ] {
+        assert!(status.contains(part), "{part} missing from {status:?}");
+    }
+    let (status, stderr) = run_memprobe(
+        &[
+            "--pid",
+            &pid,
+            "--duration",
+            "2s",
+            "-o",
+            out.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(status.success());
+    assert!(
+        !stderr.contains(" elapsed, ") && !stderr.contains('\r'),
+        "{stderr}"
+    );
+}
