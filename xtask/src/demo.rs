@@ -51,7 +51,15 @@ pub fn show(duration: &str) -> Result<()> {
 
     let memprobe = root.join("target/release/memprobe");
     let status = Command::new(&memprobe)
-        .args(["--pid", &pid, "--duration", duration, "--output"])
+        .args([
+            "--pid",
+            &pid,
+            "--duration",
+            duration,
+            "--interval",
+            "1s",
+            "--output",
+        ])
         .arg(&output)
         .status();
     let _ = workload.kill();
@@ -60,24 +68,43 @@ pub fn show(duration: &str) -> Result<()> {
         bail!("memprobe failed");
     }
 
-    let heap = std::fs::read_dir(&output)?
+    let mut heaps: Vec<_> = std::fs::read_dir(&output)?
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .find(|p| p.extension().is_some_and(|e| e == "heap"))
-        .context("memprobe wrote no .heap file")?;
-    eprintln!("xtask: wrote {}", heap.display());
-    for (title, flag) in [
-        ("in use", "--inuse_space"),
-        ("allocated during the run", "--alloc_space"),
+        .filter(|p| {
+            p.to_string_lossy().ends_with(".heap") && !p.to_string_lossy().ends_with(".sym.heap")
+        })
+        .collect();
+    heaps.sort_by_key(|p| {
+        let name = p
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .into_owned();
+        name.split('.').nth(2).and_then(|n| n.parse::<u64>().ok())
+    });
+    let last = heaps.last().context("memprobe wrote no .heap file")?;
+    eprintln!(
+        "xtask: wrote {} snapshots in {}",
+        heaps.len(),
+        output.display()
+    );
+    for (title, measure) in [
+        ("in use", "inuse-space"),
+        ("allocated during the run", "alloc-space"),
     ] {
-        println!("\nTop allocation sites, bytes {title} (jeprof --text {flag}):");
-        let report = Command::new("jeprof")
-            .args(["--text", flag, "--nodecount=8"])
-            .arg(&binary)
-            .arg(&heap)
-            .stderr(Stdio::null())
-            .output()
-            .context("running jeprof")?;
-        print!("{}", String::from_utf8_lossy(&report.stdout));
+        println!("\nTop allocation sites, bytes {title} (memprobe report --measure {measure}):");
+        run_command(
+            Command::new(&memprobe)
+                .args(["report", "--top", "6", "--measure", measure])
+                .arg(last),
+        )?;
     }
+    println!("\nSites over the run's snapshots (memprobe leaks):");
+    run_command(Command::new(&memprobe).arg("leaks").arg(&output))?;
+    println!(
+        "\nThe same files work with jeprof (jeprof --text {} {}) and go tool pprof (*.pb.gz).",
+        binary.display(),
+        last.display()
+    );
     Ok(())
 }
