@@ -36,7 +36,8 @@ enum Task {
     /// writes target/bench/results.md.
     Bench,
     /// Set up, then run every check: rustfmt, clippy (userspace and eBPF),
-    /// unit tests, and the integration tests that attach to real processes.
+    /// unit tests, the integration tests that attach to real processes, and
+    /// a bounded run of the fuzz target of the .heap reader.
     Test {
         /// Only run tests whose name contains this.
         filter: Option<String>,
@@ -59,6 +60,7 @@ fn main() -> Result<()> {
         }
         Task::Test { filter } => {
             setup::install()?;
+            setup::install_cargo_fuzz()?;
             test(filter.as_deref())
         }
     }
@@ -130,5 +132,22 @@ fn test(filter: Option<&str>) -> Result<()> {
     if let Some(filter) = filter {
         command.arg(filter);
     }
-    run_command(&mut command)
+    run_command(&mut command)?;
+    if filter.is_none() {
+        fuzz(FUZZ_SECONDS)?;
+    }
+    Ok(())
+}
+
+/// How long the test command fuzzes the `.heap` reader.
+const FUZZ_SECONDS: u32 = 60;
+
+/// Runs the fuzz target for a bounded time, from the seed corpus.
+fn fuzz(seconds: u32) -> Result<()> {
+    eprintln!("xtask: fuzzing the .heap reader for {seconds} s");
+    run_command(
+        Command::new("rustup")
+            .args(["run", "nightly", "cargo", "fuzz", "run", "heap_v2"])
+            .args(["--", &format!("-max_total_time={seconds}"), "-max_len=8192"]),
+    )
 }

@@ -33,6 +33,19 @@ pub fn install() -> Result<()> {
     Ok(())
 }
 
+/// cargo-fuzz, for the fuzz targets under fuzz/.
+pub fn install_cargo_fuzz() -> Result<()> {
+    let present = Command::new("cargo")
+        .args(["fuzz", "--version"])
+        .output()
+        .is_ok_and(|out| out.status.success());
+    if present {
+        return Ok(());
+    }
+    eprintln!("xtask: installing cargo-fuzz");
+    run_command(Command::new("cargo").args(["install", "--locked", "cargo-fuzz"]))
+}
+
 fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() == 0 }
