@@ -21,7 +21,8 @@ pub struct Namer {
     lib_prefix: Option<PathBuf>,
     /// The live process whose maps these are, if any.
     pid: Option<u32>,
-    cache: HashMap<u64, String>,
+    /// Names per address, innermost inlined function first.
+    cache: HashMap<u64, Vec<String>>,
     /// Per file: whether it holds a copy of jemalloc.
     holds_jemalloc: HashMap<String, bool>,
 }
@@ -53,24 +54,38 @@ impl Namer {
     /// Names known beforehand (a self-symbolized profile's), keyed by the
     /// address as looked up.
     pub fn with_symbols(mut self, symbols: &HashMap<u64, String>) -> Self {
-        self.cache
-            .extend(symbols.iter().map(|(a, n)| (*a, n.clone())));
+        // jeprof's form: "outer--inlined--innermost".
+        self.cache.extend(symbols.iter().map(|(a, n)| {
+            let mut names: Vec<String> = n.split("--").map(str::to_owned).collect();
+            names.reverse();
+            (*a, names)
+        }));
         self
     }
 
-    /// The function at `address`; unknown addresses stay hex (data, not errors).
+    /// The innermost function at `address`; unknown addresses stay hex
+    /// (data, not errors).
     pub fn name(&mut self, address: u64) -> String {
-        if let Some(name) = self.cache.get(&address) {
-            return name.clone();
-        }
-        let name = self
-            .lookup(address)
-            .unwrap_or_else(|| format!("{address:#x}"));
-        self.cache.insert(address, name.clone());
-        name
+        self.names(address)
+            .first()
+            .cloned()
+            .unwrap_or_else(|| format!("{address:#x}"))
     }
 
-    fn lookup(&self, address: u64) -> Option<String> {
+    /// The functions at `address`, innermost inlined one first, the
+    /// function that holds the code last.
+    pub fn names(&mut self, address: u64) -> Vec<String> {
+        if let Some(names) = self.cache.get(&address) {
+            return names.clone();
+        }
+        let names = self
+            .lookup(address)
+            .unwrap_or_else(|| vec![format!("{address:#x}")]);
+        self.cache.insert(address, names.clone());
+        names
+    }
+
+    fn lookup(&self, address: u64) -> Option<Vec<String>> {
         let mapping = self
             .mappings
             .iter()
@@ -92,7 +107,15 @@ impl Namer {
             .symbolize_single(&source, Input::FileOffset(offset))
             .ok()?
         {
-            Symbolized::Sym(sym) => Some(sym.name.into_owned()),
+            // blazesym lists inlined calls outermost first.
+            Symbolized::Sym(sym) => Some(
+                sym.inlined
+                    .iter()
+                    .rev()
+                    .map(|f| f.name.to_string())
+                    .chain([sym.name.into_owned()])
+                    .collect(),
+            ),
             Symbolized::Unknown(_) => None,
         }
     }
@@ -121,9 +144,9 @@ impl Namer {
         let named: Vec<(u64, String)> = frames
             .iter()
             .enumerate()
-            .map(|(i, &f)| {
+            .flat_map(|(i, &f)| {
                 let address = if i == 0 { f } else { f.saturating_sub(1) };
-                (address, self.name(address))
+                self.names(address).into_iter().map(move |n| (address, n))
             })
             .collect();
         let skip = named

@@ -95,6 +95,19 @@ pub fn sites_static_fixture() -> PathBuf {
     })
 }
 
+/// An allocation in an always-inlined function, -O2 with frame pointers.
+pub fn inlined_fixture() -> PathBuf {
+    build_once("inlined", |out| {
+        let mut command = Command::new("cc");
+        command
+            .args(["-O2", "-g", "-fno-omit-frame-pointer", "-o"])
+            .arg(out)
+            .arg(fixture_source("inlined.c"))
+            .arg("-ljemalloc");
+        command
+    })
+}
+
 /// Three sites with different trends over 6 seconds.
 pub fn trends_fixture() -> PathBuf {
     build_once("trends", |out| {

@@ -157,17 +157,24 @@ pub fn write<W: Write>(profile: &HeapProfile, namer: &mut Namer, out: W) -> io::
             // The call instruction: return address - 1, leaf included.
             let address = frame.saturating_sub(1);
             let id = *location_ids.entry(address).or_insert_with(|| {
-                let name = namer.name(address);
-                let function_id = *function_ids.entry(name.clone()).or_insert_with(|| {
-                    let id = functions.len() as u64 + 1;
-                    let name = strings.id(&name);
-                    functions.push(Function {
-                        id,
-                        name,
-                        system_name: name,
-                    });
-                    id
-                });
+                // One line per inlined function, innermost first.
+                let line = namer
+                    .names(address)
+                    .into_iter()
+                    .map(|name| {
+                        let function_id = *function_ids.entry(name.clone()).or_insert_with(|| {
+                            let id = functions.len() as u64 + 1;
+                            let name = strings.id(&name);
+                            functions.push(Function {
+                                id,
+                                name,
+                                system_name: name,
+                            });
+                            id
+                        });
+                        Line { function_id }
+                    })
+                    .collect();
                 let mapping_id = mappings
                     .iter()
                     .find(|m| address >= m.memory_start && address < m.memory_limit)
@@ -177,7 +184,7 @@ pub fn write<W: Write>(profile: &HeapProfile, namer: &mut Namer, out: W) -> io::
                     id,
                     mapping_id,
                     address,
-                    line: vec![Line { function_id }],
+                    line,
                 });
                 id
             });

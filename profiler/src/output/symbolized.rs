@@ -24,7 +24,10 @@ pub fn write<W: Write>(profile: &HeapProfile, namer: &mut Namer, mut out: W) -> 
     addresses.sort_unstable();
     addresses.dedup();
     for address in addresses {
-        writeln!(out, "0x{address:016x} {}", namer.name(address))?;
+        // Inlined functions as jeprof writes them: outer--inner.
+        let mut names = namer.names(address);
+        names.reverse();
+        writeln!(out, "0x{address:016x} {}", names.join("--"))?;
     }
     writeln!(out, "---")?;
     writeln!(out, "--- heap")?;

@@ -270,3 +270,56 @@ fn convert_to_pprof_and_folded() {
         "{folded}"
     );
 }
+
+/// An inlined function is a frame of its own, in memprobe's report and in
+/// the self-symbolized profile jeprof reads; Rust names are demangled.
+#[test]
+fn inlined_functions_are_frames_and_rust_names_are_demangled() {
+    let _guard = shared();
+    let binary = inlined_fixture();
+    let out = output_dir("inlined");
+    let mut fixture = Fixture::start(&binary, &[]);
+    let (heap, _) = profile_workload(&mut fixture, &out, &["--format", "heap,sym.heap"]);
+    let (status, text) = memprobe_stdout(&["report", heap.to_str().unwrap()]);
+    assert!(status.success(), "{text}");
+    let rows = parse_jeprof_rows(&text);
+    let leaf = rows
+        .iter()
+        .find(|r| r.name == "inlined_alloc")
+        .unwrap_or_else(|| panic!("{text}"));
+    let outer = rows
+        .iter()
+        .find(|r| r.name == "outer_keeps")
+        .unwrap_or_else(|| panic!("{text}"));
+    assert_within("inlined_alloc flat", leaf.flat * MIB, 1000.0 * 8192.0, 0.10);
+    assert!(outer.flat < 0.1 && outer.cum >= leaf.flat, "{text}");
+    // jeprof shows the inlined function from the symbol section alone.
+    let sym = heap.with_extension("sym.heap");
+    let jeprof = Command::new("jeprof")
+        .arg("--text")
+        .arg(&sym)
+        .output()
+        .unwrap();
+    let jeprof = String::from_utf8_lossy(&jeprof.stdout);
+    // jeprof marks inlined frames: "inlined_alloc (inline)".
+    assert!(
+        parse_jeprof_text(&jeprof).contains_key("inlined_alloc (inline)"),
+        "{jeprof}"
+    );
+
+    // Rust: the tikv-jemallocator fixture's sites by their demangled paths.
+    let rust = rust_fixture();
+    let out = output_dir("rust_names");
+    let mut fixture = Fixture::start(&rust, &[]);
+    let (heap, _) = profile_workload(&mut fixture, &out, &["--format", "heap"]);
+    let (status, text) = memprobe_stdout(&["report", heap.to_str().unwrap(), "--top", "50"]);
+    assert!(status.success(), "{text}");
+    assert!(
+        text.contains("rust_jemalloc_fixture::keep_vectors"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("_ZN") && !text.contains("17h"),
+        "mangled names: {text}"
+    );
+}
