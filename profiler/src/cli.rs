@@ -121,6 +121,11 @@ pub struct Cli {
     #[arg(long, value_name = "FORMATS", value_delimiter = ',', value_parser = parse_format)]
     pub format: Vec<Format>,
 
+    /// Do not ask JVMs for a perf map (jcmd PID Compiler.perfmap) before
+    /// each snapshot; JIT-compiled Java frames then stay unnamed.
+    #[arg(long)]
+    pub no_java_perfmap: bool,
+
     /// Largest number of live sampled allocations kept per process; beyond
     /// it samples are dropped and counted in the output.
     #[arg(long, value_name = "N", default_value_t = CollectorOptions::default().max_live)]
@@ -251,6 +256,7 @@ impl Cli {
             snapshot_interval: self.interval,
             dump_on_growth: self.dump_on_growth,
             min_dump_gap: self.min_dump_gap,
+            java_perfmap: !self.no_java_perfmap,
             formats: if self.format.is_empty() {
                 Format::ALL.to_vec()
             } else {

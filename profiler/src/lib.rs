@@ -21,6 +21,7 @@ pub mod kernel;
 pub mod launch;
 pub mod offline;
 pub mod output;
+pub mod perfmap;
 pub mod placement;
 pub mod profile;
 pub mod report;

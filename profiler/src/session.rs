@@ -73,6 +73,9 @@ pub struct SessionOptions {
     pub min_dump_gap: Duration,
     /// The files each snapshot is written as. Default: all formats.
     pub formats: Vec<Format>,
+    /// Ask JVMs for a perf map (`jcmd PID Compiler.perfmap`) before each
+    /// snapshot, to name JIT-compiled Java frames. Default: yes.
+    pub java_perfmap: bool,
 }
 
 /// `--dump-on-growth SIZE[/WINDOW]`: growth of `size` bytes within `window`.
@@ -97,6 +100,7 @@ impl Default for SessionOptions {
             dump_on_growth: None,
             min_dump_gap: Duration::from_secs(10),
             formats: Format::ALL.to_vec(),
+            java_perfmap: true,
         }
     }
 }
@@ -769,6 +773,15 @@ impl Session<'_> {
         if symbolized && t.namer.as_ref().is_none_or(|(maps, _)| *maps != t.maps) {
             let namer = Namer::for_process(pid, &t.maps);
             t.namer = Some((t.maps.clone(), namer));
+        }
+        // A JVM's JIT code is anonymous memory: its names come from HotSpot.
+        let is_jvm = t.maps.contains("/libjvm.so");
+        if symbolized && is_jvm && !t.exited && self.options.java_perfmap {
+            crate::perfmap::request_from_hotspot(pid, Duration::from_secs(10));
+            let symbols = crate::perfmap::read_for_process(pid, t.container_pid.unwrap_or(pid));
+            if let Some((_, namer)) = t.namer.as_mut() {
+                namer.set_jit(symbols);
+            }
         }
         let mut first = None;
         for &format in &self.options.formats {

@@ -23,6 +23,8 @@ pub struct Namer {
     pid: Option<u32>,
     /// Names per address, innermost inlined function first.
     cache: HashMap<u64, Vec<String>>,
+    /// JIT code (a JVM's perf map), for addresses outside mapped files.
+    jit: Vec<crate::perfmap::JitSymbol>,
     /// Per file: whether it holds a copy of jemalloc.
     holds_jemalloc: HashMap<String, bool>,
 }
@@ -47,6 +49,7 @@ impl Namer {
             symbolizer: Symbolizer::new(),
             lib_prefix,
             cache: HashMap::new(),
+            jit: Vec::new(),
             holds_jemalloc: HashMap::new(),
         }
     }
@@ -85,11 +88,20 @@ impl Namer {
         names
     }
 
+    /// Names JIT code from a perf map; forgets names made before.
+    pub fn set_jit(&mut self, symbols: Vec<crate::perfmap::JitSymbol>) {
+        self.jit = symbols;
+        self.cache.clear();
+    }
+
     fn lookup(&self, address: u64) -> Option<Vec<String>> {
-        let mapping = self
+        let Some(mapping) = self
             .mappings
             .iter()
-            .find(|m| address >= m.start && address < m.end)?;
+            .find(|m| address >= m.start && address < m.end)
+        else {
+            return crate::perfmap::lookup(&self.jit, address).map(|s| vec![s.name.clone()]);
+        };
         let path = PathBuf::from(mapping.path.as_deref()?);
         let live = self
             .pid

@@ -222,20 +222,27 @@ pub fn java_classes() -> PathBuf {
             .arg("-d")
             .arg(out)
             .arg(fixture_source("java/DirectBuffers.java"))
-            .arg(fixture_source("java/JniAlloc.java"));
+            .arg(fixture_source("java/JniAlloc.java"))
+            .arg(fixture_source("java/HotAlloc.java"));
         command
     })
 }
 
 pub fn java_command(main_class: &str) -> Command {
+    java_command_with(main_class, &[])
+}
+
+/// `java` with extra JVM flags (before the main class).
+pub fn java_command_with(main_class: &str, flags: &[&str]) -> Command {
     let mut command = Command::new(format!("{JAVA_HOME}/bin/java"));
     command
         .args([
             "-Xmx64m",
             "-XX:MaxDirectMemorySize=256m",
             "-XX:+UseSerialGC",
-            "-cp",
         ])
+        .args(flags)
+        .arg("-cp")
         .arg(java_classes())
         .arg(main_class);
     command

@@ -429,3 +429,33 @@ fn host_pid_of(path: &std::path::Path) -> u32 {
     }
     panic!("no process maps {}", path.display());
 }
+
+/// JIT-compiled Java frames are named from HotSpot's perf map, which
+/// memprobe asks for (jcmd Compiler.perfmap) before writing.
+#[test]
+fn jit_compiled_java_frames_are_named() {
+    let _guard = shared();
+    let out = output_dir("jvm_jit");
+    let mut command = java_command_with(
+        "HotAlloc",
+        &[
+            "-XX:+PreserveFramePointer",
+            "-XX:CompileCommand=quiet",
+            "-XX:CompileCommand=dontinline,HotAlloc::allocate",
+        ],
+    );
+    command.env("LD_PRELOAD", "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2");
+    let mut fixture = Fixture::start_command(command);
+    let (heap, stderr) = profile_workload(&mut fixture, &out, &["--format", "heap,folded"]);
+    let folded = std::fs::read_to_string(heap.with_extension("folded")).unwrap();
+    let java_frames: Vec<&str> = folded
+        .lines()
+        .flat_map(|l| l.rsplit_once(' ').unwrap().0.split(';'))
+        .filter(|f| f.contains("HotAlloc"))
+        .collect();
+    assert!(
+        java_frames.iter().any(|f| f.contains("allocate")),
+        "no named Java frame of HotAlloc.allocate:\n{folded}\n{stderr}"
+    );
+    assert!(folded.contains("Unsafe_AllocateMemory0"), "{folded}");
+}
