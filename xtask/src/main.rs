@@ -132,11 +132,46 @@ fn test(filter: Option<&str>) -> Result<()> {
     if let Some(filter) = filter {
         command.arg(filter);
     }
-    run_command(&mut command)?;
+    let (passed, failed) = run_counting_tests(&mut command)?;
     if filter.is_none() {
         fuzz(FUZZ_SECONDS)?;
     }
+    // One closing line over every test binary of the run.
+    println!("tests: {passed} passed, {failed} failed");
     Ok(())
+}
+
+/// Runs `cargo test`, passing its output through, and adds up its
+/// "test result: ok. N passed; M failed" lines.
+fn run_counting_tests(command: &mut Command) -> Result<(u64, u64)> {
+    use std::io::{BufRead, BufReader};
+    command
+        .current_dir(workspace_root())
+        .stdout(std::process::Stdio::piped());
+    let mut child = command
+        .spawn()
+        .with_context(|| format!("starting {command:?}"))?;
+    let (mut passed, mut failed) = (0, 0);
+    for line in BufReader::new(child.stdout.take().context("stdout")?).lines() {
+        let line = line?;
+        println!("{line}");
+        if let Some(result) = line.strip_prefix("test result: ") {
+            let number = |word: &str| -> u64 {
+                result
+                    .split(['.', ';'])
+                    .find_map(|part| part.trim().strip_suffix(word)?.trim().parse().ok())
+                    .unwrap_or(0)
+            };
+            passed += number("passed");
+            failed += number("failed");
+        }
+    }
+    let status = child.wait()?;
+    if !status.success() {
+        println!("tests: {passed} passed, {failed} failed");
+        bail!("{command:?} failed with {status}");
+    }
+    Ok((passed, failed))
 }
 
 /// How long the test command fuzzes the `.heap` reader.
