@@ -184,6 +184,10 @@ pub enum Offline {
     )]
     Report {
         file: PathBuf,
+        /// Subtract this earlier profile of the same process first, per
+        /// identical stack (as jeprof's --base): what changed since.
+        #[arg(long, value_name = "OLD")]
+        base: Option<PathBuf>,
         /// What to rank by.
         #[arg(long, value_enum, default_value = "inuse-space")]
         measure: profiler::report::Measure,

@@ -64,10 +64,18 @@ fn offline(command: cli::Offline) -> anyhow::Result<ExitCode> {
         } => offline::diff_files(&old, &new, lib_prefix.as_deref(), stdout)?,
         cli::Offline::Report {
             file,
+            base,
             measure,
             top,
             lib_prefix,
-        } => offline::report(&file, measure, lib_prefix.as_deref(), top, stdout)?,
+        } => offline::report(
+            &file,
+            base.as_deref(),
+            measure,
+            lib_prefix.as_deref(),
+            top,
+            stdout,
+        )?,
         cli::Offline::Convert {
             file,
             to,

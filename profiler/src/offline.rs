@@ -122,12 +122,17 @@ fn namer_for(heap: &ParsedHeap, lib_prefix: Option<&Path>) -> Namer {
 /// `memprobe report FILE`: jeprof --text's table, computed here.
 pub fn report<W: Write>(
     file: &Path,
+    base: Option<&Path>,
     measure: crate::report::Measure,
     lib_prefix: Option<&Path>,
     most: usize,
     out: W,
 ) -> Result<()> {
     let heap = read_heap(file)?;
+    let heap = match base {
+        Some(base) => crate::report::subtract(&heap, &read_heap(base)?),
+        None => heap,
+    };
     let mut namer = namer_for(&heap, lib_prefix);
     let (rows, total) = crate::report::rows(&heap, measure, |frames| namer.stack(frames));
     crate::report::write(&rows, total, measure, most, out).map_err(|cause| Error::Write {

@@ -52,7 +52,8 @@ pub fn rows(
     let mut total = 0.0;
     for stack in &heap.stacks {
         let value = measure.of(stack);
-        if value <= 0.0 {
+        // Differences against a base may be negative, as with jeprof --base.
+        if value == 0.0 {
             continue;
         }
         total += value;
@@ -82,6 +83,40 @@ pub fn rows(
     (rows, total)
 }
 
+/// `new` minus `base`, per identical stack, as `jeprof --base` computes it:
+/// each profile un-sampled on its own, then subtracted.
+pub fn subtract(new: &ParsedHeap, base: &ParsedHeap) -> ParsedHeap {
+    use crate::input::heap_v2::ParsedStack;
+    let mut stacks: Vec<ParsedStack> = new.stacks.clone();
+    let mut index: HashMap<Vec<u64>, usize> = stacks
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (s.frames.clone(), i))
+        .collect();
+    for old in &base.stacks {
+        let i = *index.entry(old.frames.clone()).or_insert_with(|| {
+            stacks.push(ParsedStack {
+                frames: old.frames.clone(),
+                inuse_objects: 0.0,
+                inuse_bytes: 0.0,
+                alloc_objects: 0.0,
+                alloc_bytes: 0.0,
+                oldest_live_s: None,
+            });
+            stacks.len() - 1
+        });
+        let stack = &mut stacks[i];
+        stack.inuse_objects -= old.inuse_objects;
+        stack.inuse_bytes -= old.inuse_bytes;
+        stack.alloc_objects -= old.alloc_objects;
+        stack.alloc_bytes -= old.alloc_bytes;
+    }
+    ParsedHeap {
+        stacks,
+        ..new.clone()
+    }
+}
+
 /// Writes the rows like `jeprof --text`: MB (MiB) with one decimal for
 /// space, counts for objects; flat, flat%, sum%, cum, cum%, name.
 pub fn write<W: Write>(
@@ -97,7 +132,8 @@ pub fn write<W: Write>(
         1.0
     };
     let unit = if measure.is_space() { " MB" } else { "" };
-    let percent = |v: f64| if total > 0.0 { 100.0 * v / total } else { 0.0 };
+    // As jeprof: a share of the total even when a --base makes it negative.
+    let percent = |v: f64| if total != 0.0 { 100.0 * v / total } else { 0.0 };
     writeln!(out, "Total: {:.1}{unit}", total / scale)?;
     let mut sum = 0.0;
     for row in rows.iter().take(most) {

@@ -120,6 +120,44 @@ fn interval_snapshots_show_each_trend() {
         .expect("leak frame");
     assert!(leak.contains("rgb(255,"), "{leak}");
 
+    // What changed since the second snapshot: memprobe report --base gives
+    // jeprof --base's numbers.
+    let (old, new) = (
+        heaps[1].to_str().unwrap(),
+        heaps.last().unwrap().to_str().unwrap(),
+    );
+    let (status, text) = memprobe_stdout(&["report", new, "--base", old]);
+    assert!(status.success(), "{text}");
+    let jeprof = std::process::Command::new("jeprof")
+        .args(["--text", &format!("--base={old}")])
+        .arg(&binary)
+        .arg(new)
+        .output()
+        .unwrap();
+    let jeprof = String::from_utf8_lossy(&jeprof.stdout);
+    let (mine, theirs) = (parse_jeprof_rows(&text), parse_jeprof_rows(&jeprof));
+    for site in ["leak_steadily", "working_set", "burst"] {
+        let a = mine
+            .iter()
+            .find(|r| r.name == site)
+            .unwrap_or_else(|| panic!("{text}"));
+        let b = theirs
+            .iter()
+            .find(|r| r.name == site)
+            .unwrap_or_else(|| panic!("{jeprof}"));
+        assert!(
+            (a.flat - b.flat).abs() <= 0.1,
+            "{site}: {a:?} vs jeprof {b:?}"
+        );
+    }
+    let burst = mine.iter().find(|r| r.name == "burst").unwrap();
+    assert!(burst.flat < -10.0, "the burst was released since: {text}");
+    let total = |t: &str| {
+        t.lines()
+            .find_map(|l| l.strip_prefix("Total: ").map(str::to_owned))
+    };
+    assert_eq!(total(&text), total(&jeprof));
+
     // --min-age keeps only sites with allocations older than the run.
     let (status, old_only) = memprobe_stdout(&["leaks", out.to_str().unwrap(), "--min-age", "1h"]);
     assert!(status.success());
