@@ -180,19 +180,7 @@ pub fn convert<W: Write>(
     };
     let written = match to {
         Format::Pprof => pprof::write(&profile, &mut namer, out),
-        _ => {
-            let stacks: Vec<folded::NamedStack> = heap
-                .stacks
-                .iter()
-                .map(|s| {
-                    (
-                        namer.stack(&s.frames),
-                        s.inuse_bytes.round().max(0.0) as u64,
-                    )
-                })
-                .collect();
-            folded::write(&stacks, out)
-        }
+        _ => folded::write(&named_inuse(&heap, &mut namer), out),
     };
     written.map_err(|cause| Error::Write {
         path: "the output".into(),
@@ -216,10 +204,9 @@ pub fn diff_files<W: Write>(
     })
 }
 
-/// Folded lines of a profile's in-use bytes, named.
-fn folded_inuse(heap: &ParsedHeap, namer: &mut Namer) -> Vec<String> {
-    let stacks: Vec<crate::output::folded::NamedStack> = heap
-        .stacks
+/// A profile's stacks, named, with their in-use bytes.
+fn named_inuse(heap: &ParsedHeap, namer: &mut Namer) -> Vec<crate::output::folded::NamedStack> {
+    heap.stacks
         .iter()
         .map(|s| {
             (
@@ -227,8 +214,12 @@ fn folded_inuse(heap: &ParsedHeap, namer: &mut Namer) -> Vec<String> {
                 s.inuse_bytes.round().max(0.0) as u64,
             )
         })
-        .collect();
-    crate::output::folded::lines(&stacks)
+        .collect()
+}
+
+/// Folded lines of a profile's in-use bytes, named.
+fn folded_inuse(heap: &ParsedHeap, namer: &mut Namer) -> Vec<String> {
+    crate::output::folded::lines(&named_inuse(heap, namer))
 }
 
 /// `memprobe flamegraph FILE [--base OLD] -o OUT.svg`: a flame graph of the

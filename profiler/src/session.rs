@@ -151,6 +151,9 @@ struct Tracked {
     /// The address ranges of `maps`, to notice samples from code mapped
     /// since (a library just loaded, a launched command just exec'd).
     ranges: Vec<(u64, u64)>,
+    /// The `[uprobes]` area of `maps`, where the kernel's uretprobe
+    /// trampoline lives.
+    trampoline: Option<(u64, u64)>,
     /// Files whose jemalloc is probed for this process.
     attached_files: HashSet<FileId>,
     exited: bool,
@@ -171,14 +174,27 @@ impl Tracked {
     /// (the process may be gone).
     fn set_maps(&mut self, maps: Option<String>) {
         if let Some(maps) = maps {
-            self.ranges = ranges_of(&maps);
+            (self.ranges, self.trampoline) = ranges_of(&maps);
             self.maps = maps;
         }
     }
 }
 
-fn ranges_of(maps: &str) -> Vec<(u64, u64)> {
-    parse_maps(maps).iter().map(|m| (m.start, m.end)).collect()
+/// [start, end) of a mapping.
+type Range = (u64, u64);
+
+/// The address ranges of a maps text, and its `[uprobes]` area: parsed once
+/// per read of the maps, not per event.
+fn ranges_of(maps: &str) -> (Vec<Range>, Option<Range>) {
+    let mappings = parse_maps(maps);
+    let trampoline = mappings
+        .iter()
+        .find(|m| m.path.as_deref() == Some("[uprobes]"))
+        .map(|m| (m.start, m.end));
+    (
+        mappings.iter().map(|m| (m.start, m.end)).collect(),
+        trampoline,
+    )
 }
 
 struct Session<'a> {
@@ -378,15 +394,7 @@ pub async fn run(options: SessionOptions, status: &mut dyn Write) -> Result<Summ
         };
         let _ = writeln!(session.status, "memprobe: stopping: {reason}");
     }
-    let pids: Vec<u32> = session
-        .tracked
-        .values()
-        .filter(|t| !t.exited)
-        .map(|t| t.pid)
-        .collect();
-    for pid in pids {
-        session.write_profile(pid, "end of run")?;
-    }
+    session.snapshot_all("end of run")?;
     let Session {
         probes,
         tracked,
@@ -485,6 +493,15 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
 }
 
 impl Session<'_> {
+    /// Tracked processes that have not exited.
+    fn live_pids(&self) -> Vec<u32> {
+        self.tracked
+            .values()
+            .filter(|t| !t.exited)
+            .map(|t| t.pid)
+            .collect()
+    }
+
     fn instance(&mut self) -> Result<u16> {
         let instance = self.next_instance;
         self.next_instance = instance
@@ -498,24 +515,24 @@ impl Session<'_> {
         if self.tracked.contains_key(&pid) {
             return;
         }
-        self.tracked.insert(
+        let mut tracked = Tracked {
             pid,
-            Tracked {
-                pid,
-                command: command_name(pid),
-                container_pid: namespace_pid(pid),
-                heap: ProcessHeap::new(pid, self.options.collector.clone()),
-                ranges: ranges_of(&maps),
-                maps,
-                attached_files: HashSet::new(),
-                exited: false,
-                files: Vec::new(),
-                heaps: Vec::new(),
-                namer: None,
-                growth: std::collections::VecDeque::new(),
-                last_growth_dump: None,
-            },
-        );
+            command: command_name(pid),
+            container_pid: namespace_pid(pid),
+            heap: ProcessHeap::new(pid, self.options.collector.clone()),
+            ranges: Vec::new(),
+            trampoline: None,
+            maps: String::new(),
+            attached_files: HashSet::new(),
+            exited: false,
+            files: Vec::new(),
+            heaps: Vec::new(),
+            namer: None,
+            growth: std::collections::VecDeque::new(),
+            last_growth_dump: None,
+        };
+        tracked.set_maps(Some(maps));
+        self.tracked.insert(pid, tracked);
         if !matches!(self.options.targets, Targets::Launch(_)) {
             watch_exit(pid, self.exits.clone());
         }
@@ -596,13 +613,7 @@ impl Session<'_> {
         if matches!(self.options.targets, Targets::All) {
             return self.scan_all();
         }
-        let pids: Vec<u32> = self
-            .tracked
-            .values()
-            .filter(|t| !t.exited)
-            .map(|t| t.pid)
-            .collect();
-        for pid in pids {
+        for pid in self.live_pids() {
             // The process may be gone; keep the last good copy of its maps.
             let Ok(maps) = read_maps(pid) else {
                 continue;
@@ -656,7 +667,8 @@ impl Session<'_> {
                 {
                     t.set_maps(read_maps(pid).ok());
                 }
-                let event = drop_trampoline_caller(event, &t.maps, &mut t.heap);
+                let mut event = event;
+                drop_trampoline_caller(&mut event, t.trampoline, &mut t.heap);
                 t.heap.apply(event);
             }
         }
@@ -682,13 +694,7 @@ impl Session<'_> {
 
     /// A snapshot of every live process, for `reason`.
     fn snapshot_all(&mut self, reason: &str) -> Result<()> {
-        let pids: Vec<u32> = self
-            .tracked
-            .values()
-            .filter(|t| !t.exited)
-            .map(|t| t.pid)
-            .collect();
-        for pid in pids {
+        for pid in self.live_pids() {
             self.write_profile(pid, reason)?;
         }
         Ok(())
@@ -962,36 +968,17 @@ impl Session<'_> {
 /// kernel's trampoline in the `[uprobes]` area before our probe reads it:
 /// such a caller is dropped (the frame-pointer walk above it stays) and
 /// counted, rather than written as a frame.
-fn drop_trampoline_caller(event: Event, maps: &str, heap: &mut ProcessHeap) -> Event {
-    let Event::Sampled {
-        header,
-        size,
-        align,
-        mut frames,
-        stack_error,
-    } = event
-    else {
-        return event;
+fn drop_trampoline_caller(
+    event: &mut Event,
+    trampoline: Option<(u64, u64)>,
+    heap: &mut ProcessHeap,
+) {
+    let (Event::Sampled { frames, .. }, Some((start, end))) = (event, trampoline) else {
+        return;
     };
-    let in_trampoline = |address: u64| {
-        maps.lines()
-            .filter(|l| l.ends_with("[uprobes]"))
-            .any(|line| {
-                crate::target::parse_maps(line)
-                    .first()
-                    .is_some_and(|m| address >= m.start && address < m.end)
-            })
-    };
-    if frames.first().is_some_and(|&f| in_trampoline(f)) {
+    if frames.first().is_some_and(|&f| f >= start && f < end) {
         frames.remove(0);
         heap.drops.trampoline_callers += 1;
-    }
-    Event::Sampled {
-        header,
-        size,
-        align,
-        frames,
-        stack_error,
     }
 }
 
