@@ -402,6 +402,25 @@ impl Memprobe {
         );
     }
 
+    /// memprobe on `fixture`'s pid writing to `out`, with more `args`;
+    /// returns once the probes are attached.
+    pub fn attach(fixture: &Fixture, out: &Path, args: &[&str]) -> Self {
+        let pid = fixture.pid.to_string();
+        let mut all = vec!["--pid", pid.as_str(), "--output", out.to_str().unwrap()];
+        all.extend_from_slice(args);
+        let mut memprobe = Self::start(&all);
+        memprobe.wait_attached();
+        memprobe
+    }
+
+    /// Stops memprobe with SIGINT, asserts it exited 0; its stderr.
+    pub fn stop(self) -> String {
+        self.signal(libc::SIGINT);
+        let (status, stderr) = self.wait();
+        assert!(status.success(), "memprobe failed: {stderr}");
+        stderr
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
@@ -482,16 +501,11 @@ pub fn jeprof_text(binary: &Path, heap: &Path, flag: &str) -> HashMap<String, f6
 /// Profiles a running fixture at a 4 KiB interval from attach until its
 /// workload is done, stops memprobe with SIGINT; the profile and stderr.
 pub fn profile_workload(fixture: &mut Fixture, out: &Path, extra: &[&str]) -> (PathBuf, String) {
-    let pid = fixture.pid.to_string();
-    let mut args = vec!["--pid", &pid, "--sample-interval", "4096", "--output"];
-    args.push(out.to_str().unwrap());
+    let mut args = vec!["--sample-interval", "4096"];
     args.extend_from_slice(extra);
-    let mut memprobe = Memprobe::start(&args);
-    memprobe.wait_attached();
+    let memprobe = Memprobe::attach(fixture, out, &args);
     fixture.run_workload();
-    memprobe.signal(libc::SIGINT);
-    let (status, stderr) = memprobe.wait();
-    assert!(status.success(), "memprobe failed: {stderr}");
+    let stderr = memprobe.stop();
     let heaps = heap_files(out);
     assert_eq!(heaps.len(), 1, "{heaps:?}\n{stderr}");
     (heaps[0].clone(), stderr)

@@ -13,28 +13,14 @@ fn profile_sites(test: &str, env: &[(&str, &str)]) -> (std::path::PathBuf, std::
     let binary = sites_fixture();
     let out = output_dir(test);
     let mut fixture = Fixture::start(&binary, env);
-    let pid = fixture.pid.to_string();
-    let mut memprobe = Memprobe::start(&[
-        "--pid",
-        &pid,
-        "--sample-interval",
-        "4096",
-        "--output",
-        out.to_str().unwrap(),
-    ]);
-    memprobe.wait_attached();
-    fixture.run_workload();
-    memprobe.signal(libc::SIGINT);
-    let (status, stderr) = memprobe.wait();
-    assert!(status.success(), "memprobe failed: {stderr}");
+    let pid = fixture.pid;
+    let (heap, _) = profile_workload(&mut fixture, &out, &[]);
     assert!(fixture.finish().success());
-    let heaps = heap_files(&out);
-    assert_eq!(heaps.len(), 1, "{heaps:?}\n{stderr}");
     assert_eq!(
-        heaps[0].file_name().unwrap().to_str().unwrap(),
+        heap.file_name().unwrap().to_str().unwrap(),
         format!("memprobe.{pid}.0.heap")
     );
-    (binary, heaps[0].clone())
+    (binary, heap)
 }
 
 #[test]
@@ -122,15 +108,7 @@ fn writes_final_profile_when_the_process_exits() {
     let out = output_dir("process_exits");
     let mut fixture = Fixture::start(&binary, &[]);
     let pid = fixture.pid.to_string();
-    let mut memprobe = Memprobe::start(&[
-        "--pid",
-        &pid,
-        "--sample-interval",
-        "4096",
-        "-o",
-        out.to_str().unwrap(),
-    ]);
-    memprobe.wait_attached();
+    let memprobe = Memprobe::attach(&fixture, &out, &["--sample-interval", "4096"]);
     fixture.run_workload();
     assert!(fixture.finish().success());
     // No signal, no duration: memprobe stops because the process is gone.

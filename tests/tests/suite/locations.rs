@@ -162,15 +162,7 @@ fn library_loaded_after_attach_is_probed_within_a_second() {
         .env(STATIC_TLS_TUNABLE.0, STATIC_TLS_TUNABLE.1);
     let mut fixture = Fixture::start_command(command);
     let pid = fixture.pid.to_string();
-    let mut memprobe = Memprobe::start(&[
-        "--pid",
-        &pid,
-        "--sample-interval",
-        "4096",
-        "-o",
-        out.to_str().unwrap(),
-    ]);
-    memprobe.wait_attached();
+    let memprobe = Memprobe::attach(&fixture, &out, &["--sample-interval", "4096"]);
     fixture.send_and_expect("load", "loaded");
     let loaded_at = std::time::Instant::now();
     let needle = format!("pid {pid} loaded jemalloc in {}", library.display());
@@ -183,9 +175,7 @@ fn library_loaded_after_attach_is_probed_within_a_second() {
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
     fixture.run_workload();
-    memprobe.signal(libc::SIGINT);
-    let (status, stderr) = memprobe.wait();
-    assert!(status.success(), "{stderr}");
+    memprobe.stop();
     let heap = &heap_files(&out)[0];
     let inuse = jeprof_rows(&library, heap, "--inuse_space");
     assert_within(
