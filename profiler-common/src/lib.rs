@@ -41,6 +41,30 @@ pub mod programs {
     pub const RESIZE_XALLOCX: &str = "resize_xallocx";
     pub const FREE_ARG0: &str = "free_arg0";
     pub const CALL_RETURN: &str = "call_return";
+
+    /// Uprobe-session variants of the programs that need a return half:
+    /// one program for both halves, the return half runs only when the
+    /// entry asked for it (a sampled call).
+    pub mod session {
+        pub const SIZE_ARG0: &str = "session_size_arg0";
+        pub const SIZE_ARG1: &str = "session_size_arg1";
+        pub const CALLOC: &str = "session_calloc";
+        pub const REALLOC: &str = "session_realloc";
+        pub const POSIX_MEMALIGN: &str = "session_posix_memalign";
+        pub const MALLOCX: &str = "session_mallocx";
+        pub const RALLOCX: &str = "session_rallocx";
+        pub const XALLOCX: &str = "session_xallocx";
+        pub const ALL: [&str; 8] = [
+            SIZE_ARG0,
+            SIZE_ARG1,
+            CALLOC,
+            REALLOC,
+            POSIX_MEMALIGN,
+            MALLOCX,
+            RALLOCX,
+            XALLOCX,
+        ];
+    }
 }
 
 /// Deepest user stack recorded, in frames (the kernel's default
@@ -123,6 +147,9 @@ pub struct ResizeEvent {
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ThreadState {
     pub bytes_until_sample: i64,
+    /// `rsp` at the return of this thread's sampled call in flight (0 when
+    /// none): how a uprobe session program tells its return half apart.
+    pub return_sp: u64,
 }
 
 /// What a return probe must do for the call in flight on a thread.
@@ -174,10 +201,12 @@ pub enum Counter {
     PendingFull = 5,
     /// Sampled calls whose stack could not be read.
     StackErrors = 6,
+    /// Runs of a return half (a uretprobe, or a session's return).
+    ReturnHalves = 7,
 }
 
 impl Counter {
-    pub const COUNT: u32 = 7;
+    pub const COUNT: u32 = 8;
     pub const ALL: [Counter; Self::COUNT as usize] = [
         Counter::AllocCalls,
         Counter::SampledCalls,
@@ -186,6 +215,7 @@ impl Counter {
         Counter::SampledSetFull,
         Counter::PendingFull,
         Counter::StackErrors,
+        Counter::ReturnHalves,
     ];
 }
 

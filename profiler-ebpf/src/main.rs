@@ -1,37 +1,115 @@
 //! Uprobes on jemalloc's entry points. Thin on purpose: count bytes down,
 //! and for the rare sampled call record size, stack and pointer; userspace
 //! does everything else.
+//!
+//! Every entry point that needs its call's result comes twice: a plain
+//! uprobe (paired with the `call_return` uretprobe, which runs on every
+//! call), and a uprobe-session program (kernel 6.13+) that serves both
+//! halves and asks for the return half only when the call was sampled.
 #![no_std]
 #![no_main]
 
 mod maps;
 mod record;
 
+use core::ffi::c_void;
+
 use aya_ebpf::{
     macros::{uprobe, uretprobe},
     programs::{ProbeContext, RetProbeContext},
 };
 use profiler_common::{PendingCall, pending_kind};
-use record::{Args, on_allocation, on_free, on_resize_entry, on_return};
+use record::{Args, Thread, on_allocation, on_free, on_resize_entry, on_return, session};
 
-/// malloc, valloc, operator new (all variants): size in the first argument.
-#[uprobe]
-pub fn alloc_size_arg0(ctx: ProbeContext) -> u32 {
-    let args = Args::of(&ctx);
-    on_allocation(&ctx, args.arg(0), 0, returned_pointer())
+/// Declares the plain and the session program of one entry-point shape.
+/// `$entry` returns whether the call's return half is needed.
+macro_rules! entry_point {
+    ($(#[$doc:meta])* $plain:ident, $session:ident, $entry:ident) => {
+        $(#[$doc])*
+        #[uprobe]
+        pub fn $plain(ctx: ProbeContext) -> u32 {
+            if let Some(thread) = Thread::current() {
+                $entry(&ctx, &thread);
+            }
+            0
+        }
+
+        // Not `#[uprobe]`: its wrapper returns 0 whatever the function
+        // returns, and a session entry's return value is what matters. The
+        // section is the plain uprobe one so that aya parses the object;
+        // userspace loads these programs itself (`uprobe_session`).
+        #[unsafe(no_mangle)]
+        #[unsafe(link_section = "uprobe")]
+        pub fn $session(ctx: *mut c_void) -> u32 {
+            session(&ProbeContext::new(ctx), $entry)
+        }
+    };
 }
 
-/// aligned_alloc, memalign: alignment first, size second.
-#[uprobe]
-pub fn alloc_size_arg1(ctx: ProbeContext) -> u32 {
-    let args = Args::of(&ctx);
-    on_allocation(&ctx, args.arg(1), args.arg(0), returned_pointer())
+entry_point!(
+    /// malloc, valloc, operator new (all variants): size in the first argument.
+    alloc_size_arg0,
+    session_size_arg0,
+    size_arg0
+);
+entry_point!(
+    /// aligned_alloc, memalign: alignment first, size second.
+    alloc_size_arg1,
+    session_size_arg1,
+    size_arg1
+);
+entry_point!(
+    /// calloc(count, size).
+    alloc_calloc,
+    session_calloc,
+    calloc
+);
+entry_point!(
+    /// realloc(ptr, size): a free of `ptr`, then an allocation.
+    alloc_realloc,
+    session_realloc,
+    realloc
+);
+entry_point!(
+    /// posix_memalign(&ptr, alignment, size): the pointer is stored, not returned.
+    alloc_posix_memalign,
+    session_posix_memalign,
+    posix_memalign
+);
+entry_point!(
+    /// mallocx(size, flags): the low 6 bits of flags are lg(alignment).
+    alloc_mallocx,
+    session_mallocx,
+    mallocx
+);
+entry_point!(
+    /// rallocx(ptr, size, flags).
+    alloc_rallocx,
+    session_rallocx,
+    rallocx
+);
+entry_point!(
+    /// xallocx(ptr, size, extra, flags): resizes in place, returns the new size.
+    resize_xallocx,
+    session_xallocx,
+    xallocx
+);
+
+#[inline(always)]
+fn size_arg0(ctx: &ProbeContext, thread: &Thread) -> bool {
+    let args = Args::of(ctx);
+    on_allocation(ctx, thread, args.arg(0), 0, returned_pointer())
 }
 
-/// calloc(count, size).
-#[uprobe]
-pub fn alloc_calloc(ctx: ProbeContext) -> u32 {
-    let args = Args::of(&ctx);
+#[inline(always)]
+fn size_arg1(ctx: &ProbeContext, thread: &Thread) -> bool {
+    let args = Args::of(ctx);
+    on_allocation(ctx, thread, args.arg(1), args.arg(0), returned_pointer())
+}
+
+#[inline(always)]
+fn calloc(ctx: &ProbeContext, thread: &Thread) -> bool {
+    let args = Args::of(ctx);
     let (count, size) = (args.arg(0), args.arg(1));
     // BPF has no 128-bit multiply, so no overflow check by multiplication:
     // products of 32-bit values fit; beyond that only a count of 1 is real.
@@ -42,60 +120,46 @@ pub fn alloc_calloc(ctx: ProbeContext) -> u32 {
     } else {
         u64::MAX
     };
-    on_allocation(&ctx, total, 0, returned_pointer())
+    on_allocation(ctx, thread, total, 0, returned_pointer())
 }
 
-/// realloc(ptr, size): a free of `ptr`, then an allocation.
-#[uprobe]
-pub fn alloc_realloc(ctx: ProbeContext) -> u32 {
-    let args = Args::of(&ctx);
-    on_free(&ctx, args.arg(0));
-    on_allocation(&ctx, args.arg(1), 0, returned_pointer())
+#[inline(always)]
+fn realloc(ctx: &ProbeContext, thread: &Thread) -> bool {
+    let args = Args::of(ctx);
+    on_free(ctx, args.arg(0));
+    on_allocation(ctx, thread, args.arg(1), 0, returned_pointer())
 }
 
-/// posix_memalign(&ptr, alignment, size): the pointer is stored, not returned.
-#[uprobe]
-pub fn alloc_posix_memalign(ctx: ProbeContext) -> u32 {
-    let args = Args::of(&ctx);
+#[inline(always)]
+fn posix_memalign(ctx: &ProbeContext, thread: &Thread) -> bool {
+    let args = Args::of(ctx);
     let pending = PendingCall {
         kind: pending_kind::STORED_POINTER,
         addr: args.arg(0),
     };
-    on_allocation(&ctx, args.arg(2), args.arg(1), pending)
+    on_allocation(ctx, thread, args.arg(2), args.arg(1), pending)
 }
 
-/// mallocx(size, flags): the low 6 bits of flags are lg(alignment).
-#[uprobe]
-pub fn alloc_mallocx(ctx: ProbeContext) -> u32 {
-    let args = Args::of(&ctx);
-    on_allocation(
-        &ctx,
-        args.arg(0),
-        record::mallocx_alignment(args.arg(1)),
-        returned_pointer(),
-    )
+#[inline(always)]
+fn mallocx(ctx: &ProbeContext, thread: &Thread) -> bool {
+    let args = Args::of(ctx);
+    let align = record::mallocx_alignment(args.arg(1));
+    on_allocation(ctx, thread, args.arg(0), align, returned_pointer())
 }
 
-/// rallocx(ptr, size, flags).
-#[uprobe]
-pub fn alloc_rallocx(ctx: ProbeContext) -> u32 {
-    let args = Args::of(&ctx);
-    on_free(&ctx, args.arg(0));
-    on_allocation(
-        &ctx,
-        args.arg(1),
-        record::mallocx_alignment(args.arg(2)),
-        returned_pointer(),
-    )
+#[inline(always)]
+fn rallocx(ctx: &ProbeContext, thread: &Thread) -> bool {
+    let args = Args::of(ctx);
+    on_free(ctx, args.arg(0));
+    let align = record::mallocx_alignment(args.arg(2));
+    on_allocation(ctx, thread, args.arg(1), align, returned_pointer())
 }
 
-/// xallocx(ptr, size, extra, flags): resizes in place, returns the new size.
-#[uprobe]
-pub fn resize_xallocx(ctx: ProbeContext) -> u32 {
-    record::count_entry(&ctx);
-    let args = Args::of(&ctx);
-    on_resize_entry(&ctx, args.arg(0));
-    0
+#[inline(always)]
+fn xallocx(ctx: &ProbeContext, thread: &Thread) -> bool {
+    record::count_entry(ctx);
+    let args = Args::of(ctx);
+    on_resize_entry(ctx, thread, args.arg(0))
 }
 
 /// free, dallocx, sdallocx, operator delete (all variants): pointer first.
@@ -107,10 +171,10 @@ pub fn free_arg0(ctx: ProbeContext) -> u32 {
     0
 }
 
-/// The return half of every call above that may want its result.
+/// The return half of every plain entry program that may want its result.
 #[uretprobe]
 pub fn call_return(ctx: RetProbeContext) -> u32 {
-    on_return(&ctx);
+    on_return(&ctx, ctx.ret());
     0
 }
 

@@ -8,7 +8,7 @@ use aya_ebpf::{
         bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user,
         generated::{bpf_get_attach_cookie, bpf_get_prandom_u32, bpf_get_stack},
     },
-    programs::{ProbeContext, RetProbeContext},
+    programs::ProbeContext,
 };
 use profiler_common::{
     AllocEvent, AllocReturnEvent, Counter, EventHeader, FreeEvent, LiveKey, MAX_STACK_DEPTH,
@@ -110,55 +110,119 @@ fn probe_cookie<C: EbpfContext>(ctx: &C) -> u64 {
     unsafe { bpf_get_attach_cookie(ctx.as_ptr()) }
 }
 
-/// Counts `size` bytes down on this thread; records the call if it crossed.
+/// This thread's sampling state, created on its first allocation.
+pub struct Thread {
+    id: u64,
+    state: *mut ThreadState,
+}
+
+impl Thread {
+    #[inline(always)]
+    pub fn current() -> Option<Self> {
+        let id = bpf_get_current_pid_tgid();
+        if let Some(state) = THREADS.get_ptr_mut(id) {
+            return Some(Self { id, state });
+        }
+        let fresh = ThreadState {
+            bytes_until_sample: draw_countdown(),
+            return_sp: 0,
+        };
+        let _ = THREADS.insert(id, fresh, 0);
+        let state = THREADS.get_ptr_mut(id)?;
+        Some(Self { id, state })
+    }
+
+    /// Remembers where `rsp` will be when the call in flight returns.
+    #[inline(always)]
+    fn expect_return(&self, ctx: &ProbeContext) {
+        let args = Args::of(ctx);
+        let return_address = args.stack_pointer + cookie::return_address_offset(probe_cookie(ctx));
+        // SAFETY: the entry belongs to this thread; only this thread writes it.
+        unsafe { (*self.state).return_sp = return_address + 8 };
+    }
+
+    /// Whether `ctx` is the return of this thread's sampled call: after
+    /// `ret`, `rsp` is one word above the return address's slot.
+    #[inline(always)]
+    fn is_return(&self, ctx: &ProbeContext) -> bool {
+        let stack_pointer = Args::of(ctx).stack_pointer;
+        // SAFETY: as above.
+        unsafe {
+            if (*self.state).return_sp != stack_pointer {
+                return false;
+            }
+            (*self.state).return_sp = 0;
+        }
+        true
+    }
+}
+
+/// The body of a uprobe-session program: the entry returns 0 to have its
+/// return half run (sampled calls) and 1 to skip it (all others).
 #[inline(always)]
-pub fn on_allocation(ctx: &ProbeContext, size: u64, align: u64, pending: PendingCall) -> u32 {
+pub fn session(ctx: &ProbeContext, entry: fn(&ProbeContext, &Thread) -> bool) -> u32 {
+    let Some(thread) = Thread::current() else {
+        return 1;
+    };
+    if thread.is_return(ctx) {
+        // SAFETY: `regs` points at the probe's pt_regs.
+        let returned = unsafe { (*ctx.regs).rax };
+        on_return(ctx, returned);
+        return 0;
+    }
+    if entry(ctx, &thread) { 0 } else { 1 }
+}
+
+/// Counts `size` bytes down on this thread; records the call if it crossed.
+/// Returns whether the call's return half is needed.
+#[inline(always)]
+pub fn on_allocation(
+    ctx: &ProbeContext,
+    thread: &Thread,
+    size: u64,
+    align: u64,
+    pending: PendingCall,
+) -> bool {
     count(Counter::AllocCalls);
     count_hit(ctx);
-    let id = bpf_get_current_pid_tgid();
-    let state = match THREADS.get_ptr_mut(id) {
-        Some(state) => state,
-        None => {
-            let fresh = ThreadState {
-                bytes_until_sample: draw_countdown(),
-            };
-            let _ = THREADS.insert(id, fresh, 0);
-            match THREADS.get_ptr_mut(id) {
-                Some(state) => state,
-                None => return 0,
-            }
-        }
-    };
     let size_counted = if size > i64::MAX as u64 {
         i64::MAX
     } else {
         size as i64
     };
+    let state = thread.state;
     // SAFETY: the entry belongs to this thread; only this thread writes it.
     unsafe {
         let remaining = (*state).bytes_until_sample - size_counted;
         if remaining > 0 {
             (*state).bytes_until_sample = remaining;
-            return 0;
+            return false;
         }
         (*state).bytes_until_sample = draw_countdown();
     }
-    record_allocation(ctx, id, size, align, pending);
-    0
+    record_allocation(ctx, thread, size, align, pending)
 }
 
 #[inline(always)]
-fn record_allocation(ctx: &ProbeContext, id: u64, size: u64, align: u64, pending: PendingCall) {
+fn record_allocation(
+    ctx: &ProbeContext,
+    thread: &Thread,
+    size: u64,
+    align: u64,
+    pending: PendingCall,
+) -> bool {
     count(Counter::SampledCalls);
+    let id = thread.id;
     if PENDING.insert(id, pending, 0).is_err() {
         count(Counter::PendingFull);
-        return;
+        return false;
     }
     let Some(mut entry) = EVENTS.reserve::<AllocEvent>(0) else {
         count(Counter::RingBufferFull);
         let _ = PENDING.remove(id);
-        return;
+        return false;
     };
+    thread.expect_return(ctx);
     let cookie = probe_cookie(ctx);
     let args = Args::of(ctx);
     let return_address = args.stack_pointer + cookie::return_address_offset(cookie);
@@ -187,6 +251,7 @@ fn record_allocation(ctx: &ProbeContext, id: u64, size: u64, align: u64, pending
         addr_of_mut!((*event).stack_bytes).write(stack_bytes);
     }
     entry.submit(0);
+    true
 }
 
 #[inline(always)]
@@ -221,25 +286,31 @@ pub fn on_free(ctx: &ProbeContext, ptr: u64) {
     }
 }
 
-/// xallocx of a sampled pointer: its new size comes at return.
+/// xallocx of a sampled pointer: its new size comes at return. Returns
+/// whether the return half is needed.
 #[inline(always)]
-pub fn on_resize_entry(ctx: &ProbeContext, ptr: u64) {
-    let id = bpf_get_current_pid_tgid();
+pub fn on_resize_entry(ctx: &ProbeContext, thread: &Thread, ptr: u64) -> bool {
+    let id = thread.id;
     let key = live_key(id, probe_cookie(ctx), ptr);
-    if SAMPLED.get_ptr(key).is_some() {
-        let pending = PendingCall {
-            kind: pending_kind::RESIZE,
-            addr: ptr,
-        };
-        if PENDING.insert(id, pending, 0).is_err() {
-            count(Counter::PendingFull);
-        }
+    if SAMPLED.get_ptr(key).is_none() {
+        return false;
     }
+    let pending = PendingCall {
+        kind: pending_kind::RESIZE,
+        addr: ptr,
+    };
+    if PENDING.insert(id, pending, 0).is_err() {
+        count(Counter::PendingFull);
+        return false;
+    }
+    thread.expect_return(ctx);
+    true
 }
 
 /// Return of a probed call: one lookup unless the call was sampled.
 #[inline(always)]
-pub fn on_return(ctx: &RetProbeContext) {
+pub fn on_return<C: EbpfContext>(ctx: &C, returned: u64) {
+    count(Counter::ReturnHalves);
     let id = bpf_get_current_pid_tgid();
     let Some(pending) = PENDING.get_ptr(id) else {
         return;
@@ -247,7 +318,6 @@ pub fn on_return(ctx: &RetProbeContext) {
     // SAFETY: the entry is this thread's; copy it out before removing it.
     let pending = unsafe { *pending };
     let _ = PENDING.remove(id);
-    let returned: u64 = ctx.ret();
     let probe_cookie = probe_cookie(ctx);
     let probe = cookie::probe_index(probe_cookie);
     match pending.kind {

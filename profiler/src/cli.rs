@@ -5,7 +5,7 @@ use std::{ffi::OsString, path::PathBuf, time::Duration};
 use clap::{ArgGroup, Parser};
 use profiler::{
     collector::CollectorOptions,
-    kernel::{KernelOptions, PlacementMode},
+    kernel::{KernelOptions, PlacementMode, ReturnProbes},
     output::Format,
     sampling::DEFAULT_SAMPLE_INTERVAL,
     session::{GrowthTrigger, SessionOptions, Targets},
@@ -137,6 +137,13 @@ pub struct Cli {
     #[arg(long, value_name = "WHERE", default_value = "emulated", value_parser = ["emulated", "entry"])]
     pub placement: String,
 
+    /// How allocation calls get their return half (where the new pointer is
+    /// read): `sessions` (uprobe sessions, Linux 6.13+: only sampled calls
+    /// trap at their return), `uretprobes` (every call traps twice, as on
+    /// older kernels) or `auto` (sessions when the kernel has them).
+    #[arg(long, value_name = "HOW", default_value = "auto", value_parser = ["auto", "sessions", "uretprobes"])]
+    pub return_probes: String,
+
     /// Say which entry points were attached where, and why the run stopped.
     #[arg(long, short = 'v')]
     pub verbose: bool,
@@ -239,6 +246,11 @@ impl Cli {
                 PlacementMode::Entry
             } else {
                 PlacementMode::Emulated
+            },
+            return_probes: match self.return_probes.as_str() {
+                "sessions" => ReturnProbes::Sessions,
+                "uretprobes" => ReturnProbes::Uretprobes,
+                _ => ReturnProbes::Auto,
             },
             ..KernelOptions::default()
         };

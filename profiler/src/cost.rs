@@ -2,13 +2,13 @@
 //! and the time they add, estimated from per-hit costs.
 use std::time::Duration;
 
-use crate::kernel::{AttachedProbe, Scope};
+use crate::kernel::{AttachedProbe, ReturnHalf, Scope};
 
 /// Time one probe hit adds to the target, by kind. Defaults come from
 /// `cargo xtask bench` on this machine kind (a VM, where a single-step trap
-/// is dear): a malloc+free pair with emulated probes (entry and return on
-/// malloc, entry on free) added 1,083 ns; with every probe single-stepped
-/// about 28 µs. See the README's table.
+/// is dear): a malloc+free pair with emulated probes added 818 ns with
+/// uprobe sessions (two traps), 1,081 ns with a uretprobe on malloc, and
+/// about 28 µs with every probe single-stepped. See the README's table.
 #[derive(Clone, Copy, Debug)]
 pub struct CostModel {
     /// A probe on an instruction the kernel emulates.
@@ -22,9 +22,9 @@ pub struct CostModel {
 impl Default for CostModel {
     fn default() -> Self {
         Self {
-            emulated: Duration::from_nanos(370),
+            emulated: Duration::from_nanos(409),
             single_stepped: Duration::from_nanos(10_000),
-            return_half: Duration::from_nanos(340),
+            return_half: Duration::from_nanos(263),
         }
     }
 }
@@ -47,10 +47,10 @@ impl CostModel {
         } else {
             self.single_stepped
         };
-        if probe.with_return {
-            entry + self.return_half
-        } else {
-            entry
+        match probe.return_half {
+            ReturnHalf::Uretprobe => entry + self.return_half,
+            // Sampled calls only: one in thousands at the default interval.
+            ReturnHalf::Session | ReturnHalf::None => entry,
         }
     }
 
@@ -95,7 +95,7 @@ mod tests {
     use super::*;
     use crate::placement::Placement;
 
-    fn probe(symbol: &str, emulated: bool, with_return: bool) -> AttachedProbe {
+    fn probe(symbol: &str, emulated: bool, return_half: ReturnHalf) -> AttachedProbe {
         let mut placement = Placement::entry("test");
         if emulated {
             placement.fallback = None;
@@ -106,7 +106,7 @@ mod tests {
             path: "/lib/libjemalloc.so.2".into(),
             file_offset: 0,
             placement,
-            with_return,
+            return_half,
             instance: 0,
         }
     }
@@ -115,19 +115,21 @@ mod tests {
     fn costs_follow_placement_and_return_probes() {
         let model = CostModel::default();
         let probes = [
-            probe("malloc", true, true),
-            probe("free", true, false),
-            probe("calloc", false, true),
+            probe("malloc", true, ReturnHalf::Uretprobe),
+            probe("free", true, ReturnHalf::None),
+            probe("calloc", false, ReturnHalf::Uretprobe),
+            probe("mallocx", true, ReturnHalf::Session),
         ];
-        let costs = model.costs(&probes, &[1000, 2000, 0]);
-        assert_eq!(costs.len(), 2);
+        let costs = model.costs(&probes, &[1000, 2000, 0, 500]);
+        assert_eq!(costs.len(), 3);
         assert_eq!(costs[0].symbol, "free");
-        assert_eq!(costs[0].added, Duration::from_nanos(370 * 2000));
-        assert_eq!(costs[1].added, Duration::from_nanos((370 + 340) * 1000));
+        assert_eq!(costs[0].added, Duration::from_nanos(409 * 2000));
+        assert_eq!(costs[1].added, Duration::from_nanos((409 + 263) * 1000));
         assert_eq!(
             model.per_hit(&probes[2]),
-            Duration::from_nanos(10_000 + 340)
+            Duration::from_nanos(10_000 + 263)
         );
+        assert_eq!(costs[2].added, Duration::from_nanos(409 * 500));
         assert_eq!(rates(&costs, Duration::from_secs(2), 1), "free 1.0k/s");
     }
 }

@@ -1,7 +1,7 @@
 //! The eBPF side as userspace sees it: load the object, size its maps,
 //! attach probes, read its counters. Dropping [`KernelProbes`] detaches
 //! every probe (the kernel also does so if memprobe dies: links are fds).
-use std::{num::NonZeroU32, path::Path};
+use std::{num::NonZeroU32, os::fd::OwnedFd, path::Path};
 
 use aya::{
     Ebpf, EbpfLoader,
@@ -19,7 +19,11 @@ use crate::{
     error::{Error, Result},
     placement::Placement,
     sampling,
+    uprobe_session::SessionPrograms,
 };
+
+/// The eBPF object built from `profiler-ebpf`.
+const OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler"));
 
 /// Sizes of the kernel's tables.
 #[derive(Clone, Debug)]
@@ -32,6 +36,9 @@ pub struct KernelOptions {
     pub ring_buffer_bytes: u32,
     /// Where in each function probes go. Default: emulated instructions.
     pub placement: PlacementMode,
+    /// How calls get their return half. Default: sessions where the kernel
+    /// has them.
+    pub return_probes: ReturnProbes,
 }
 
 impl Default for KernelOptions {
@@ -41,6 +48,7 @@ impl Default for KernelOptions {
             max_sampled_pointers: 262_144,
             ring_buffer_bytes: 8 << 20,
             placement: PlacementMode::Emulated,
+            return_probes: ReturnProbes::Auto,
         }
     }
 }
@@ -64,6 +72,30 @@ pub enum PlacementMode {
     Entry,
 }
 
+/// How a call whose result is needed gets its return half.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ReturnProbes {
+    /// Sessions if the kernel loads them, else uretprobes.
+    #[default]
+    Auto,
+    /// Uprobe sessions (Linux 6.13+): the return half runs for sampled
+    /// calls only. Fails on older kernels.
+    Sessions,
+    /// A uretprobe on every call, as on kernels before 6.13.
+    Uretprobes,
+}
+
+/// What runs when a probed call returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReturnHalf {
+    /// Nothing: the entry has all it needs (free).
+    None,
+    /// A uretprobe: every call traps again at its return.
+    Uretprobe,
+    /// A uprobe session: only sampled calls trap at their return.
+    Session,
+}
+
 /// One attached entry point, for `--verbose` and the cost report.
 #[derive(Clone, Debug)]
 pub struct AttachedProbe {
@@ -73,7 +105,7 @@ pub struct AttachedProbe {
     /// File offset of the function.
     pub file_offset: u64,
     pub placement: Placement,
-    pub with_return: bool,
+    pub return_half: ReturnHalf,
     pub instance: u16,
 }
 
@@ -81,6 +113,11 @@ pub struct KernelProbes {
     ebpf: Ebpf,
     pub attached: Vec<AttachedProbe>,
     placement: PlacementMode,
+    sessions: Option<SessionPrograms>,
+    /// Why sessions are not used, when they were wanted (`--verbose`).
+    pub sessions_unavailable: Option<String>,
+    /// Session links; dropping them detaches.
+    session_links: Vec<OwnedFd>,
 }
 
 const ALL_PROGRAMS: [&str; 10] = [
@@ -107,10 +144,7 @@ impl KernelProbes {
         let mut ebpf = EbpfLoader::new()
             .map_max_entries(maps::SAMPLED, options.max_sampled_pointers)
             .map_max_entries(maps::EVENTS, options.ring_buffer_bytes)
-            .load(aya::include_bytes_aligned!(concat!(
-                env!("OUT_DIR"),
-                "/profiler"
-            )))
+            .load(OBJECT)
             .map_err(|e| load_error("eBPF object", e))?;
         let mut table: Array<_, u64> = Array::try_from(
             ebpf.map_mut(maps::EXP_QUANTILES)
@@ -133,10 +167,25 @@ impl KernelProbes {
                 .map_err(|e| load_error(name, e))?;
             program.load().map_err(|e| load_error(name, e))?;
         }
+        let (sessions, sessions_unavailable) = match options.return_probes {
+            ReturnProbes::Uretprobes => (None, None),
+            wanted => match SessionPrograms::load(&ebpf, OBJECT, &programs::session::ALL) {
+                Ok(sessions) => (Some(sessions), None),
+                Err(e) if wanted == ReturnProbes::Sessions => {
+                    return Err(Error::Load(format!(
+                        "uprobe sessions (Linux 6.13+): {e}; use --return-probes uretprobes"
+                    )));
+                }
+                Err(e) => (None, Some(e.to_string())),
+            },
+        };
         Ok(Self {
             ebpf,
             attached: Vec::new(),
             placement,
+            sessions,
+            sessions_unavailable,
+            session_links: Vec::new(),
         })
     }
 
@@ -190,18 +239,39 @@ impl KernelProbes {
                     .map_err(|e| attach_error(format!("{e}")))?;
                 Ok(())
             };
-            attach_one(entry.shape.program())?;
-            let with_return = entry.shape.needs_return();
-            if with_return {
-                attach_one(programs::CALL_RETURN)?;
-            }
+            let session_program = entry.shape.session_program();
+            let return_half = match (&self.sessions, session_program) {
+                (_, None) => {
+                    attach_one(entry.shape.program())?;
+                    ReturnHalf::None
+                }
+                (Some(sessions), Some(program)) => {
+                    let point = point();
+                    let link = sessions
+                        .attach(
+                            program,
+                            open_path,
+                            entry.file_offset + placement.offset,
+                            point.cookie.unwrap_or(0),
+                            pid,
+                        )
+                        .map_err(|e| attach_error(format!("uprobe session: {e}")))?;
+                    self.session_links.push(link);
+                    ReturnHalf::Session
+                }
+                (None, Some(_)) => {
+                    attach_one(entry.shape.program())?;
+                    attach_one(programs::CALL_RETURN)?;
+                    ReturnHalf::Uretprobe
+                }
+            };
             self.attached.push(AttachedProbe {
                 scope,
                 symbol: entry.symbol.clone(),
                 path: path.to_owned(),
                 file_offset: entry.file_offset,
                 placement,
-                with_return,
+                return_half,
                 instance,
             });
         }
@@ -254,6 +324,22 @@ impl KernelProbes {
 }
 
 impl CallShape {
+    /// The uprobe-session program of shapes that need their call's result.
+    pub fn session_program(self) -> Option<&'static str> {
+        use programs::session;
+        Some(match self {
+            CallShape::SizeArg0 => session::SIZE_ARG0,
+            CallShape::SizeArg1 => session::SIZE_ARG1,
+            CallShape::Calloc => session::CALLOC,
+            CallShape::Realloc => session::REALLOC,
+            CallShape::PosixMemalign => session::POSIX_MEMALIGN,
+            CallShape::Mallocx => session::MALLOCX,
+            CallShape::Rallocx => session::RALLOCX,
+            CallShape::Xallocx => session::XALLOCX,
+            CallShape::Free => return None,
+        })
+    }
+
     /// Shapes whose entry point allocates (for reports).
     pub fn allocates(self) -> bool {
         !matches!(self, CallShape::Free | CallShape::Xallocx)

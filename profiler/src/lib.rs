@@ -30,5 +30,6 @@ pub mod session;
 pub mod size_class;
 pub mod symbolize;
 pub mod target;
+pub mod uprobe_session;
 
 pub use error::{Error, Result};

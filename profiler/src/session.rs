@@ -26,7 +26,7 @@ use crate::{
     discovery::{Allocator, AllocatorCache, Found, allocator_in_file},
     error::{Error, Result},
     events::{Event, decode},
-    kernel::{KernelOptions, KernelProbes, Scope},
+    kernel::{KernelOptions, KernelProbes, ReturnHalf, Scope},
     launch,
     output::{Format, files::OutputDir, flamegraph, folded, heap_v2, pprof, symbolized},
     profile::HeapProfile,
@@ -239,14 +239,13 @@ pub async fn run(options: SessionOptions, status: &mut dyn Write) -> Result<Summ
         Targets::All => {}
     }
 
+    let output = OutputDir::new(&options.output_dir);
+    output.prepare()?;
+    output.remove_stale_temporaries();
     let probes = KernelProbes::load(&options.kernel)?;
     let (exits, mut exit_rx) = mpsc::unbounded_channel();
     let mut session = Session {
-        output: {
-            let output = OutputDir::new(&options.output_dir);
-            output.remove_stale_temporaries();
-            output
-        },
+        output,
         options,
         status,
         probes,
@@ -828,15 +827,24 @@ impl Session<'_> {
         if !self.options.verbose {
             return;
         }
+        if from == 0
+            && let Some(reason) = &self.probes.sessions_unavailable
+        {
+            let _ = writeln!(
+                self.status,
+                "memprobe: uprobe sessions unavailable ({reason}): every allocation call \
+                 also traps at its return"
+            );
+        }
         for p in &self.probes.attached[from..] {
             let scope = match p.scope {
                 Scope::Process(pid) => format!("pid {pid}"),
                 Scope::AllProcesses => "all processes".to_owned(),
             };
-            let halves = if p.with_return {
-                "entry and return"
-            } else {
-                "entry"
+            let halves = match p.return_half {
+                ReturnHalf::None => "entry",
+                ReturnHalf::Uretprobe => "entry and return",
+                ReturnHalf::Session => "entry and return, as a session",
             };
             let place = match &p.placement.fallback {
                 None => format!("+{:#x} `{}`", p.placement.offset, p.placement.instruction),
@@ -1046,13 +1054,15 @@ pub fn summary_lines(summary: &Summary) -> Vec<String> {
     let counters = &summary.kernel_counters;
     let per_second = |n: u64| n as f64 / summary.elapsed.as_secs_f64().max(1e-3);
     lines.push(format!(
-        "memprobe: detached {} probes after {}; {} allocation calls ({:.0}/s), {} sampled, {} free calls",
+        "memprobe: detached {} probes after {}; {} allocation calls ({:.0}/s), {} sampled, {} free calls, \
+         {} return probe runs",
         summary.probes,
         humantime::format_duration(Duration::from_millis(summary.elapsed.as_millis() as u64)),
         counters[Counter::AllocCalls as usize],
         per_second(counters[Counter::AllocCalls as usize]),
         counters[Counter::SampledCalls as usize],
         counters[Counter::FreeCalls as usize],
+        counters[Counter::ReturnHalves as usize],
     ));
     let kernel_drops = [
         (Counter::RingBufferFull, "ring buffer full"),

@@ -119,20 +119,22 @@ pub fn bench() -> Result<()> {
         },
         3,
     )?;
-    let memprobe_loop = |placement: &'static str, pairs: &'static str| {
+    let memprobe_loop = |placement: &'static str, returns: &'static str, pairs: &'static str| {
         let memprobe = memprobe.clone();
         let malloc_loop = malloc_loop.clone();
         let profiles_dir = profiles_dir.clone();
         move || {
             let mut c = Command::new(&memprobe);
-            c.args(["--placement", placement, "-o", &profiles_dir, "--"])
+            c.args(["--placement", placement, "--return-probes", returns])
+                .args(["-o", &profiles_dir, "--"])
                 .arg(&malloc_loop)
                 .arg(pairs);
             c
         }
     };
-    let memprobe_entry = loop_ns(memprobe_loop("entry", "20000"), 3)?;
-    let memprobe_emulated = loop_ns(memprobe_loop("emulated", "500000"), 3)?;
+    let memprobe_entry = loop_ns(memprobe_loop("entry", "uretprobes", "20000"), 3)?;
+    let memprobe_uretprobes = loop_ns(memprobe_loop("emulated", "uretprobes", "500000"), 3)?;
+    let memprobe_emulated = loop_ns(memprobe_loop("emulated", "auto", "500000"), 3)?;
 
     // memprobe's own CPU and memory at a sustained allocation rate.
     eprintln!("bench: memprobe's own CPU and memory");
@@ -163,12 +165,17 @@ pub fn bench() -> Result<()> {
         "| probes placed as bcc memleak (bpftrace: uprobe+uretprobe malloc, uprobe free) | {memleak:.0} | {added_memleak:.0} | 1.0x |\n"
     ));
     table.push_str(&format!(
-        "| memprobe `--placement entry` | {memprobe_entry:.0} | {:.0} | {:.1}x less |\n",
+        "| memprobe `--placement entry --return-probes uretprobes` | {memprobe_entry:.0} | {:.0} | {:.1}x less |\n",
         memprobe_entry - none,
         added_memleak / (memprobe_entry - none)
     ));
     table.push_str(&format!(
-        "| memprobe (default: emulated placement) | {memprobe_emulated:.0} | {added_emulated:.0} | {:.1}x less |\n",
+        "| memprobe `--return-probes uretprobes` (emulated placement; kernels before 6.13) | {memprobe_uretprobes:.0} | {:.0} | {:.1}x less |\n",
+        memprobe_uretprobes - none,
+        added_memleak / (memprobe_uretprobes - none)
+    ));
+    table.push_str(&format!(
+        "| memprobe (default: emulated placement, uprobe sessions) | {memprobe_emulated:.0} | {added_emulated:.0} | {:.1}x less |\n",
         added_memleak / added_emulated
     ));
     if let Some((cpu, rss)) = own {

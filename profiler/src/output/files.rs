@@ -24,6 +24,14 @@ impl OutputDir {
         }
     }
 
+    /// Creates the folder if needed, before a run rather than at its end.
+    pub fn prepare(&self) -> crate::Result<()> {
+        std::fs::create_dir_all(&self.dir).map_err(|cause| crate::Error::Write {
+            path: self.dir.clone(),
+            cause,
+        })
+    }
+
     pub fn path(&self) -> &Path {
         &self.dir
     }

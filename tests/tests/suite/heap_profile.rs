@@ -203,26 +203,30 @@ fn verbose_lists_every_entry_point_it_attached() {
     drop(fixture);
 }
 
-/// perf-event links of memprobe's programs, as `bpftool link list` shows them.
-fn perf_event_links() -> usize {
+/// Uprobe links (perf-event ones, and uprobe_multi ones of sessions), as
+/// `bpftool link list` shows them.
+fn uprobe_links() -> usize {
     let out = std::process::Command::new("bpftool")
         .args(["link", "list"])
         .output()
         .expect("running bpftool");
     String::from_utf8_lossy(&out.stdout)
         .lines()
-        .filter(|l| l.contains("perf_event"))
+        // Older bpftools print uprobe_multi links as "type 12".
+        .filter(|l| {
+            l.contains("perf_event") || l.contains("uprobe_multi") || l.contains(": type 12 ")
+        })
         .count()
 }
 
 fn wait_for_links(expected: usize) -> usize {
     for _ in 0..100 {
-        if perf_event_links() == expected {
+        if uprobe_links() == expected {
             break;
         }
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
-    perf_event_links()
+    uprobe_links()
 }
 
 /// No probe is left behind, whether memprobe exits, is stopped, or dies.
@@ -230,7 +234,7 @@ fn wait_for_links(expected: usize) -> usize {
 fn no_probe_is_left_behind_after_exit_sigterm_or_sigkill() {
     let _guard = exclusive();
     let binary = sites_fixture();
-    let baseline = perf_event_links();
+    let baseline = uprobe_links();
     for signal in [None, Some(libc::SIGTERM), Some(libc::SIGKILL)] {
         let fixture = Fixture::start(&binary, &[]);
         let pid = fixture.pid.to_string();
@@ -241,7 +245,7 @@ fn no_probe_is_left_behind_after_exit_sigterm_or_sigkill() {
         }
         let mut memprobe = Memprobe::start(&args);
         memprobe.wait_attached();
-        let attached = perf_event_links();
+        let attached = uprobe_links();
         assert!(
             attached >= baseline + 19,
             "{signal:?}: {attached} links, baseline {baseline}"

@@ -282,3 +282,79 @@ fn callers_hidden_by_another_tools_uretprobe_are_counted_not_written() {
         0.10,
     );
 }
+
+/// (allocation calls, sampled, return probe runs) from the summary line.
+fn return_counts(stderr: &str) -> (u64, u64, u64) {
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("memprobe: detached "))
+        .unwrap_or_else(|| panic!("no summary line:\n{stderr}"));
+    let number_before = |what: &str| -> u64 {
+        let head = &line[..line.find(what).unwrap_or_else(|| panic!("{what}: {line}"))];
+        head.split([' ', ';', ','])
+            .rfind(|w| !w.is_empty())
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let calls = number_before(" allocation calls");
+    let sampled = number_before(" sampled");
+    let returns = number_before(" return probe runs");
+    (calls, sampled, returns)
+}
+
+fn kernel_has_uprobe_sessions() -> bool {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    let mut numbers = release
+        .split(['.', '-'])
+        .map(|n| n.parse::<u32>().unwrap_or(0));
+    let (major, minor) = (numbers.next().unwrap(), numbers.next().unwrap());
+    (major, minor) >= (6, 13)
+}
+
+/// With uprobe sessions only sampled calls run a return half; with plain
+/// uretprobes every allocation call does. Counted by the eBPF programs.
+#[test]
+fn unsampled_calls_skip_the_return_half_with_sessions() {
+    let _guard = shared();
+    let pairs = 20_480;
+    let mut counts = Vec::new();
+    for mode in ["auto", "uretprobes"] {
+        let out = output_dir(&format!("return_half_{mode}"));
+        let output = Command::new(memprobe_bin())
+            .args(["--return-probes", mode, "--sample-interval", "8192", "-v"])
+            .args(["-o", out.to_str().unwrap(), "--"])
+            .arg(malloc_loop_fixture())
+            .arg(pairs.to_string())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+        assert!(output.status.success(), "{stderr}");
+        let malloc_line = stderr
+            .lines()
+            .find(|l| l.contains(": malloc at "))
+            .unwrap_or_else(|| panic!("{stderr}"));
+        counts.push((mode, return_counts(&stderr)));
+        if mode == "uretprobes" {
+            assert!(malloc_line.ends_with("(entry and return)"), "{malloc_line}");
+        } else if kernel_has_uprobe_sessions() {
+            assert!(malloc_line.ends_with("as a session)"), "{malloc_line}");
+        } else {
+            assert!(stderr.contains("uprobe sessions unavailable"), "{stderr}");
+        }
+    }
+    eprintln!("(mode, (allocation calls, sampled, return probe runs)): {counts:?}");
+    let (_, (calls, sampled, returns)) = counts[1];
+    assert!(calls >= pairs, "{counts:?}");
+    assert_eq!(
+        returns, calls,
+        "a uretprobe runs at every allocation's return"
+    );
+    assert!(sampled > 50, "{counts:?}");
+    if kernel_has_uprobe_sessions() {
+        let (_, (calls, sampled, returns)) = counts[0];
+        assert!(calls >= pairs, "{counts:?}");
+        assert!(sampled > 50 && sampled < calls / 10, "{counts:?}");
+        assert_eq!(returns, sampled, "only sampled calls run their return half");
+    }
+}

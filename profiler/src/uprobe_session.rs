@@ -1,0 +1,204 @@
+//! Uprobe sessions (Linux 6.13+): one program runs at a call's entry and,
+//! only when the entry returned 0, again at its return. Unsampled calls then
+//! skip the return probe, the dearest part of a probed malloc.
+//!
+//! aya 0.14 cannot load a program with the `BPF_TRACE_UPROBE_SESSION`
+//! expected attach type nor create its link, so this module does those two
+//! syscalls itself: it takes the session programs' instructions from the
+//! same eBPF object (aya-obj parses and relocates them against the maps aya
+//! already created) and attaches them with `BPF_LINK_CREATE`. Everything
+//! else (maps, plain probes) stays with aya.
+use std::{
+    collections::{HashMap, HashSet},
+    ffi::CString,
+    io,
+    os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd},
+    path::Path,
+};
+
+use aya::{Ebpf, maps::Map};
+use aya_obj::generated::{bpf_attr, bpf_cmd, bpf_insn, bpf_prog_type};
+
+/// `BPF_TRACE_UPROBE_SESSION` of `enum bpf_attach_type`; aya-obj's bindings
+/// predate it (its neighbour `BPF_TRACE_UPROBE_MULTI` is 48).
+const BPF_TRACE_UPROBE_SESSION: u32 = 57;
+
+/// The session programs, loaded and ready to attach.
+pub struct SessionPrograms {
+    programs: HashMap<String, OwnedFd>,
+}
+
+/// Why sessions are not used; the caller falls back to plain return probes.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    #[error("the eBPF object: {0}")]
+    Object(String),
+    #[error("map {0} was not created")]
+    MissingMap(String),
+    #[error("program {0} is not in the eBPF object")]
+    MissingProgram(String),
+    #[error("the kernel refused {program}: {cause}{log}")]
+    Refused {
+        program: String,
+        cause: io::Error,
+        log: String,
+    },
+}
+
+impl SessionPrograms {
+    /// Loads `names` from `object` (the bytes aya loaded `ebpf` from), with
+    /// their map references pointing at `ebpf`'s maps. Fails on kernels
+    /// without uprobe sessions.
+    pub fn load(ebpf: &Ebpf, object: &[u8], names: &[&str]) -> Result<Self, SessionError> {
+        let mut obj =
+            aya_obj::Object::parse(object).map_err(|e| SessionError::Object(e.to_string()))?;
+        let mut fds = Vec::new();
+        for name in obj.maps.keys() {
+            // Sections aya skips (.bss and friends) have no map; we use none.
+            let Some(map) = ebpf.map(name) else { continue };
+            let fd = map_fd(map).ok_or_else(|| SessionError::MissingMap(name.clone()))?;
+            fds.push((name.clone(), fd));
+        }
+        let text_sections: HashSet<usize> = obj.functions.keys().map(|(index, _)| *index).collect();
+        let maps = obj.maps.clone();
+        obj.relocate_maps(
+            fds.iter()
+                .filter_map(|(name, fd)| Some((name.as_str(), *fd, maps.get(name)?))),
+            &text_sections,
+        )
+        .map_err(|e| SessionError::Object(e.to_string()))?;
+        obj.relocate_calls(&text_sections)
+            .map_err(|e| SessionError::Object(e.to_string()))?;
+        let license = obj.license.clone();
+        let mut programs = HashMap::new();
+        for &name in names {
+            let program = obj
+                .programs
+                .get(name)
+                .ok_or_else(|| SessionError::MissingProgram(name.into()))?;
+            let function = obj
+                .functions
+                .get(&program.function_key())
+                .ok_or_else(|| SessionError::MissingProgram(name.into()))?;
+            let fd = load_program(name, &function.instructions, &license)?;
+            programs.insert(name.to_owned(), fd);
+        }
+        Ok(Self { programs })
+    }
+
+    /// Attaches `program` at `offset` in the file at `path`, in process
+    /// `pid` only (0: every process). Dropping the link detaches it.
+    pub fn attach(
+        &self,
+        program: &str,
+        path: &Path,
+        offset: u64,
+        cookie: u64,
+        pid: u32,
+    ) -> io::Result<OwnedFd> {
+        let prog = self
+            .programs
+            .get(program)
+            .ok_or_else(|| io::Error::other(format!("session program {program} not loaded")))?;
+        let path = CString::new(path.as_os_str().as_encoded_bytes())
+            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        let offsets = [offset];
+        let cookies = [cookie];
+        // SAFETY: an all-zero bpf_attr is the kernel's "no options".
+        let mut attr: bpf_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: writing plain integers into the link_create member.
+        unsafe {
+            let link = &mut attr.link_create;
+            link.__bindgen_anon_1.prog_fd = prog.as_raw_fd() as u32;
+            link.attach_type = BPF_TRACE_UPROBE_SESSION;
+            let multi = &mut link.__bindgen_anon_3.uprobe_multi;
+            multi.path = path.as_ptr() as u64;
+            multi.offsets = offsets.as_ptr() as u64;
+            multi.cookies = cookies.as_ptr() as u64;
+            multi.cnt = 1;
+            multi.pid = pid;
+        }
+        bpf(bpf_cmd::BPF_LINK_CREATE, &mut attr)
+    }
+}
+
+fn load_program(
+    name: &str,
+    instructions: &[bpf_insn],
+    license: &CString,
+) -> Result<OwnedFd, SessionError> {
+    let mut log = vec![0u8; 64 * 1024];
+    let load = |log_level: u32, log: &mut [u8]| {
+        // SAFETY: an all-zero bpf_attr is the kernel's "no options".
+        let mut attr: bpf_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: writing plain integers into the prog-load member.
+        unsafe {
+            let prog = &mut attr.__bindgen_anon_3;
+            prog.prog_type = bpf_prog_type::BPF_PROG_TYPE_KPROBE as u32;
+            prog.expected_attach_type = BPF_TRACE_UPROBE_SESSION;
+            prog.insns = instructions.as_ptr() as u64;
+            prog.insn_cnt = instructions.len() as u32;
+            prog.license = license.as_ptr() as u64;
+            for (slot, byte) in prog.prog_name.iter_mut().zip(name.bytes().take(15)) {
+                *slot = byte as _;
+            }
+            if log_level > 0 {
+                prog.log_level = log_level;
+                prog.log_buf = log.as_mut_ptr() as u64;
+                prog.log_size = log.len() as u32;
+            }
+        }
+        bpf(bpf_cmd::BPF_PROG_LOAD, &mut attr)
+    };
+    // Load without a log first, as libbpf does; ask for one only to explain
+    // a refusal.
+    load(0, &mut log).map_err(|cause| {
+        let _ = load(1, &mut log);
+        let text = String::from_utf8_lossy(&log);
+        let text = text.trim_end_matches('\0').trim();
+        let tail: Vec<&str> = text.lines().rev().take(3).collect();
+        let log = if tail.is_empty() {
+            String::new()
+        } else {
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            format!(" (verifier: {})", tail.join(" | "))
+        };
+        SessionError::Refused {
+            program: name.into(),
+            cause,
+            log,
+        }
+    })
+}
+
+fn bpf(cmd: bpf_cmd, attr: &mut bpf_attr) -> io::Result<OwnedFd> {
+    // SAFETY: `attr` is a valid bpf_attr for `cmd` and outlives the call;
+    // every pointer in it points at memory alive for the call.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd as libc::c_int,
+            attr as *mut bpf_attr,
+            std::mem::size_of::<bpf_attr>() as libc::c_uint,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel returned a fresh fd that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// The fd of a map aya created, for the kinds of maps the object has.
+fn map_fd(map: &Map) -> Option<std::os::fd::RawFd> {
+    let data = match map {
+        Map::Array(data)
+        | Map::HashMap(data)
+        | Map::LruHashMap(data)
+        | Map::PerCpuArray(data)
+        | Map::PerCpuHashMap(data)
+        | Map::RingBuf(data) => data,
+        _ => return None,
+    };
+    Some(data.fd().as_fd().as_raw_fd())
+}
