@@ -25,6 +25,15 @@ pub mod maps {
     pub const PROBE_HITS: &str = "PROBE_HITS";
 }
 
+/// Globals of the eBPF object that userspace sets at load time.
+pub mod globals {
+    /// `u8`: 1 to copy each sampled call's user stack for DWARF unwinding.
+    pub const COPY_STACK: &str = "COPY_STACK";
+    /// `u64`: above this many unread bytes in the ring buffer, samples go
+    /// without their stack copy (a fraction of the size) rather than be lost.
+    pub const RING_BUSY_BYTES: &str = "RING_BUSY_BYTES";
+}
+
 /// Most entry points counted in [`maps::PROBE_HITS`]; probes beyond share
 /// the last slot.
 pub const MAX_COUNTED_PROBES: u32 = 4096;
@@ -77,6 +86,8 @@ pub mod event_kind {
     pub const ALLOC_RETURN: u32 = 2;
     pub const FREE: u32 = 3;
     pub const RESIZE: u32 = 4;
+    /// An [`AllocStackEvent`](crate::AllocStackEvent).
+    pub const ALLOC_WITH_STACK: u32 = 5;
 }
 
 /// Common head of every ring-buffer record.
@@ -111,7 +122,37 @@ pub struct AllocEvent {
     pub stack_bytes: i64,
     /// User stack by frame pointers; `stack[0]` is the probed instruction.
     pub stack: [u64; MAX_STACK_DEPTH],
+    /// Registers at the probe, where DWARF unwinding starts.
+    pub regs: UserRegs,
 }
+
+/// A sampled allocation call with a copy of its user stack, for DWARF
+/// unwinding in userspace (kind [`event_kind::ALLOC_WITH_STACK`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct AllocStackEvent {
+    pub alloc: AllocEvent,
+    /// How many bytes of `stack_copy` were read (0 when none could be).
+    pub stack_copy_bytes: u64,
+    /// The user stack from `alloc.regs.sp` up.
+    pub stack_copy: [u8; STACK_COPY_BYTES],
+}
+
+/// The registers DWARF unwinding needs on x86-64.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UserRegs {
+    pub ip: u64,
+    pub sp: u64,
+    pub bp: u64,
+}
+
+/// Bytes of user stack copied with each sampled call: enough for the frames
+/// of typical call chains (deeper ones continue by frame pointers where the
+/// code keeps them). Copied page by page, at most [`STACK_COPY_PAGES`] reads.
+pub const STACK_COPY_BYTES: usize = 16384;
+pub const STACK_COPY_PAGE: usize = 4096;
+pub const STACK_COPY_PAGES: usize = STACK_COPY_BYTES / STACK_COPY_PAGE;
 
 /// The pointer a sampled allocation call returned (0 when it failed).
 #[repr(C)]
@@ -203,10 +244,12 @@ pub enum Counter {
     StackErrors = 6,
     /// Runs of a return half (a uretprobe, or a session's return).
     ReturnHalves = 7,
+    /// Samples sent without a stack copy because the ring buffer was busy.
+    StackCopiesSkipped = 8,
 }
 
 impl Counter {
-    pub const COUNT: u32 = 8;
+    pub const COUNT: u32 = 9;
     pub const ALL: [Counter; Self::COUNT as usize] = [
         Counter::AllocCalls,
         Counter::SampledCalls,
@@ -216,6 +259,7 @@ impl Counter {
         Counter::PendingFull,
         Counter::StackErrors,
         Counter::ReturnHalves,
+        Counter::StackCopiesSkipped,
     ];
 }
 

@@ -3,16 +3,20 @@ use core::{ffi::c_void, mem::size_of, ptr::addr_of_mut};
 
 use aya_ebpf::{
     EbpfContext,
-    bindings::BPF_F_USER_STACK,
+    bindings::{BPF_F_USER_STACK, BPF_RB_AVAIL_DATA},
     helpers::{
         bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user,
-        generated::{bpf_get_attach_cookie, bpf_get_prandom_u32, bpf_get_stack},
+        generated::{
+            bpf_get_attach_cookie, bpf_get_prandom_u32, bpf_get_stack,
+            bpf_probe_read_user as bpf_probe_read_user_raw,
+        },
     },
     programs::ProbeContext,
 };
 use profiler_common::{
-    AllocEvent, AllocReturnEvent, Counter, EventHeader, FreeEvent, LiveKey, MAX_STACK_DEPTH,
-    PendingCall, ResizeEvent, ThreadState, cookie, event_kind, pending_kind, sampling,
+    AllocEvent, AllocReturnEvent, AllocStackEvent, Counter, EventHeader, FreeEvent, LiveKey,
+    MAX_STACK_DEPTH, PendingCall, ResizeEvent, STACK_COPY_BYTES, STACK_COPY_PAGE, STACK_COPY_PAGES,
+    ThreadState, UserRegs, cookie, event_kind, pending_kind, sampling,
 };
 
 use crate::maps::{COUNTERS, EVENTS, EXP_QUANTILES, PENDING, PROBE_HITS, SAMPLED, THREADS};
@@ -217,24 +221,70 @@ fn record_allocation(
         count(Counter::PendingFull);
         return false;
     }
+    // SAFETY: plain reads of globals userspace set at load time.
+    let (copy, busy_bytes) = unsafe {
+        (
+            core::ptr::read_volatile(&COPY_STACK) != 0,
+            core::ptr::read_volatile(&RING_BUSY_BYTES),
+        )
+    };
+    if copy {
+        if EVENTS.query(BPF_RB_AVAIL_DATA as u64) <= busy_bytes
+            && let Some(mut entry) = EVENTS.reserve::<AllocStackEvent>(0)
+        {
+            let event = entry.as_mut_ptr();
+            // SAFETY: `event` points at reserved ring-buffer memory of the
+            // right size; written in place, too big for the BPF stack.
+            unsafe {
+                let sp = (*ctx.regs).rsp;
+                fill_alloc(
+                    ctx,
+                    id,
+                    size,
+                    align,
+                    event_kind::ALLOC_WITH_STACK,
+                    addr_of_mut!((*event).alloc),
+                );
+                let copied = copy_stack(addr_of_mut!((*event).stack_copy) as *mut u8, sp);
+                addr_of_mut!((*event).stack_copy_bytes).write(copied);
+            }
+            entry.submit(0);
+            thread.expect_return(ctx);
+            return true;
+        }
+        count(Counter::StackCopiesSkipped);
+    }
     let Some(mut entry) = EVENTS.reserve::<AllocEvent>(0) else {
         count(Counter::RingBufferFull);
         let _ = PENDING.remove(id);
         return false;
     };
+    // SAFETY: as above.
+    unsafe { fill_alloc(ctx, id, size, align, event_kind::ALLOC, entry.as_mut_ptr()) };
+    entry.submit(0);
     thread.expect_return(ctx);
+    true
+}
+
+/// Writes a sampled call's record in place.
+///
+/// # Safety
+/// `event` must point at writable memory for an `AllocEvent`.
+#[inline(always)]
+unsafe fn fill_alloc(
+    ctx: &ProbeContext,
+    id: u64,
+    size: u64,
+    align: u64,
+    kind: u32,
+    event: *mut AllocEvent,
+) {
     let cookie = probe_cookie(ctx);
     let args = Args::of(ctx);
     let return_address = args.stack_pointer + cookie::return_address_offset(cookie);
-    let event = entry.as_mut_ptr();
-    // SAFETY: `event` points at reserved ring-buffer memory of the right size;
-    // fields are written in place because the record is too big for the stack.
+    // SAFETY: the caller guarantees `event`; helpers fault safely.
     unsafe {
-        addr_of_mut!((*event).header).write(header(
-            event_kind::ALLOC,
-            id,
-            cookie::probe_index(cookie),
-        ));
+        addr_of_mut!((*event).header).write(header(kind, id, cookie::probe_index(cookie)));
         addr_of_mut!((*event).size).write(size);
         addr_of_mut!((*event).align).write(align);
         addr_of_mut!((*event).caller)
@@ -249,9 +299,58 @@ fn record_allocation(
             count(Counter::StackErrors);
         }
         addr_of_mut!((*event).stack_bytes).write(stack_bytes);
+        let regs = &*ctx.regs;
+        addr_of_mut!((*event).regs).write(UserRegs {
+            ip: regs.rip,
+            sp: regs.rsp,
+            bp: regs.rbp,
+        });
     }
-    entry.submit(0);
-    true
+}
+
+/// Set by userspace (`globals::COPY_STACK`): 0 when stacks are walked by
+/// frame pointers alone (`--unwind fp`).
+#[unsafe(no_mangle)]
+static COPY_STACK: u8 = 1;
+
+/// Set by userspace (`globals::RING_BUSY_BYTES`).
+#[unsafe(no_mangle)]
+static RING_BUSY_BYTES: u64 = 4 << 20;
+
+/// Copies the user stack from `sp` up into `buffer` (STACK_COPY_BYTES long):
+/// up to the next page boundary, then whole pages, stopping at the first
+/// page that cannot be read (the stack's end, or a page not resident).
+/// Returns how many bytes were copied.
+#[inline(always)]
+fn copy_stack(buffer: *mut u8, sp: u64) -> u64 {
+    const PAGE: u64 = STACK_COPY_PAGE as u64;
+    let first = PAGE - (sp & (PAGE - 1));
+    // SAFETY: `first` <= PAGE <= STACK_COPY_BYTES; the helper faults safely.
+    if unsafe { bpf_probe_read_user_raw(buffer as *mut c_void, first as u32, sp as *const c_void) }
+        < 0
+    {
+        return 0;
+    }
+    let mut copied = first;
+    for _ in 1..STACK_COPY_PAGES {
+        // Keeps the verifier's bound: a whole page still fits after `copied`.
+        if copied > (STACK_COPY_BYTES as u64) - PAGE {
+            break;
+        }
+        // SAFETY: `copied + PAGE` <= STACK_COPY_BYTES, checked just above.
+        let read = unsafe {
+            bpf_probe_read_user_raw(
+                buffer.add(copied as usize) as *mut c_void,
+                PAGE as u32,
+                (sp + copied) as *const c_void,
+            )
+        };
+        if read < 0 {
+            break;
+        }
+        copied += PAGE;
+    }
+    copied
 }
 
 #[inline(always)]

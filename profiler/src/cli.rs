@@ -144,6 +144,14 @@ pub struct Cli {
     #[arg(long, value_name = "HOW", default_value = "auto", value_parser = ["auto", "sessions", "uretprobes"])]
     pub return_probes: String,
 
+    /// How sampled stacks are walked: `dwarf` (the kernel copies 16 KiB of
+    /// stack with each sample and memprobe unwinds it with the binaries'
+    /// .eh_frame: right for code built without frame pointers, the default
+    /// for optimized C, C++ and Rust) or `fp` (frame pointers only: less
+    /// work per sample, right only where all code keeps frame pointers).
+    #[arg(long, value_name = "HOW", default_value = "dwarf", value_parser = ["dwarf", "fp"])]
+    pub unwind: String,
+
     /// Say which entry points were attached where, and why the run stopped.
     #[arg(long, short = 'v')]
     pub verbose: bool,
@@ -252,6 +260,7 @@ impl Cli {
                 "uretprobes" => ReturnProbes::Uretprobes,
                 _ => ReturnProbes::Auto,
             },
+            copy_stack: self.unwind == "dwarf",
             ..KernelOptions::default()
         };
         let targets = if self.all {

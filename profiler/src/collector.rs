@@ -48,6 +48,12 @@ pub struct Drops {
     /// Samples whose immediate caller was hidden by another tool's return
     /// probe (the return address was the kernel's uretprobe trampoline).
     pub trampoline_callers: u64,
+    /// Samples whose stack was unwound with DWARF CFI (the rest used the
+    /// frame-pointer walk alone).
+    pub dwarf_unwound: u64,
+    /// Samples whose stack stops short of the outermost frame: the unwind
+    /// needed more than the copied stack, or found no way up.
+    pub truncated_stacks: u64,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -101,6 +107,7 @@ impl ProcessHeap {
                 align,
                 frames,
                 stack_error,
+                ..
             } => {
                 if stack_error {
                     self.drops.stack_errors += 1;
@@ -230,6 +237,8 @@ impl ProcessHeap {
             ("dropped_unmatched_returns", d.unmatched_returns),
             ("stack_errors", d.stack_errors),
             ("callers_hidden_by_other_uretprobes", d.trampoline_callers),
+            ("stacks_unwound_by_dwarf", d.dwarf_unwound),
+            ("stacks_truncated", d.truncated_stacks),
         ] {
             if value > 0 {
                 notes.push((name.to_owned(), value.to_string()));
@@ -288,6 +297,7 @@ mod tests {
             align: 0,
             frames: frames.to_vec(),
             stack_error: false,
+            stack_copy: None,
         }
     }
 

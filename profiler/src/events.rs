@@ -2,7 +2,8 @@
 use std::mem::size_of;
 
 use profiler_common::{
-    AllocEvent, AllocReturnEvent, EventHeader, FreeEvent, MAX_STACK_DEPTH, ResizeEvent, event_kind,
+    AllocEvent, AllocReturnEvent, AllocStackEvent, EventHeader, FreeEvent, MAX_STACK_DEPTH,
+    ResizeEvent, STACK_COPY_BYTES, UserRegs, event_kind,
 };
 
 #[derive(Clone, Debug, PartialEq)]
@@ -15,6 +16,9 @@ pub enum Event {
         /// Return addresses, innermost first, allocator frames removed.
         frames: Vec<u64>,
         stack_error: bool,
+        /// Registers and stack bytes for DWARF unwinding, when the kernel
+        /// could copy any.
+        stack_copy: Option<StackCopy>,
     },
     Returned {
         header: EventHeader,
@@ -32,6 +36,14 @@ pub enum Event {
     },
 }
 
+/// What the kernel copied for unwinding a sampled call in userspace.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StackCopy {
+    pub regs: UserRegs,
+    /// The stack from `regs.sp` up.
+    pub bytes: Vec<u8>,
+}
+
 fn read<T: Copy>(bytes: &[u8]) -> Option<T> {
     // SAFETY: length checked; the types are plain old data; unaligned read.
     (bytes.len() >= size_of::<T>()).then(|| unsafe { bytes.as_ptr().cast::<T>().read_unaligned() })
@@ -41,16 +53,15 @@ fn read<T: Copy>(bytes: &[u8]) -> Option<T> {
 pub fn decode(bytes: &[u8]) -> Option<Event> {
     let header: EventHeader = read(bytes)?;
     Some(match header.kind {
-        event_kind::ALLOC => {
-            let event: AllocEvent = read(bytes)?;
-            let (frames, stack_error) = user_frames(&event);
-            Event::Sampled {
-                header,
-                size: event.size,
-                align: event.align,
-                frames,
-                stack_error,
-            }
+        event_kind::ALLOC => sampled(header, &read(bytes)?, None),
+        event_kind::ALLOC_WITH_STACK => {
+            let event: AllocStackEvent = read(bytes)?;
+            let copied = (event.stack_copy_bytes as usize).min(STACK_COPY_BYTES);
+            let stack_copy = (copied > 0).then(|| StackCopy {
+                regs: event.alloc.regs,
+                bytes: event.stack_copy[..copied].to_vec(),
+            });
+            sampled(header, &event.alloc, stack_copy)
         }
         event_kind::ALLOC_RETURN => {
             let event: AllocReturnEvent = read(bytes)?;
@@ -77,6 +88,18 @@ pub fn decode(bytes: &[u8]) -> Option<Event> {
         }
         _ => return None,
     })
+}
+
+fn sampled(header: EventHeader, event: &AllocEvent, stack_copy: Option<StackCopy>) -> Event {
+    let (frames, stack_error) = user_frames(event);
+    Event::Sampled {
+        header,
+        size: event.size,
+        align: event.align,
+        frames,
+        stack_error,
+        stack_copy,
+    }
 }
 
 /// The caller's return address, then the frame-pointer walk above it.
@@ -124,6 +147,7 @@ mod tests {
             caller,
             stack_bytes: (walked.len() * 8) as i64,
             stack,
+            regs: UserRegs::default(),
         }
     }
 

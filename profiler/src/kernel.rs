@@ -11,7 +11,7 @@ use aya::{
         uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope},
     },
 };
-use profiler_common::{Counter, cookie, maps, programs};
+use profiler_common::{Counter, cookie, globals, maps, programs};
 
 use crate::{
     discovery::Allocator,
@@ -39,6 +39,8 @@ pub struct KernelOptions {
     /// How calls get their return half. Default: sessions where the kernel
     /// has them.
     pub return_probes: ReturnProbes,
+    /// Copy each sampled call's user stack for DWARF unwinding. Default: yes.
+    pub copy_stack: bool,
 }
 
 impl Default for KernelOptions {
@@ -49,6 +51,7 @@ impl Default for KernelOptions {
             ring_buffer_bytes: 8 << 20,
             placement: PlacementMode::Emulated,
             return_probes: ReturnProbes::Auto,
+            copy_stack: true,
         }
     }
 }
@@ -144,6 +147,12 @@ impl KernelProbes {
         let mut ebpf = EbpfLoader::new()
             .map_max_entries(maps::SAMPLED, options.max_sampled_pointers)
             .map_max_entries(maps::EVENTS, options.ring_buffer_bytes)
+            .override_global(globals::COPY_STACK, &u8::from(options.copy_stack), true)
+            .override_global(
+                globals::RING_BUSY_BYTES,
+                &(options.ring_buffer_bytes as u64 / 2),
+                true,
+            )
             .load(OBJECT)
             .map_err(|e| load_error("eBPF object", e))?;
         let mut table: Array<_, u64> = Array::try_from(

@@ -30,6 +30,7 @@ pub mod session;
 pub mod size_class;
 pub mod symbolize;
 pub mod target;
+pub mod unwind;
 pub mod uprobe_session;
 
 pub use error::{Error, Result};

@@ -32,6 +32,7 @@ use crate::{
     profile::HeapProfile,
     symbolize::Namer,
     target::{FileId, all_pids, command_name, namespace_pid, parse_maps, read_maps},
+    unwind::{self, ProcessUnwinder, UnwindEnd},
 };
 
 /// Which processes to profile.
@@ -167,6 +168,8 @@ struct Tracked {
     /// oldest entry is the baseline.
     growth: std::collections::VecDeque<(Instant, f64)>,
     last_growth_dump: Option<Instant>,
+    /// DWARF unwinding of this process's samples.
+    unwinder: ProcessUnwinder,
 }
 
 impl Tracked {
@@ -175,7 +178,41 @@ impl Tracked {
     fn set_maps(&mut self, maps: Option<String>) {
         if let Some(maps) = maps {
             (self.ranges, self.trampoline) = ranges_of(&maps);
+            self.unwinder.add_files(self.pid, &parse_maps(&maps));
             self.maps = maps;
+        }
+    }
+
+    /// Replaces a sample's frame-pointer frames with DWARF-unwound ones
+    /// where the kernel copied its stack.
+    fn unwind(&mut self, event: &mut Event) {
+        let Event::Sampled {
+            frames, stack_copy, ..
+        } = event
+        else {
+            return;
+        };
+        let Some(copy) = stack_copy else {
+            self.unwinder.complete_root(frames);
+            return;
+        };
+        let mut unwound = Vec::new();
+        let end = self.unwinder.unwind(&copy.regs, &copy.bytes, &mut unwound);
+        // Another tool's uretprobe put the trampoline where the caller's
+        // return address was: CFI cannot see past it; keep the walk, whose
+        // trampoline frame is dropped and counted next.
+        let hidden = unwound.first().is_some_and(|&caller| {
+            self.trampoline
+                .is_some_and(|(start, end)| caller >= start && caller < end)
+        });
+        if unwound.is_empty() || hidden {
+            self.unwinder.complete_root(frames);
+            return;
+        }
+        *frames = unwind::splice(&unwound, end, frames);
+        self.heap.drops.dwarf_unwound += 1;
+        if end != UnwindEnd::Complete && frames.len() == unwound.len() {
+            self.heap.drops.truncated_stacks += 1;
         }
     }
 }
@@ -529,6 +566,7 @@ impl Session<'_> {
             namer: None,
             growth: std::collections::VecDeque::new(),
             last_growth_dump: None,
+            unwinder: ProcessUnwinder::new(),
         };
         tracked.set_maps(Some(maps));
         self.tracked.insert(pid, tracked);
@@ -667,6 +705,7 @@ impl Session<'_> {
                     t.set_maps(read_maps(pid).ok());
                 }
                 let mut event = event;
+                t.unwind(&mut event);
                 drop_trampoline_caller(&mut event, t.trampoline, &mut t.heap);
                 t.heap.apply(event);
             }
@@ -1069,6 +1108,10 @@ pub fn summary_lines(summary: &Summary) -> Vec<String> {
         (Counter::SampledSetFull, "kernel pointer set full"),
         (Counter::PendingFull, "pending table full"),
         (Counter::StackErrors, "stack unreadable"),
+        (
+            Counter::StackCopiesSkipped,
+            "sent without a stack copy (ring buffer over half full; frame pointers only)",
+        ),
     ];
     let dropped: Vec<String> = kernel_drops
         .iter()

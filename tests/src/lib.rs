@@ -108,6 +108,19 @@ pub fn inlined_fixture() -> PathBuf {
     })
 }
 
+/// A known call chain, -O2 without frame pointers (DWARF unwinding).
+pub fn unwind_fixture() -> PathBuf {
+    build_once("unwind", |out| {
+        let mut command = Command::new("cc");
+        command
+            .args(["-O2", "-g", "-fomit-frame-pointer", "-o"])
+            .arg(out)
+            .arg(fixture_source("unwind.c"))
+            .arg("-ljemalloc");
+        command
+    })
+}
+
 /// Three sites with different trends over 6 seconds.
 pub fn trends_fixture() -> PathBuf {
     build_once("trends", |out| {

@@ -4,3 +4,4 @@ mod locations;
 mod outputs;
 mod over_time;
 mod overhead;
+mod stacks;
