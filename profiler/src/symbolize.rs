@@ -8,6 +8,7 @@ use std::{
 use blazesym::symbolize::{Input, Symbolized, Symbolizer, source::Elf, source::Source};
 
 use crate::{
+    debug_files::DebugFile,
     discovery::allocator_in_file,
     entry_points::{C_ENTRY_POINTS, CXX_ENTRY_POINTS},
     target::{Mapping, parse_maps},
@@ -27,6 +28,8 @@ pub struct Namer {
     jit: Vec<crate::perfmap::JitSymbol>,
     /// Per file: whether it holds a copy of jemalloc.
     holds_jemalloc: HashMap<String, bool>,
+    /// Per file: its separate debug file, if it has one.
+    debug_files: HashMap<String, Option<DebugFile>>,
 }
 
 impl Namer {
@@ -46,11 +49,16 @@ impl Namer {
                 .into_iter()
                 .filter(|m| m.is_executable() && m.is_file())
                 .collect(),
-            symbolizer: Symbolizer::new(),
+            // No debug folders of blazesym's own: debug files are found by
+            // `debug_files`, inside the target's root, and checked.
+            symbolizer: Symbolizer::builder()
+                .set_debug_dirs(Some::<[&Path; 0]>([]))
+                .build(),
             lib_prefix,
             cache: HashMap::new(),
             jit: Vec::new(),
             holds_jemalloc: HashMap::new(),
+            debug_files: HashMap::new(),
         }
     }
 
@@ -94,7 +102,7 @@ impl Namer {
         self.cache.clear();
     }
 
-    fn lookup(&self, address: u64) -> Option<Vec<String>> {
+    fn lookup(&mut self, address: u64) -> Option<Vec<String>> {
         let Some(mapping) = self
             .mappings
             .iter()
@@ -113,23 +121,24 @@ impl Namer {
             (None, None) => path,
         };
         let offset = address - mapping.start + mapping.offset;
-        let source = Source::Elf(Elf::new(path));
-        match self
-            .symbolizer
-            .symbolize_single(&source, Input::FileOffset(offset))
-            .ok()?
+        let name = mapping.path.clone().unwrap_or_default();
+        let root = match (self.pid, &self.lib_prefix) {
+            (Some(pid), _) => crate::target::proc_path(pid, "root"),
+            (None, Some(prefix)) => prefix.clone(),
+            (None, None) => PathBuf::from("/"),
+        };
+        let debug = self
+            .debug_files
+            .entry(name.clone())
+            .or_insert_with(|| DebugFile::find(&path, Path::new(&name), &root));
+        if let Some(debug) = debug
+            && let Some(address) = debug.address_of(offset)
+            && let Some(names) =
+                symbolize(&self.symbolizer, &debug.path(), Input::VirtOffset(address))
         {
-            // blazesym lists inlined calls outermost first.
-            Symbolized::Sym(sym) => Some(
-                sym.inlined
-                    .iter()
-                    .rev()
-                    .map(|f| f.name.to_string())
-                    .chain([sym.name.into_owned()])
-                    .collect(),
-            ),
-            Symbolized::Unknown(_) => None,
+            return Some(names);
         }
+        symbolize(&self.symbolizer, &path, Input::FileOffset(offset))
     }
 
     /// "leaf < caller < ..." for the first `depth` frames of a stack as
@@ -202,5 +211,22 @@ impl Namer {
             .holds_jemalloc
             .entry(path.clone())
             .or_insert_with(|| allocator_in_file(Path::new(&path)).is_some())
+    }
+}
+
+/// The functions at `input` in the ELF file at `path`, innermost first.
+fn symbolize(symbolizer: &Symbolizer, path: &Path, input: Input<u64>) -> Option<Vec<String>> {
+    let source = Source::Elf(Elf::new(path));
+    match symbolizer.symbolize_single(&source, input).ok()? {
+        // blazesym lists inlined calls outermost first.
+        Symbolized::Sym(sym) => Some(
+            sym.inlined
+                .iter()
+                .rev()
+                .map(|f| f.name.to_string())
+                .chain([sym.name.into_owned()])
+                .collect(),
+        ),
+        Symbolized::Unknown(_) => None,
     }
 }

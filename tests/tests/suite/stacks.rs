@@ -80,3 +80,111 @@ fn stacks_without_frame_pointers_carry_the_full_call_chain() {
         assert!(cum >= 0.95 * inner, "{caller}: cum {cum} < 95% of {inner}");
     }
 }
+
+fn objcopy(args: &[&str]) {
+    let status = std::process::Command::new("objcopy")
+        .args(args)
+        .status()
+        .expect("running objcopy");
+    assert!(status.success(), "objcopy {args:?}");
+}
+
+/// Bytes of the folded file under stacks naming `function`.
+fn named_bytes(folded: &str, function: &str) -> u64 {
+    folded_bytes(folded, function, function).0
+}
+
+/// A stripped binary named from its separate debug file: live, by the
+/// `.gnu_debuglink` next to it (its CRC checked); offline, by build ID
+/// under `/usr/lib/debug/.build-id` inside `--lib-prefix`.
+#[test]
+fn names_come_from_separate_debug_files() {
+    let _guard = shared();
+    let out = output_dir("debug_files");
+    let app = out.join("app");
+    std::fs::copy(unwind_fixture(), &app).unwrap();
+    let (app_str, debug) = (app.to_str().unwrap(), out.join("app.debug"));
+    objcopy(&["--only-keep-debug", app_str, debug.to_str().unwrap()]);
+    objcopy(&["--strip-all", app_str]);
+    // The link holds the file's name; objcopy reads it to compute the CRC.
+    let status = std::process::Command::new("objcopy")
+        .current_dir(&out)
+        .args(["--add-gnu-debuglink=app.debug", "app"])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let symbols = std::process::Command::new("nm").arg(&app).output().unwrap();
+    assert!(!symbols.status.success() || symbols.stdout.is_empty(), "app not stripped");
+
+    let profile = |name: &str| {
+        let dir = output_dir(name);
+        let mut fixture = Fixture::start(&app, &[]);
+        let (heap, _) = profile_workload(&mut fixture, &dir, &["--format", "heap,folded"]);
+        let folded = std::fs::read_to_string(heap.with_extension("folded")).unwrap();
+        (heap, folded)
+    };
+    let (heap, folded) = profile("debug_files_linked");
+    for function in ["inner", "middle", "outer", "main"] {
+        let bytes = named_bytes(&folded, function);
+        assert!(bytes as f64 > 0.9 * 2000.0 * 4096.0, "{function}: {folded}");
+    }
+
+    // The same binary with a debug file that does not match (another
+    // build's, same name): its CRC differs, so it is not used.
+    std::fs::rename(&debug, out.join("app.debug.real")).unwrap();
+    std::fs::copy(unwind_fixture(), out.join("other")).unwrap();
+    objcopy(&[
+        "--only-keep-debug",
+        "--remove-section=.comment",
+        out.join("other").to_str().unwrap(),
+        debug.to_str().unwrap(),
+    ]);
+    let (_, unmatched) = profile("debug_files_wrong_crc");
+    assert_eq!(named_bytes(&unmatched, "inner"), 0, "{unmatched}");
+    std::fs::rename(out.join("app.debug.real"), &debug).unwrap();
+
+    // Offline, by build ID: the binary without its debuglink under a
+    // prefix, the debug file where distributions put it.
+    let prefix = out.join("prefix");
+    let binary_in_prefix = prefix.join(app.strip_prefix("/").unwrap());
+    std::fs::create_dir_all(binary_in_prefix.parent().unwrap()).unwrap();
+    std::fs::copy(&app, &binary_in_prefix).unwrap();
+    objcopy(&[
+        "--remove-section=.gnu_debuglink",
+        binary_in_prefix.to_str().unwrap(),
+    ]);
+    let notes = std::process::Command::new("readelf")
+        .arg("-n")
+        .arg(&binary_in_prefix)
+        .output()
+        .unwrap();
+    let notes = String::from_utf8_lossy(&notes.stdout);
+    let build_id = notes
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Build ID: "))
+        .unwrap_or_else(|| panic!("no build ID: {notes}"))
+        .trim()
+        .to_owned();
+    let by_id = prefix.join(format!(
+        "usr/lib/debug/.build-id/{}/{}.debug",
+        &build_id[..2],
+        &build_id[2..]
+    ));
+    std::fs::create_dir_all(by_id.parent().unwrap()).unwrap();
+    std::fs::copy(&debug, &by_id).unwrap();
+    // Moved away from the binary's folder: only the build ID finds it now.
+    std::fs::remove_file(&debug).unwrap();
+    let (status, report) = memprobe_stdout(&[
+        "report",
+        heap.to_str().unwrap(),
+        "--lib-prefix",
+        prefix.to_str().unwrap(),
+    ]);
+    assert!(status.success(), "{report}");
+    let rows = parse_jeprof_rows(&report);
+    let inner = rows
+        .iter()
+        .find(|r| r.name == "inner")
+        .unwrap_or_else(|| panic!("{report}"));
+    assert_within("inner flat", inner.flat * MIB, 2000.0 * 4096.0, 0.10);
+}

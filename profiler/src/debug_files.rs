@@ -1,0 +1,108 @@
+//! Separate debug information, found as gdb finds it: by build ID under
+//! `/usr/lib/debug/.build-id/`, then by the `.gnu_debuglink` name next to
+//! the binary, in its `.debug/` folder and under `/usr/lib/debug/`. Every
+//! candidate is opened inside the root the binary belongs to (the target's
+//! `/proc/PID/root`, or `--lib-prefix` offline) and checked against the
+//! binary (same build ID, or the debuglink's CRC) before it is used.
+use std::{
+    fs::File,
+    os::fd::AsRawFd,
+    path::{Path, PathBuf},
+};
+
+use memmap2::Mmap;
+use object::{Object, ObjectSegment};
+
+use crate::rootfs::open_in_root_following;
+
+const DEBUG_ROOT: &str = "/usr/lib/debug";
+
+/// A binary's debug file, kept open; blazesym reads it through
+/// `/proc/self/fd/N`, which names this very file whatever its path.
+pub struct DebugFile {
+    file: File,
+    /// (file offset, size in file, address) of the binary's segments, to
+    /// turn file offsets into the addresses both files share.
+    segments: Vec<(u64, u64, u64)>,
+}
+
+impl DebugFile {
+    /// Finds the debug file of `binary` (readable at `binary`, named `name`
+    /// in the process's root `root`). None when it has no separate one.
+    pub fn find(binary: &Path, name: &Path, root: &Path) -> Option<Self> {
+        let file = File::open(binary).ok()?;
+        // SAFETY: read-only private mapping of a file the target maps.
+        let data = unsafe { Mmap::map(&file) }.ok()?;
+        let elf = object::File::parse(&data[..]).ok()?;
+        let segments = elf
+            .segments()
+            .map(|s| {
+                let (offset, size) = s.file_range();
+                (offset, size, s.address())
+            })
+            .collect();
+        let build_id = elf.build_id().ok().flatten().map(<[u8]>::to_vec);
+        let debuglink = elf
+            .gnu_debuglink()
+            .ok()
+            .flatten()
+            .map(|(name, crc)| (String::from_utf8_lossy(name).into_owned(), crc));
+        let found = build_id
+            .as_deref()
+            .and_then(|id| by_build_id(id, root))
+            .or_else(|| {
+                let (link, crc) = debuglink?;
+                by_debuglink(&link, crc, name, root)
+            })?;
+        Some(Self {
+            file: found,
+            segments,
+        })
+    }
+
+    /// The path blazesym opens.
+    pub fn path(&self) -> PathBuf {
+        PathBuf::from(format!("/proc/self/fd/{}", self.file.as_raw_fd()))
+    }
+
+    /// The address of the binary's byte at `offset`.
+    pub fn address_of(&self, offset: u64) -> Option<u64> {
+        self.segments
+            .iter()
+            .find(|&&(start, size, _)| offset >= start && offset < start + size)
+            .map(|&(start, _, address)| address + (offset - start))
+    }
+}
+
+fn by_build_id(id: &[u8], root: &Path) -> Option<File> {
+    let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
+    if hex.len() < 3 {
+        return None;
+    }
+    let path = format!("{DEBUG_ROOT}/.build-id/{}/{}.debug", &hex[..2], &hex[2..]);
+    let file = open_in_root_following(root, Path::new(&path)).ok()?;
+    // SAFETY: read-only private mapping.
+    let data = unsafe { Mmap::map(&file) }.ok()?;
+    let elf = object::File::parse(&data[..]).ok()?;
+    (elf.build_id().ok().flatten() == Some(id)).then_some(file)
+}
+
+fn by_debuglink(link: &str, crc: u32, binary: &Path, root: &Path) -> Option<File> {
+    // A name, not a path: a link with slashes could point anywhere.
+    if link.is_empty() || link.contains('/') {
+        return None;
+    }
+    let dir = binary.parent()?;
+    let under_debug_root = Path::new(DEBUG_ROOT).join(dir.strip_prefix("/").unwrap_or(dir));
+    [
+        dir.join(link),
+        dir.join(".debug").join(link),
+        under_debug_root.join(link),
+    ]
+    .into_iter()
+    .filter_map(|candidate| open_in_root_following(root, &candidate).ok())
+    .find(|file| {
+        // SAFETY: read-only private mapping.
+        unsafe { Mmap::map(file) }.is_ok_and(|data| crc32fast::hash(&data) == crc)
+    })
+}
