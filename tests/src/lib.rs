@@ -121,6 +121,66 @@ pub fn unwind_fixture() -> PathBuf {
     })
 }
 
+/// Functions in [`big_binary`].
+pub const BIG_BINARY_FUNCTIONS: usize = 20_000;
+
+/// A generated binary with many functions and their debug info
+/// (`f0`..`f19999`, each with a type of its own), for symbolizing at scale.
+pub fn big_binary() -> PathBuf {
+    build_once("big", |out| {
+        let source = out.with_extension("c");
+        let mut text = String::from("#include <stdlib.h>\n#include <string.h>\n");
+        for i in 0..BIG_BINARY_FUNCTIONS {
+            text.push_str(&format!(
+                "struct s{i} {{ int a; long b; char name[{}]; }};\n\
+                 void *f{i}(int x) {{ struct s{i} *p = malloc(sizeof(struct s{i}) + x); \
+                 if (p) {{ p->a = x; p->b = {i}; memset(p->name, {}, sizeof p->name); }} \
+                 return p; }}\n",
+                i % 32 + 1,
+                i % 256
+            ));
+        }
+        text.push_str("int main(void) { return f0(1) == 0; }\n");
+        std::fs::write(&source, text).unwrap();
+        let mut command = Command::new("cc");
+        command.args(["-O0", "-g", "-o"]).arg(out).arg(source);
+        command
+    })
+}
+
+/// Peak resident memory in KiB of a command run to completion, and its
+/// output.
+pub fn run_measuring_memory(command: &mut Command) -> (ExitStatus, String, u64) {
+    let child = command
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("starting a command");
+    let pid = child.id() as i32;
+    let output = std::thread::spawn(move || {
+        use std::io::Read;
+        let mut child = child;
+        let mut text = String::new();
+        let _ = child.stdout.take().unwrap().read_to_string(&mut text);
+        let mut errors = String::new();
+        let _ = child.stderr.take().unwrap().read_to_string(&mut errors);
+        text + &errors
+    })
+    .join()
+    .unwrap();
+    let mut status = 0;
+    // SAFETY: zeroed rusage is valid; wait4 on our own child.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let waited = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+    assert_eq!(waited, pid);
+    (
+        std::os::unix::process::ExitStatusExt::from_raw(status),
+        output,
+        usage.ru_maxrss as u64,
+    )
+}
+
 /// Three sites with different trends over 6 seconds.
 pub fn trends_fixture() -> PathBuf {
     build_once("trends", |out| {

@@ -114,7 +114,10 @@ fn names_come_from_separate_debug_files() {
         .unwrap();
     assert!(status.success());
     let symbols = std::process::Command::new("nm").arg(&app).output().unwrap();
-    assert!(!symbols.status.success() || symbols.stdout.is_empty(), "app not stripped");
+    assert!(
+        !symbols.status.success() || symbols.stdout.is_empty(),
+        "app not stripped"
+    );
 
     let profile = |name: &str| {
         let dir = output_dir(name);
@@ -187,4 +190,92 @@ fn names_come_from_separate_debug_files() {
         .find(|r| r.name == "inner")
         .unwrap_or_else(|| panic!("{report}"));
     assert_within("inner flat", inner.flat * MIB, 2000.0 * 4096.0, 0.10);
+}
+
+/// A `.heap` with one stack per function of `binary` (at `function + 8`),
+/// mapped as a PIE at 0x555555554000 would be.
+fn heap_naming_every_function(binary: &std::path::Path) -> String {
+    let nm = std::process::Command::new("nm")
+        .arg(binary)
+        .output()
+        .unwrap();
+    let functions: Vec<u64> = String::from_utf8_lossy(&nm.stdout)
+        .lines()
+        .filter_map(|l| {
+            let mut fields = l.split_whitespace();
+            let (address, kind, name) = (fields.next()?, fields.next()?, fields.next()?);
+            (kind == "T" && name.starts_with('f')).then(|| u64::from_str_radix(address, 16).ok())?
+        })
+        .collect();
+    assert_eq!(functions.len(), BIG_BINARY_FUNCTIONS);
+    let base = 0x5555_5555_4000u64;
+    let headers = std::process::Command::new("readelf")
+        .arg("-lW")
+        .arg(binary)
+        .output()
+        .unwrap();
+    let mut maps = String::new();
+    for line in String::from_utf8_lossy(&headers.stdout).lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        if fields.first() != Some(&"LOAD") {
+            continue;
+        }
+        let hex = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).unwrap();
+        let (offset, address, size) = (hex(fields[1]), hex(fields[2]), hex(fields[4]));
+        let perms = if line.contains(" E ") { "r-xp" } else { "r--p" };
+        maps.push_str(&format!(
+            "{:x}-{:x} {perms} {:08x} fe:00 1 {}\n",
+            base + (address & !0xfff),
+            base + ((address + size + 0xfff) & !0xfff),
+            offset & !0xfff,
+            binary.display()
+        ));
+    }
+    let n = functions.len();
+    let mut heap = format!(
+        "heap_v2/524288\n  t*: {n}: {} [{n}: {}]\n",
+        n * 4096,
+        n * 4096
+    );
+    for f in &functions {
+        heap.push_str(&format!("@ {:#x}\n  t*: 1: 4096 [1: 4096]\n", base + f + 8));
+    }
+    heap.push_str("\nMAPPED_LIBRARIES:\n");
+    heap.push_str(&maps);
+    heap
+}
+
+/// Naming a big binary (20,000 functions with their debug info) stays
+/// within the stated bound: 64 MiB plus the binary's size, since binaries
+/// are memory-mapped and each distinct address is named once.
+#[test]
+fn naming_a_big_binary_stays_within_its_memory_bound() {
+    let _guard = shared();
+    let out = output_dir("big_binary");
+    // Without its symbol table: every name comes from the DWARF.
+    let binary = out.join("big");
+    std::fs::copy(big_binary(), &binary).unwrap();
+    let heap = out.join("every_function.heap");
+    std::fs::write(&heap, heap_naming_every_function(&binary)).unwrap();
+    objcopy(&[
+        "--remove-section=.symtab",
+        "--remove-section=.strtab",
+        binary.to_str().unwrap(),
+    ]);
+    let mut command = std::process::Command::new(memprobe_bin());
+    command.args(["report", heap.to_str().unwrap(), "--top", "100000"]);
+    let (status, report, peak_kib) = run_measuring_memory(&mut command);
+    assert!(status.success(), "{report}");
+    let named = parse_jeprof_rows(&report)
+        .iter()
+        .filter(|r| r.name.starts_with('f') && r.name[1..].parse::<u32>().is_ok())
+        .count();
+    assert_eq!(named, BIG_BINARY_FUNCTIONS, "{report}");
+    let size_kib = std::fs::metadata(&binary).unwrap().len() / 1024;
+    let bound_kib = 64 * 1024 + size_kib;
+    eprintln!("peak RSS {peak_kib} KiB naming {named} functions of a {size_kib} KiB binary");
+    assert!(
+        peak_kib <= bound_kib,
+        "peak {peak_kib} KiB > bound {bound_kib} KiB"
+    );
 }
