@@ -34,6 +34,8 @@ pub struct SiteTrend {
     pub frames: Vec<u64>,
     /// Estimated bytes in use, one per snapshot.
     pub inuse: Vec<f64>,
+    /// The sampling variance of each estimate (see [`sampling_variance`]).
+    pub inuse_variance: Vec<f64>,
     /// Least-squares growth in bytes per second.
     pub slope: f64,
     pub ever_shrank: bool,
@@ -70,12 +72,18 @@ pub fn rank_sites(snapshots: &[ParsedHeap], options: &LeakOptions) -> Vec<SiteTr
                 .or_insert_with(|| SiteTrend {
                     frames: stack.frames.clone(),
                     inuse: vec![0.0; snapshots.len()],
+                    inuse_variance: vec![0.0; snapshots.len()],
                     slope: 0.0,
                     ever_shrank: false,
                     oldest_live_s: None,
                     trend: Trend::Fluctuating,
                 });
             site.inuse[i] = stack.inuse_bytes;
+            site.inuse_variance[i] = sampling_variance(
+                stack.inuse_objects,
+                stack.inuse_bytes,
+                snapshot.sample_interval as f64,
+            );
             if i + 1 == snapshots.len() {
                 site.oldest_live_s = stack.oldest_live_s;
             }
@@ -110,25 +118,53 @@ fn last(site: &SiteTrend) -> f64 {
     site.inuse.last().copied().unwrap_or(0.0)
 }
 
+/// The sampling variance of an estimate of `bytes` in use by `objects`
+/// objects, sampled every `interval` bytes on average. Each object of the
+/// mean size `z` was sampled with probability `p = 1 - exp(-z/interval)`
+/// and then stands for `1/p` objects, so the estimate's variance is
+/// `objects * (1 - p) / p * z^2`: large for many small objects at a coarse
+/// interval, zero for objects much larger than the interval.
+pub fn sampling_variance(objects: f64, bytes: f64, interval: f64) -> f64 {
+    if objects <= 0.0 || bytes <= 0.0 || interval <= 0.0 {
+        return 0.0;
+    }
+    let size = bytes / objects;
+    let p = -(-size / interval).exp_m1();
+    objects * (1.0 - p) / p * size * size
+}
+
+/// Differences smaller than this many standard deviations of the sampling
+/// noise are not taken for growth or shrinkage.
+const NOISE_SIGMAS: f64 = 3.0;
+
 fn classify(site: &mut SiteTrend, times: &[f64], interval: f64) {
     let peak = site.inuse.iter().copied().fold(0.0, f64::max);
-    // Sampling noise: a few samples' worth, or 5% of the site's peak.
-    let noise = (0.05 * peak).max(2.0 * interval);
-    site.ever_shrank = site.inuse.windows(2).any(|w| w[1] < w[0] - noise);
+    let variance = &site.inuse_variance;
+    // A change between two snapshots is real beyond a few standard
+    // deviations of both estimates' noise, and at least two samples.
+    let noise_between = |i: usize, j: usize| {
+        (NOISE_SIGMAS * (variance[i] + variance[j]).sqrt()).max(2.0 * interval)
+    };
+    let n = site.inuse.len();
+    site.ever_shrank = (1..n).any(|i| site.inuse[i] < site.inuse[i - 1] - noise_between(i - 1, i));
     site.slope = slope(times, &site.inuse);
     let first = site.inuse[0];
     let end = last(site);
+    let growth_noise = noise_between(0, n - 1);
+    let peak_at = site.inuse.iter().position(|&b| b == peak).unwrap_or(0);
+    let noise = noise_between(peak_at, peak_at);
     let settled = &site.inuse[site.inuse.len().min(1)..];
     let settled_low = settled.iter().copied().fold(f64::INFINITY, f64::min);
-    site.trend = if !site.ever_shrank && end - first > noise.max(0.1 * peak) && site.slope > 0.0 {
-        Trend::LikelyLeak
-    } else if peak > noise && end <= 0.25 * peak {
-        Trend::ReleasedAfterBurst
-    } else if end > noise && peak - settled_low <= 0.3 * peak {
-        Trend::WorkingSet
-    } else {
-        Trend::Fluctuating
-    };
+    site.trend =
+        if !site.ever_shrank && end - first > growth_noise.max(0.1 * peak) && site.slope > 0.0 {
+            Trend::LikelyLeak
+        } else if peak > noise && end <= 0.25 * peak {
+            Trend::ReleasedAfterBurst
+        } else if end > noise && peak - settled_low <= 0.3 * peak {
+            Trend::WorkingSet
+        } else {
+            Trend::Fluctuating
+        };
 }
 
 fn slope(times: &[f64], values: &[f64]) -> f64 {
@@ -275,6 +311,43 @@ mod tests {
             },
         );
         assert!(young.is_empty());
+    }
+
+    /// A churned working set of 64 KiB objects sampled every 64 KiB moves by
+    /// about its noise between snapshots (8.1 -> 9.1 MiB was seen): not a
+    /// leak. Small objects leaking steadily are one, noise and all.
+    #[test]
+    fn growth_within_the_sampling_noise_is_not_a_leak() {
+        const MIB: f64 = 1048576.0;
+        let stack = |frame: u64, bytes: f64, size: f64| ParsedStack {
+            frames: vec![frame],
+            inuse_objects: bytes / size,
+            inuse_bytes: bytes,
+            alloc_objects: bytes / size,
+            alloc_bytes: bytes,
+            oldest_live_s: Some(0.0),
+        };
+        let series: Vec<ParsedHeap> = [8.1, 8.4, 8.6, 8.9, 9.1]
+            .iter()
+            .enumerate()
+            .map(|(i, &working)| ParsedHeap {
+                sample_interval: 65536,
+                notes: [("elapsed_s".to_owned(), i.to_string())].into(),
+                stacks: vec![
+                    stack(1, working * MIB, 65536.0),
+                    stack(2, (i as f64 + 1.0) * MIB, 4096.0),
+                ],
+                ..ParsedHeap::default()
+            })
+            .collect();
+        let ranked = rank_sites(&series, &LeakOptions::default());
+        let trend_of = |frame| ranked.iter().find(|s| s.frames[0] == frame).unwrap().trend;
+        assert_eq!(trend_of(1), Trend::WorkingSet);
+        assert_eq!(trend_of(2), Trend::LikelyLeak);
+        // 128 objects of 64 KiB at 64 KiB: sd = 64 KiB * sqrt(128 * (1-p)/p).
+        let p = 1.0 - (-1.0f64).exp();
+        let sd = sampling_variance(128.0, 8.0 * MIB, 65536.0).sqrt();
+        assert!((sd - 65536.0 * (128.0 * (1.0 - p) / p).sqrt()).abs() < 1.0);
     }
 
     #[test]
