@@ -168,11 +168,7 @@ pub fn convert<W: Write>(
                     .enumerate()
                     .map(|(i, &f)| if i == 0 { f + 1 } else { f })
                     .collect(),
-                inuse_objects: s.inuse_objects,
-                inuse_bytes: s.inuse_bytes,
-                alloc_objects: s.alloc_objects,
-                alloc_bytes: s.alloc_bytes,
-                oldest_live_s: s.oldest_live_s,
+                ..s.clone()
             })
             .collect(),
         mapped_libraries: heap.mapped_libraries.clone(),

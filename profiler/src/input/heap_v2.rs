@@ -5,18 +5,9 @@ use std::collections::HashMap;
 
 use crate::sampling::jeprof_decode;
 
-/// One stack of a parsed profile, with jeprof's un-sampled estimates.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ParsedStack {
-    /// Addresses as written: the leaf first.
-    pub frames: Vec<u64>,
-    pub inuse_objects: f64,
-    pub inuse_bytes: f64,
-    pub alloc_objects: f64,
-    pub alloc_bytes: f64,
-    /// memprobe's `# oldest_live_s:` line, if any.
-    pub oldest_live_s: Option<f64>,
-}
+/// A stack as read from a `.heap`: its first frame is as written there
+/// (the return address - 1, for jeprof), the others are return addresses.
+pub type ParsedStack = crate::profile::StackEstimate;
 
 /// A parsed `.heap` file.
 #[derive(Clone, Debug, Default, PartialEq)]
