@@ -25,9 +25,7 @@ fn static_jemalloc_in_the_executable() {
         "{stderr}"
     );
     assert!(!stderr.contains("libjemalloc.so"), "{stderr}");
-    let inuse = jeprof_text(&binary, &heap, "--inuse_space");
-    assert_within("keep_1m", inuse["keep_1m"] * MIB, KEEP_1M, 0.10);
-    assert_within("keep_4k", inuse["keep_4k"] * MIB, KEEP_4K, 0.10);
+    assert_sites_kept(&binary, &heap, "");
 }
 
 #[test]
@@ -126,6 +124,34 @@ fn jvm_with_jemalloc_preloaded_sees_direct_buffers() {
     );
 }
 
+/// The sites fixture's kept sites, read by jeprof; `what` prefixes messages.
+fn assert_sites_kept(binary: &std::path::Path, heap: &std::path::Path, what: &str) {
+    let inuse = jeprof_text(binary, heap, "--inuse_space");
+    assert_within(
+        &format!("{what}keep_1m"),
+        inuse["keep_1m"] * MIB,
+        KEEP_1M,
+        0.10,
+    );
+    assert_within(
+        &format!("{what}keep_4k"),
+        inuse["keep_4k"] * MIB,
+        KEEP_4K,
+        0.10,
+    );
+}
+
+/// The static-jemalloc library's `keep_blocks(2000, 4096)`, read by jeprof.
+fn assert_library_keeps_blocks(library: &std::path::Path, heap: &std::path::Path) {
+    let inuse = jeprof_rows(library, heap, "--inuse_space");
+    assert_within(
+        "keep_blocks in use",
+        row(&inuse, "keep_blocks").flat * MIB,
+        KEEP_4K,
+        0.10,
+    );
+}
+
 #[test]
 fn jvm_with_a_jni_library_that_contains_jemalloc() {
     let _guard = shared();
@@ -141,13 +167,7 @@ fn jvm_with_a_jni_library_that_contains_jemalloc() {
         stderr.contains(&format!("mallocx at {}+", library.display())),
         "{stderr}"
     );
-    let inuse = jeprof_rows(&library, &heap, "--inuse_space");
-    assert_within(
-        "keep_blocks in use",
-        row(&inuse, "keep_blocks").flat * MIB,
-        KEEP_4K,
-        0.10,
-    );
+    assert_library_keeps_blocks(&library, &heap);
 }
 
 #[test]
@@ -177,13 +197,7 @@ fn library_loaded_after_attach_is_probed_within_a_second() {
     fixture.run_workload();
     memprobe.stop();
     let heap = &heap_files(&out)[0];
-    let inuse = jeprof_rows(&library, heap, "--inuse_space");
-    assert_within(
-        "keep_blocks in use",
-        row(&inuse, "keep_blocks").flat * MIB,
-        KEEP_4K,
-        0.10,
-    );
+    assert_library_keeps_blocks(&library, heap);
 }
 
 #[test]
@@ -220,9 +234,7 @@ fn launch_mode_profiles_from_the_start_and_passes_the_exit_code() {
     assert_eq!(status.code(), Some(7), "{stderr}");
     let heaps = heap_files(&out);
     assert_eq!(heaps.len(), 1, "{stderr}");
-    let inuse = jeprof_text(&binary, &heaps[0], "--inuse_space");
-    assert_within("keep_1m", inuse["keep_1m"] * MIB, KEEP_1M, 0.10);
-    assert_within("keep_4k", inuse["keep_4k"] * MIB, KEEP_4K, 0.10);
+    assert_sites_kept(&binary, &heaps[0], "");
 }
 
 #[test]
@@ -251,19 +263,7 @@ fn two_pids_in_one_run() {
     assert!(status.success(), "{stderr}");
     for pid in [&a, &b] {
         let heap = out.join(format!("memprobe.{pid}.0.heap"));
-        let inuse = jeprof_text(&binary, &heap, "--inuse_space");
-        assert_within(
-            &format!("pid {pid} keep_1m"),
-            inuse["keep_1m"] * MIB,
-            KEEP_1M,
-            0.10,
-        );
-        assert_within(
-            &format!("pid {pid} keep_4k"),
-            inuse["keep_4k"] * MIB,
-            KEEP_4K,
-            0.10,
-        );
+        assert_sites_kept(&binary, &heap, &format!("pid {pid} "));
     }
 }
 
@@ -292,9 +292,7 @@ fn all_picks_up_a_process_started_during_the_run() {
     assert!(late.finish().success());
     let heap = out.join(format!("memprobe.{pid}.0.heap"));
     assert!(heap.exists(), "no profile for pid {pid}: {stderr}");
-    let inuse = jeprof_text(&binary, &heap, "--inuse_space");
-    assert_within("keep_1m", inuse["keep_1m"] * MIB, KEEP_1M, 0.10);
-    assert_within("keep_4k", inuse["keep_4k"] * MIB, KEEP_4K, 0.10);
+    assert_sites_kept(&binary, &heap, "");
 }
 
 /// Nanoseconds per malloc+free pair of a fresh malloc_loop run (best of 3).
@@ -398,9 +396,7 @@ fn process_in_another_mount_and_pid_namespace() {
     // The maps name the file as the container sees it; give jeprof a copy there.
     assert!(text.contains(&inside.display().to_string()));
     std::fs::copy(&binary, &inside).unwrap();
-    let inuse = jeprof_text(&inside, &heap, "--inuse_space");
-    assert_within("keep_1m", inuse["keep_1m"] * MIB, KEEP_1M, 0.10);
-    assert_within("keep_4k", inuse["keep_4k"] * MIB, KEEP_4K, 0.10);
+    assert_sites_kept(&inside, &heap, "");
 }
 
 /// The host pid of the process whose executable is `path` (in its own view).
