@@ -5,7 +5,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use blazesym::symbolize::{Input, Symbolized, Symbolizer, source::Elf, source::Source};
+use blazesym::symbolize::{CodeInfo, Input, Symbolized, Symbolizer, source::Elf, source::Source};
 
 use crate::{
     debug_files::DebugFile,
@@ -13,6 +13,25 @@ use crate::{
     entry_points::{C_ENTRY_POINTS, CXX_ENTRY_POINTS},
     target::{Mapping, parse_maps},
 };
+
+/// One function at an address: its name and, where debug info says, the
+/// source line the address is at within it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Frame {
+    pub name: String,
+    pub file: Option<String>,
+    pub line: Option<u32>,
+}
+
+impl Frame {
+    fn named(name: String) -> Self {
+        Self {
+            name,
+            file: None,
+            line: None,
+        }
+    }
+}
 
 /// Names addresses of one process's profile.
 pub struct Namer {
@@ -23,7 +42,7 @@ pub struct Namer {
     /// The live process whose maps these are, if any.
     pid: Option<u32>,
     /// Names per address, innermost inlined function first.
-    cache: HashMap<u64, Vec<String>>,
+    cache: HashMap<u64, Vec<Frame>>,
     /// JIT code (a JVM's perf map), for addresses outside mapped files.
     jit: Vec<crate::perfmap::JitSymbol>,
     /// Per file: whether it holds a copy of jemalloc.
@@ -67,9 +86,9 @@ impl Namer {
     pub fn with_symbols(mut self, symbols: &HashMap<u64, String>) -> Self {
         // jeprof's form: "outer--inlined--innermost".
         self.cache.extend(symbols.iter().map(|(a, n)| {
-            let mut names: Vec<String> = n.split("--").map(str::to_owned).collect();
-            names.reverse();
-            (*a, names)
+            let mut frames: Vec<Frame> = n.split("--").map(|n| Frame::named(n.into())).collect();
+            frames.reverse();
+            (*a, frames)
         }));
         self
     }
@@ -86,14 +105,20 @@ impl Namer {
     /// The functions at `address`, innermost inlined one first, the
     /// function that holds the code last.
     pub fn names(&mut self, address: u64) -> Vec<String> {
-        if let Some(names) = self.cache.get(&address) {
-            return names.clone();
+        self.frames(address).into_iter().map(|f| f.name).collect()
+    }
+
+    /// As [`names`](Self::names), with source lines where debug info has
+    /// them.
+    pub fn frames(&mut self, address: u64) -> Vec<Frame> {
+        if let Some(frames) = self.cache.get(&address) {
+            return frames.clone();
         }
-        let names = self
+        let frames = self
             .lookup(address)
-            .unwrap_or_else(|| vec![format!("{address:#x}")]);
-        self.cache.insert(address, names.clone());
-        names
+            .unwrap_or_else(|| vec![Frame::named(format!("{address:#x}"))]);
+        self.cache.insert(address, frames.clone());
+        frames
     }
 
     /// Names JIT code from a perf map; forgets names made before.
@@ -102,13 +127,14 @@ impl Namer {
         self.cache.clear();
     }
 
-    fn lookup(&mut self, address: u64) -> Option<Vec<String>> {
+    fn lookup(&mut self, address: u64) -> Option<Vec<Frame>> {
         let Some(mapping) = self
             .mappings
             .iter()
             .find(|m| address >= m.start && address < m.end)
         else {
-            return crate::perfmap::lookup(&self.jit, address).map(|s| vec![s.name.clone()]);
+            return crate::perfmap::lookup(&self.jit, address)
+                .map(|s| vec![Frame::named(s.name.clone())]);
         };
         let path = PathBuf::from(mapping.path.as_deref()?);
         let live = self
@@ -215,18 +241,27 @@ impl Namer {
 }
 
 /// The functions at `input` in the ELF file at `path`, innermost first.
-fn symbolize(symbolizer: &Symbolizer, path: &Path, input: Input<u64>) -> Option<Vec<String>> {
+fn symbolize(symbolizer: &Symbolizer, path: &Path, input: Input<u64>) -> Option<Vec<Frame>> {
     let source = Source::Elf(Elf::new(path));
     match symbolizer.symbolize_single(&source, input).ok()? {
-        // blazesym lists inlined calls outermost first.
+        // blazesym lists inlined calls outermost first; each one's code
+        // info is where the address is within that function.
         Symbolized::Sym(sym) => Some(
             sym.inlined
                 .iter()
                 .rev()
-                .map(|f| f.name.to_string())
-                .chain([sym.name.into_owned()])
+                .map(|f| frame(&f.name, f.code_info.as_ref()))
+                .chain([frame(&sym.name, sym.code_info.as_deref())])
                 .collect(),
         ),
         Symbolized::Unknown(_) => None,
+    }
+}
+
+fn frame(name: &str, code: Option<&CodeInfo<'_>>) -> Frame {
+    Frame {
+        name: name.to_owned(),
+        file: code.map(|c| c.to_path().display().to_string()),
+        line: code.and_then(|c| c.line),
     }
 }

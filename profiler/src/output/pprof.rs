@@ -81,6 +81,8 @@ struct Location {
 struct Line {
     #[prost(uint64, tag = "1")]
     function_id: u64,
+    #[prost(int64, tag = "2")]
+    line: i64,
 }
 
 #[derive(Clone, PartialEq, Message)]
@@ -91,6 +93,8 @@ struct Function {
     name: i64,
     #[prost(int64, tag = "3")]
     system_name: i64,
+    #[prost(int64, tag = "4")]
+    filename: i64,
 }
 
 #[derive(Default)]
@@ -149,7 +153,7 @@ pub fn write<W: Write>(profile: &HeapProfile, namer: &mut Namer, out: W) -> io::
     let mut locations: Vec<Location> = Vec::new();
     let mut location_ids: HashMap<u64, u64> = HashMap::new();
     let mut functions: Vec<Function> = Vec::new();
-    let mut function_ids: HashMap<String, u64> = HashMap::new();
+    let mut function_ids: HashMap<(String, Option<String>), u64> = HashMap::new();
     let mut samples = Vec::new();
     for stack in &profile.stacks {
         let mut ids = Vec::with_capacity(stack.frames.len());
@@ -157,22 +161,29 @@ pub fn write<W: Write>(profile: &HeapProfile, namer: &mut Namer, out: W) -> io::
             // The call instruction: return address - 1, leaf included.
             let address = frame.saturating_sub(1);
             let id = *location_ids.entry(address).or_insert_with(|| {
-                // One line per inlined function, innermost first.
+                // One line per inlined function, innermost first, with its
+                // source line where debug info has one.
                 let line = namer
-                    .names(address)
+                    .frames(address)
                     .into_iter()
-                    .map(|name| {
-                        let function_id = *function_ids.entry(name.clone()).or_insert_with(|| {
+                    .map(|frame| {
+                        let key = (frame.name, frame.file);
+                        let function_id = *function_ids.entry(key.clone()).or_insert_with(|| {
                             let id = functions.len() as u64 + 1;
-                            let name = strings.id(&name);
+                            let name = strings.id(&key.0);
+                            let filename = strings.id(key.1.as_deref().unwrap_or(""));
                             functions.push(Function {
                                 id,
                                 name,
                                 system_name: name,
+                                filename,
                             });
                             id
                         });
-                        Line { function_id }
+                        Line {
+                            function_id,
+                            line: frame.line.map_or(0, i64::from),
+                        }
                     })
                     .collect();
                 let mapping_id = mappings

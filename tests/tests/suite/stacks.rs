@@ -32,7 +32,7 @@ fn stacks_without_frame_pointers_carry_the_full_call_chain() {
     let binary = unwind_fixture();
     let out = output_dir("dwarf_unwind");
     let mut fixture = Fixture::start(&binary, &[]);
-    let (heap, stderr) = profile_workload(&mut fixture, &out, &["--format", "heap,folded"]);
+    let (heap, stderr) = profile_workload(&mut fixture, &out, &["--format", "heap,folded,pb.gz"]);
     let notes = heap_notes(&heap);
     let unwound: u64 = notes
         .get("stacks_unwound_by_dwarf")
@@ -53,6 +53,30 @@ fn stacks_without_frame_pointers_carry_the_full_call_chain() {
         share >= 0.95,
         "{:.1}% full chains:\n{folded}",
         100.0 * share
+    );
+
+    // pprof has the source line of the allocation (from the DWARF).
+    let source = std::fs::read_to_string(fixture_source("unwind.c")).unwrap();
+    let malloc_line = source
+        .lines()
+        .position(|l| l.contains("kept[i] = malloc(4096)"))
+        .unwrap()
+        + 1;
+    let top = std::process::Command::new("go")
+        .args([
+            "tool",
+            "pprof",
+            "-top",
+            "-lines",
+            "-sample_index=inuse_space",
+        ])
+        .arg(heap.with_extension("pb.gz"))
+        .output()
+        .unwrap();
+    let top = String::from_utf8_lossy(&top.stdout);
+    assert!(
+        top.contains("inner ") && top.contains(&format!("unwind.c:{malloc_line}")),
+        "no unwind.c:{malloc_line} in:\n{top}"
     );
 
     // The frame-pointer walk alone loses the chain in this code: what the
