@@ -88,6 +88,19 @@ impl ProcessUnwinder {
         for m in mappings.iter().filter(|m| m.is_file()) {
             by_file.entry(m.file).or_default().push(m);
         }
+        // Files unmapped since (a dlclose'd library) go: another file may
+        // take their addresses.
+        let unmapped: Vec<FileId> = self
+            .modules
+            .keys()
+            .filter(|file| !by_file.contains_key(file))
+            .copied()
+            .collect();
+        for file in unmapped {
+            if let Some(start) = self.modules.remove(&file) {
+                self.unwinder.remove_module(start);
+            }
+        }
         for (file, maps) in by_file {
             let Some(code) = maps.iter().find(|m| m.is_executable()) else {
                 continue;
@@ -275,6 +288,66 @@ pub fn splice(dwarf: &[u64], end: UnwindEnd, frame_pointers: &[u64]) -> Vec<u64>
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::target::parse_maps;
+
+    /// Registers and stack of the calling thread, as the kernel would send
+    /// them: at most 16 KiB from `rsp`, not beyond the stack's mapping.
+    #[inline(never)]
+    fn capture(maps: &[Mapping]) -> (UserRegs, Vec<u8>) {
+        let (ip, sp, bp): (u64, u64, u64);
+        // SAFETY: reads three registers, touches no memory.
+        unsafe {
+            std::arch::asm!(
+                "lea {ip}, [rip]",
+                "mov {sp}, rsp",
+                "mov {bp}, rbp",
+                ip = out(reg) ip,
+                sp = out(reg) sp,
+                bp = out(reg) bp,
+            );
+        }
+        let end = maps
+            .iter()
+            .find(|m| sp >= m.start && sp < m.end)
+            .map(|m| m.end)
+            .unwrap();
+        let len = ((end - sp) as usize).min(16384);
+        // SAFETY: [sp, sp + len) lies within this thread's stack mapping.
+        let stack = unsafe { std::slice::from_raw_parts(sp as *const u8, len) }.to_vec();
+        (UserRegs { ip, sp, bp }, stack)
+    }
+
+    #[inline(never)]
+    fn middle(maps: &[Mapping]) -> (UserRegs, Vec<u8>) {
+        let captured = capture(maps);
+        std::hint::black_box(captured)
+    }
+
+    #[inline(never)]
+    fn outer(maps: &[Mapping]) -> (UserRegs, Vec<u8>) {
+        let captured = middle(maps);
+        std::hint::black_box(captured)
+    }
+
+    /// Unwinds this very thread from a copy of its stack, with the test
+    /// binary's own .eh_frame: the return addresses land in `middle` and
+    /// `outer`, in that order.
+    #[test]
+    fn unwinds_its_own_stack_with_dwarf() {
+        let pid = std::process::id();
+        let maps = parse_maps(&std::fs::read_to_string("/proc/self/maps").unwrap());
+        let (regs, stack) = outer(&maps);
+        let mut unwinder = ProcessUnwinder::new();
+        unwinder.add_files(pid, &maps);
+        let mut frames = Vec::new();
+        unwinder.unwind(&regs, &stack, &mut frames);
+        let text = std::fs::read_to_string("/proc/self/maps").unwrap();
+        let mut namer = crate::symbolize::Namer::for_process(pid, &text);
+        let names: Vec<String> = frames.iter().map(|&f| namer.name(f - 1)).collect();
+        let at = |function: &str| names.iter().position(|n| n.ends_with(function));
+        let (m, o) = (at("tests::middle"), at("tests::outer"));
+        assert!(matches!((m, o), (Some(0), Some(1))), "{names:?}");
+    }
 
     #[test]
     fn frame_pointer_walks_get_the_root_complete_unwinds_saw() {
