@@ -666,3 +666,20 @@ pub fn assert_within(what: &str, actual: f64, expected: f64, fraction: f64) {
         fraction * 100.0
     );
 }
+
+/// The host pid of the process whose executable is `path` (in its own view).
+pub fn host_pid_of(path: &std::path::Path) -> u32 {
+    for _ in 0..100 {
+        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
+            let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+            if maps.contains(&path.display().to_string()) {
+                return pid;
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    panic!("no process maps {}", path.display());
+}

@@ -399,23 +399,6 @@ fn process_in_another_mount_and_pid_namespace() {
     assert_sites_kept(&inside, &heap, "");
 }
 
-/// The host pid of the process whose executable is `path` (in its own view).
-fn host_pid_of(path: &std::path::Path) -> u32 {
-    for _ in 0..100 {
-        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-            let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-                continue;
-            };
-            let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
-            if maps.contains(&path.display().to_string()) {
-                return pid;
-            }
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    panic!("no process maps {}", path.display());
-}
-
 /// JIT-compiled Java frames are named from HotSpot's perf map, which
 /// memprobe asks for (jcmd Compiler.perfmap) before writing.
 #[test]

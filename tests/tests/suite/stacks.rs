@@ -118,21 +118,17 @@ fn named_bytes(folded: &str, function: &str) -> u64 {
     folded_bytes(folded, function, function).0
 }
 
-/// A stripped binary named from its separate debug file: live, by the
-/// `.gnu_debuglink` next to it (its CRC checked); offline, by build ID
-/// under `/usr/lib/debug/.build-id` inside `--lib-prefix`.
-#[test]
-fn names_come_from_separate_debug_files() {
-    let _guard = shared();
-    let out = output_dir("debug_files");
-    let app = out.join("app");
+/// A stripped copy of the DWARF fixture in `dir`, named `app`, with its
+/// debug file `app.debug` next to it and a `.gnu_debuglink` to it.
+fn stripped_with_debuglink(dir: &std::path::Path) -> std::path::PathBuf {
+    let app = dir.join("app");
     std::fs::copy(unwind_fixture(), &app).unwrap();
-    let (app_str, debug) = (app.to_str().unwrap(), out.join("app.debug"));
+    let (app_str, debug) = (app.to_str().unwrap(), dir.join("app.debug"));
     objcopy(&["--only-keep-debug", app_str, debug.to_str().unwrap()]);
     objcopy(&["--strip-all", app_str]);
     // The link holds the file's name; objcopy reads it to compute the CRC.
     let status = std::process::Command::new("objcopy")
-        .current_dir(&out)
+        .current_dir(dir)
         .args(["--add-gnu-debuglink=app.debug", "app"])
         .status()
         .unwrap();
@@ -142,6 +138,18 @@ fn names_come_from_separate_debug_files() {
         !symbols.status.success() || symbols.stdout.is_empty(),
         "app not stripped"
     );
+    app
+}
+
+/// A stripped binary named from its separate debug file: live, by the
+/// `.gnu_debuglink` next to it (its CRC checked); offline, by build ID
+/// under `/usr/lib/debug/.build-id` inside `--lib-prefix`.
+#[test]
+fn names_come_from_separate_debug_files() {
+    let _guard = shared();
+    let out = output_dir("debug_files");
+    let app = stripped_with_debuglink(&out);
+    let debug = out.join("app.debug");
 
     let profile = |name: &str| {
         let dir = output_dir(name);
@@ -302,4 +310,44 @@ fn naming_a_big_binary_stays_within_its_memory_bound() {
         peak_kib <= bound_kib,
         "peak {peak_kib} KiB > bound {bound_kib} KiB"
     );
+}
+
+/// In a container (its own mount and pid namespace), the stripped binary and
+/// its debug file exist only inside, on a private tmpfs: memprobe reads the
+/// debug file through the process's root.
+#[test]
+fn debug_files_inside_a_container_are_read_in_its_root() {
+    let _guard = shared();
+    let staging = output_dir("container_debug_staging");
+    stripped_with_debuglink(&staging);
+    let root = output_dir("container_debug_mount");
+    let script = format!(
+        "mount -t tmpfs none {dir} && cp {staging}/app {staging}/app.debug {dir}/ && exec {dir}/app",
+        dir = root.display(),
+        staging = staging.display()
+    );
+    let mut command = std::process::Command::new("unshare");
+    command.args([
+        "--mount",
+        "--pid",
+        "--fork",
+        "--mount-proc",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    let mut fixture = Fixture::start_command(command);
+    let inside = root.join("app");
+    assert!(
+        !inside.exists(),
+        "the fixture must not be visible from the host"
+    );
+    fixture.pid = host_pid_of(&inside);
+    let out = output_dir("container_debug");
+    let (heap, _) = profile_workload(&mut fixture, &out, &["--format", "heap,folded"]);
+    let folded = std::fs::read_to_string(heap.with_extension("folded")).unwrap();
+    for function in ["inner", "middle", "outer"] {
+        let bytes = named_bytes(&folded, function);
+        assert!(bytes as f64 > 0.9 * 2000.0 * 4096.0, "{function}: {folded}");
+    }
 }
