@@ -106,3 +106,26 @@ fn by_debuglink(link: &str, crc: u32, binary: &Path, root: &Path) -> Option<File
         unsafe { Mmap::map(file) }.is_ok_and(|data| crc32fast::hash(&data) == crc)
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A debuglink is a file name: one with a slash could name any file.
+    #[test]
+    fn a_debuglink_with_a_path_is_refused() {
+        let root = std::env::temp_dir().join(format!("memprobe-debug-{}", std::process::id()));
+        std::fs::create_dir_all(root.join("usr/bin")).unwrap();
+        std::fs::write(root.join("usr/secret"), b"x").unwrap();
+        let crc = crc32fast::hash(b"x");
+        let binary = Path::new("/usr/bin/app");
+        assert!(by_debuglink("../secret", crc, binary, &root).is_none());
+        assert!(by_debuglink("", crc, binary, &root).is_none());
+        // The same file by a plain name next to the binary is found...
+        std::fs::write(root.join("usr/bin/app.debug"), b"x").unwrap();
+        assert!(by_debuglink("app.debug", crc, binary, &root).is_some());
+        // ...but not with another CRC.
+        assert!(by_debuglink("app.debug", crc ^ 1, binary, &root).is_none());
+        let _ = std::fs::remove_dir_all(&root);
+    }
+}
