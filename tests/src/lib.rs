@@ -683,3 +683,37 @@ pub fn host_pid_of(path: &std::path::Path) -> u32 {
     }
     panic!("no process maps {}", path.display());
 }
+
+/// Starts `files[0]` in a container of its own (new mount and pid
+/// namespaces): the files are copied onto a private tmpfs mounted on `dir`,
+/// invisible from the host, and the first one runs from there. Returns the
+/// fixture, with its host pid, and the executable's path as it sees it.
+pub fn start_in_container(files: &[&Path], dir: &Path) -> (Fixture, PathBuf) {
+    let names: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
+    let executable = dir.join(files[0].file_name().unwrap());
+    let script = format!(
+        "mount -t tmpfs none {dir} && cp {files} {dir}/ && exec {exe}",
+        dir = dir.display(),
+        files = names.join(" "),
+        exe = executable.display()
+    );
+    let mut command = Command::new("unshare");
+    command.args([
+        "--mount",
+        "--pid",
+        "--fork",
+        "--mount-proc",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    let mut fixture = Fixture::start_command(command);
+    // The fixture says "ready 1": its pid in its namespace. Find ours.
+    assert_eq!(fixture.pid, 1);
+    assert!(
+        !executable.exists(),
+        "the fixture must not be visible from the host"
+    );
+    fixture.pid = host_pid_of(&executable);
+    (fixture, executable)
+}

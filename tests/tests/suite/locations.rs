@@ -354,34 +354,8 @@ fn process_in_another_mount_and_pid_namespace() {
     let _guard = shared();
     let binary = sites_fixture();
     let out = output_dir("container");
-    // A folder that inside the namespace holds the fixture on a private
-    // tmpfs, invisible from here.
-    let root = output_dir("container_mount");
-    let script = format!(
-        "mount -t tmpfs none {dir} && cp {bin} {dir}/sites && exec {dir}/sites",
-        dir = root.display(),
-        bin = binary.display()
-    );
-    let mut command = Command::new("unshare");
-    command.args([
-        "--mount",
-        "--pid",
-        "--fork",
-        "--mount-proc",
-        "sh",
-        "-c",
-        &script,
-    ]);
-    let mut fixture = Fixture::start_command(command);
-    // The fixture says "ready 1": its pid in its namespace. Find ours.
-    assert_eq!(fixture.pid, 1);
-    let inside = root.join("sites");
-    assert!(
-        !inside.exists(),
-        "the fixture must not be visible from the host"
-    );
-    let host_pid = host_pid_of(&inside);
-    fixture.pid = host_pid;
+    let (mut fixture, inside) = start_in_container(&[&binary], &output_dir("container_mount"));
+    let host_pid = fixture.pid;
     let (heap, stderr) = profile_workload(&mut fixture, &out, &[]);
     assert!(
         stderr.contains(&format!("pid {host_pid} (sites, pid 1 in its container")),

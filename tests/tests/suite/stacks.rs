@@ -320,29 +320,10 @@ fn debug_files_inside_a_container_are_read_in_its_root() {
     let _guard = shared();
     let staging = output_dir("container_debug_staging");
     stripped_with_debuglink(&staging);
-    let root = output_dir("container_debug_mount");
-    let script = format!(
-        "mount -t tmpfs none {dir} && cp {staging}/app {staging}/app.debug {dir}/ && exec {dir}/app",
-        dir = root.display(),
-        staging = staging.display()
+    let (mut fixture, _) = start_in_container(
+        &[&staging.join("app"), &staging.join("app.debug")],
+        &output_dir("container_debug_mount"),
     );
-    let mut command = std::process::Command::new("unshare");
-    command.args([
-        "--mount",
-        "--pid",
-        "--fork",
-        "--mount-proc",
-        "sh",
-        "-c",
-        &script,
-    ]);
-    let mut fixture = Fixture::start_command(command);
-    let inside = root.join("app");
-    assert!(
-        !inside.exists(),
-        "the fixture must not be visible from the host"
-    );
-    fixture.pid = host_pid_of(&inside);
     let out = output_dir("container_debug");
     let (heap, _) = profile_workload(&mut fixture, &out, &["--format", "heap,folded"]);
     let folded = std::fs::read_to_string(heap.with_extension("folded")).unwrap();
