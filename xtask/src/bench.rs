@@ -119,22 +119,31 @@ pub fn bench() -> Result<()> {
         },
         3,
     )?;
-    let memprobe_loop = |placement: &'static str, returns: &'static str, pairs: &'static str| {
+    let memprobe_loop = |options: &'static [&'static str], pairs: &'static str| {
         let memprobe = memprobe.clone();
         let malloc_loop = malloc_loop.clone();
         let profiles_dir = profiles_dir.clone();
         move || {
             let mut c = Command::new(&memprobe);
-            c.args(["--placement", placement, "--return-probes", returns])
-                .args(["-o", &profiles_dir, "--"])
+            c.args(options)
+                .args(["--format", "heap", "-o", &profiles_dir, "--"])
                 .arg(&malloc_loop)
                 .arg(pairs);
             c
         }
     };
-    let memprobe_entry = loop_ns(memprobe_loop("entry", "uretprobes", "20000"), 3)?;
-    let memprobe_uretprobes = loop_ns(memprobe_loop("emulated", "uretprobes", "500000"), 3)?;
-    let memprobe_emulated = loop_ns(memprobe_loop("emulated", "auto", "500000"), 3)?;
+    let entry_placement = &["--placement", "entry", "--return-probes", "uretprobes"];
+    let memprobe_entry = loop_ns(memprobe_loop(entry_placement, "20000"), 3)?;
+    let uretprobes = &["--return-probes", "uretprobes"];
+    let memprobe_uretprobes = loop_ns(memprobe_loop(uretprobes, "500000"), 3)?;
+    let memprobe_emulated = loop_ns(memprobe_loop(&[], "500000"), 3)?;
+    // What a sampled call's stack walk costs: at 16 KiB about one call in
+    // 170 is sampled; with and without the stack copy for DWARF.
+    eprintln!("bench: stack walks of sampled calls");
+    let fine_fp = &["--sample-interval", "16KiB", "--unwind", "fp"];
+    let sampled_fp = loop_ns(memprobe_loop(fine_fp, "2000000"), 3)?;
+    let fine_dwarf = &["--sample-interval", "16KiB", "--unwind", "dwarf"];
+    let sampled_dwarf = loop_ns(memprobe_loop(fine_dwarf, "2000000"), 3)?;
 
     // memprobe's own CPU and memory at a sustained allocation rate.
     eprintln!("bench: memprobe's own CPU and memory");
@@ -177,6 +186,12 @@ pub fn bench() -> Result<()> {
     table.push_str(&format!(
         "| memprobe (default: emulated placement, uprobe sessions) | {memprobe_emulated:.0} | {added_emulated:.0} | {:.1}x less |\n",
         added_memleak / added_emulated
+    ));
+    table.push_str(&format!(
+        "\n| sampled calls' stacks, `--sample-interval 16KiB` (about 1 call in 170 sampled) | ns per pair |\n|---|---|\n\
+         | `--unwind fp` (frame-pointer walk in the kernel) | {sampled_fp:.0} |\n\
+         | `--unwind dwarf` (default: plus 16 KiB of stack copied for DWARF unwinding) | {sampled_dwarf:.0} ({:+.0}) |\n",
+        sampled_dwarf - sampled_fp
     ));
     if let Some((cpu, rss)) = own {
         table.push_str(&format!(
