@@ -23,7 +23,14 @@ pub mod maps {
     pub const COUNTERS: &str = "COUNTERS";
     /// Per-CPU hits of each attached entry point, indexed by probe index.
     pub const PROBE_HITS: &str = "PROBE_HITS";
+    /// Processes (tgid -> u8) whose frame-pointer walks proved as good as
+    /// DWARF unwinding: their samples mostly go without a stack copy.
+    pub const FP_TRUSTED: &str = "FP_TRUSTED";
 }
+
+/// Processes in [`maps::FP_TRUSTED`] still send a stack copy with one
+/// sample in this many, so that userspace keeps checking the walk.
+pub const FP_CHECK_ONE_IN: u32 = 16;
 
 /// Globals of the eBPF object that userspace sets at load time.
 pub mod globals {
@@ -246,10 +253,13 @@ pub enum Counter {
     ReturnHalves = 7,
     /// Samples sent without a stack copy because the ring buffer was busy.
     StackCopiesSkipped = 8,
+    /// Samples sent without a stack copy because the process's frame
+    /// pointers proved right ([`maps::FP_TRUSTED`]).
+    FramePointerFastPath = 9,
 }
 
 impl Counter {
-    pub const COUNT: u32 = 9;
+    pub const COUNT: u32 = 10;
     pub const ALL: [Counter; Self::COUNT as usize] = [
         Counter::AllocCalls,
         Counter::SampledCalls,
@@ -260,6 +270,7 @@ impl Counter {
         Counter::StackErrors,
         Counter::ReturnHalves,
         Counter::StackCopiesSkipped,
+        Counter::FramePointerFastPath,
     ];
 }
 

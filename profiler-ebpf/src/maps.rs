@@ -27,6 +27,9 @@ pub static EXP_QUANTILES: Array<u64> = Array::with_max_entries(sampling::TABLE_L
 pub static COUNTERS: PerCpuArray<u64> =
     PerCpuArray::with_max_entries(profiler_common::Counter::COUNT, 0);
 
+#[map(name = "FP_TRUSTED")]
+pub static FP_TRUSTED: HashMap<u32, u8> = HashMap::with_max_entries(8192, 0);
+
 #[map(name = "PROBE_HITS")]
 pub static PROBE_HITS: PerCpuArray<u64> =
     PerCpuArray::with_max_entries(profiler_common::MAX_COUNTED_PROBES, 0);

@@ -147,9 +147,12 @@ pub struct Cli {
     /// How sampled stacks are walked: `dwarf` (the kernel copies 16 KiB of
     /// stack with each sample and memprobe unwinds it with the binaries'
     /// .eh_frame: right for code built without frame pointers, the default
-    /// for optimized C, C++ and Rust) or `fp` (frame pointers only: less
-    /// work per sample, right only where all code keeps frame pointers).
-    #[arg(long, value_name = "HOW", default_value = "dwarf", value_parser = ["dwarf", "fp"])]
+    /// for optimized C, C++ and Rust), `auto` (dwarf, with frame pointers as
+    /// a fast path: a process whose frame-pointer walks matched its DWARF
+    /// unwinds 32 times in a row sends only one sample in 16 with a copy,
+    /// until one does not match) or `fp` (frame pointers only: least work
+    /// per sample, right only where all code keeps frame pointers).
+    #[arg(long, value_name = "HOW", default_value = "auto", value_parser = ["auto", "dwarf", "fp"])]
     pub unwind: String,
 
     /// Say which entry points were attached where, and why the run stopped.
@@ -260,7 +263,8 @@ impl Cli {
                 "uretprobes" => ReturnProbes::Uretprobes,
                 _ => ReturnProbes::Auto,
             },
-            copy_stack: self.unwind == "dwarf",
+            copy_stack: self.unwind != "fp",
+            frame_pointer_fast_path: self.unwind == "auto",
             ..KernelOptions::default()
         };
         let targets = if self.all {

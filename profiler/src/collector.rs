@@ -54,6 +54,9 @@ pub struct Drops {
     /// Samples whose stack stops short of the outermost frame: the unwind
     /// needed more than the copied stack, or found no way up.
     pub truncated_stacks: u64,
+    /// Samples walked by frame pointers alone because the process's walks
+    /// had proved as good as DWARF's.
+    pub trusted_frame_pointers: u64,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -239,6 +242,7 @@ impl ProcessHeap {
             ("callers_hidden_by_other_uretprobes", d.trampoline_callers),
             ("stacks_unwound_by_dwarf", d.dwarf_unwound),
             ("stacks_truncated", d.truncated_stacks),
+            ("stacks_by_trusted_frame_pointers", d.trusted_frame_pointers),
         ] {
             if value > 0 {
                 notes.push((name.to_owned(), value.to_string()));

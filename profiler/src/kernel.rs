@@ -5,7 +5,7 @@ use std::{num::NonZeroU32, os::fd::OwnedFd, path::Path};
 
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{Array, MapData, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
     programs::{
         UProbe,
         uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope},
@@ -41,6 +41,9 @@ pub struct KernelOptions {
     pub return_probes: ReturnProbes,
     /// Copy each sampled call's user stack for DWARF unwinding. Default: yes.
     pub copy_stack: bool,
+    /// Let processes whose frame-pointer walks proved right skip most
+    /// copies ([`KernelProbes::trust_frame_pointers`]). Default: yes.
+    pub frame_pointer_fast_path: bool,
 }
 
 impl Default for KernelOptions {
@@ -52,6 +55,7 @@ impl Default for KernelOptions {
             placement: PlacementMode::Emulated,
             return_probes: ReturnProbes::Auto,
             copy_stack: true,
+            frame_pointer_fast_path: true,
         }
     }
 }
@@ -121,6 +125,7 @@ pub struct KernelProbes {
     pub sessions_unavailable: Option<String>,
     /// Session links; dropping them detaches.
     session_links: Vec<OwnedFd>,
+    frame_pointer_fast_path: bool,
 }
 
 const ALL_PROGRAMS: [&str; 10] = [
@@ -195,6 +200,7 @@ impl KernelProbes {
             sessions,
             sessions_unavailable,
             session_links: Vec::new(),
+            frame_pointer_fast_path: options.copy_stack && options.frame_pointer_fast_path,
         })
     }
 
@@ -285,6 +291,31 @@ impl KernelProbes {
             });
         }
         Ok(allocator.entry_points.len())
+    }
+
+    /// Whether processes may be trusted with frame pointers (`--unwind auto`).
+    pub fn frame_pointer_fast_path(&self) -> bool {
+        self.frame_pointer_fast_path
+    }
+
+    /// Lets `pid`'s samples go without a stack copy (but one in
+    /// [`FP_CHECK_ONE_IN`](profiler_common::FP_CHECK_ONE_IN)), or not. A
+    /// full table only means more copies.
+    pub fn trust_frame_pointers(&mut self, pid: u32, trusted: bool) {
+        if !self.frame_pointer_fast_path {
+            return;
+        }
+        let Some(map) = self.ebpf.map_mut(maps::FP_TRUSTED) else {
+            return;
+        };
+        let Ok(mut table) = HashMap::<_, u32, u8>::try_from(map) else {
+            return;
+        };
+        let _ = if trusted {
+            table.insert(pid, 1, 0)
+        } else {
+            table.remove(&pid)
+        };
     }
 
     /// The event ring buffer; can be taken once.

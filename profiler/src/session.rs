@@ -170,7 +170,14 @@ struct Tracked {
     last_growth_dump: Option<Instant>,
     /// DWARF unwinding of this process's samples.
     unwinder: ProcessUnwinder,
+    /// Complete DWARF unwinds in a row that the frame-pointer walk of the
+    /// same sample matched, and whether the kernel was told to trust it.
+    frame_pointer_matches: u32,
+    frame_pointers_trusted: bool,
 }
+
+/// Matches in a row after which a process's frame pointers are trusted.
+const FRAME_POINTER_MATCHES: u32 = 32;
 
 impl Tracked {
     /// Keeps a fresh copy of the maps; a failed read keeps the last good one
@@ -184,20 +191,34 @@ impl Tracked {
     }
 
     /// Replaces a sample's frame-pointer frames with DWARF-unwound ones
-    /// where the kernel copied its stack.
-    fn unwind(&mut self, event: &mut Event) {
+    /// where the kernel copied its stack. Frame pointers are a fast path
+    /// where the code keeps them: once the walks of enough samples in a row
+    /// matched their DWARF unwinds, the kernel is told to send most samples
+    /// of the process without a copy; one that does not match ends that.
+    /// Returns the new trust when it changes.
+    fn unwind(&mut self, event: &mut Event, fast_path: bool) -> Option<bool> {
         let Event::Sampled {
             frames, stack_copy, ..
         } = event
         else {
-            return;
+            return None;
         };
         let Some(copy) = stack_copy else {
             self.unwinder.complete_root(frames);
-            return;
+            if self.frame_pointers_trusted {
+                self.heap.drops.trusted_frame_pointers += 1;
+            }
+            return None;
         };
         let mut unwound = Vec::new();
         let end = self.unwinder.unwind(&copy.regs, &copy.bytes, &mut unwound);
+        let mut walked = frames.clone();
+        self.unwinder.complete_root(&mut walked);
+        let trust = if fast_path {
+            self.judge_frame_pointers(end, walked == unwound)
+        } else {
+            None
+        };
         // Another tool's uretprobe put the trampoline where the caller's
         // return address was: CFI cannot see past it; keep the walk, whose
         // trampoline frame is dropped and counted next.
@@ -207,13 +228,30 @@ impl Tracked {
         });
         if unwound.is_empty() || hidden {
             self.unwinder.complete_root(frames);
-            return;
+            return trust;
         }
         *frames = unwind::splice(&unwound, end, frames);
         self.heap.drops.dwarf_unwound += 1;
         if end != UnwindEnd::Complete && frames.len() == unwound.len() {
             self.heap.drops.truncated_stacks += 1;
         }
+        trust
+    }
+
+    fn judge_frame_pointers(&mut self, end: UnwindEnd, matched: bool) -> Option<bool> {
+        if end != UnwindEnd::Complete {
+            return None;
+        }
+        if !matched {
+            self.frame_pointer_matches = 0;
+            return std::mem::take(&mut self.frame_pointers_trusted).then_some(false);
+        }
+        self.frame_pointer_matches += 1;
+        if self.frame_pointer_matches >= FRAME_POINTER_MATCHES && !self.frame_pointers_trusted {
+            self.frame_pointers_trusted = true;
+            return Some(true);
+        }
+        None
     }
 }
 
@@ -567,6 +605,8 @@ impl Session<'_> {
             growth: std::collections::VecDeque::new(),
             last_growth_dump: None,
             unwinder: ProcessUnwinder::new(),
+            frame_pointer_matches: 0,
+            frame_pointers_trusted: false,
         };
         tracked.set_maps(Some(maps));
         self.tracked.insert(pid, tracked);
@@ -705,7 +745,9 @@ impl Session<'_> {
                     t.set_maps(read_maps(pid).ok());
                 }
                 let mut event = event;
-                t.unwind(&mut event);
+                if let Some(trusted) = t.unwind(&mut event, self.probes.frame_pointer_fast_path()) {
+                    self.probes.trust_frame_pointers(pid, trusted);
+                }
                 drop_trampoline_caller(&mut event, t.trampoline, &mut t.heap);
                 t.heap.apply(event);
             }
@@ -720,6 +762,8 @@ impl Session<'_> {
             return Ok(());
         }
         t.exited = true;
+        // Its pid may come back as another program.
+        self.probes.trust_frame_pointers(pid, false);
         let path = self.write_profile(pid, "process exited")?;
         self.clear_progress();
         let _ = writeln!(

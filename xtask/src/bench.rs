@@ -190,7 +190,7 @@ pub fn bench() -> Result<()> {
     table.push_str(&format!(
         "\n| sampled calls' stacks, `--sample-interval 16KiB` (about 1 call in 170 sampled) | ns per pair |\n|---|---|\n\
          | `--unwind fp` (frame-pointer walk in the kernel) | {sampled_fp:.0} |\n\
-         | `--unwind dwarf` (default: plus 16 KiB of stack copied for DWARF unwinding) | {sampled_dwarf:.0} ({:+.0}) |\n",
+         | `--unwind dwarf` (every sample with 16 KiB of stack copied for DWARF unwinding) | {sampled_dwarf:.0} ({:+.0}) |\n",
         sampled_dwarf - sampled_fp
     ));
     if let Some((cpu, rss)) = own {

@@ -40,6 +40,11 @@ fn stacks_without_frame_pointers_carry_the_full_call_chain() {
         .parse()
         .unwrap();
     assert!(unwound > 1000, "{notes:?}");
+    // Frame pointers never matched here: every sample kept its copy.
+    assert!(
+        !notes.contains_key("stacks_by_trusted_frame_pointers"),
+        "{notes:?}"
+    );
 
     let folded = std::fs::read_to_string(heap.with_extension("folded")).unwrap();
     let (at_site, full) = folded_bytes(&folded, "inner", "main;outer;middle;inner");
@@ -111,6 +116,52 @@ fn objcopy(args: &[&str]) {
         .status()
         .expect("running objcopy");
     assert!(status.success(), "objcopy {args:?}");
+}
+
+/// Where the code keeps frame pointers (the sites fixture), their walks
+/// match the DWARF unwinds; after enough matches most samples go without a
+/// stack copy, and the stacks stay the same.
+#[test]
+fn frame_pointers_are_a_fast_path_where_the_code_keeps_them() {
+    let _guard = shared();
+    let binary = sites_fixture();
+    let out = output_dir("frame_pointer_fast_path");
+    let mut fixture = Fixture::start(&binary, &[]);
+    let (heap, _) = profile_workload(&mut fixture, &out, &["--format", "heap,folded"]);
+    let notes = heap_notes(&heap);
+    let number = |key: &str| -> u64 { notes.get(key).map_or(0, |v| v.parse().unwrap()) };
+    let (samples, fast) = (
+        number("memprobe_samples"),
+        number("stacks_by_trusted_frame_pointers"),
+    );
+    assert!(number("stacks_unwound_by_dwarf") > 0, "{notes:?}");
+    assert!(
+        fast * 2 > samples,
+        "{fast} of {samples} by frame pointers: {notes:?}"
+    );
+    // One stack per site, whichever way each sample was walked.
+    let folded = std::fs::read_to_string(heap.with_extension("folded")).unwrap();
+    for site in ["keep_4k", "keep_1m"] {
+        let lines: Vec<&str> = folded
+            .lines()
+            .filter(|l| l.split(' ').next().unwrap().ends_with(&format!(";{site}")))
+            .collect();
+        assert_eq!(lines.len(), 1, "{site}: {folded}");
+        assert!(lines[0].starts_with("_start;"), "{site}: {folded}");
+    }
+    let inuse = jeprof_text(&binary, &heap, "--inuse_space");
+    assert_within("keep_4k", inuse["keep_4k"] * MIB, 2000.0 * 4096.0, 0.10);
+    assert_within("keep_1m", inuse["keep_1m"] * MIB, 16.0 * MIB, 0.10);
+
+    // --unwind dwarf: every sample keeps its copy.
+    let out = output_dir("frame_pointer_fast_path_off");
+    let mut fixture = Fixture::start(&binary, &[]);
+    let (heap, _) = profile_workload(&mut fixture, &out, &["--unwind", "dwarf"]);
+    let notes = heap_notes(&heap);
+    assert!(
+        !notes.contains_key("stacks_by_trusted_frame_pointers"),
+        "{notes:?}"
+    );
 }
 
 /// Bytes of the folded file under stacks naming `function`.
