@@ -302,9 +302,6 @@ impl KernelProbes {
     /// [`FP_CHECK_ONE_IN`](profiler_common::FP_CHECK_ONE_IN)), or not. A
     /// full table only means more copies.
     pub fn trust_frame_pointers(&mut self, pid: u32, trusted: bool) {
-        if !self.frame_pointer_fast_path {
-            return;
-        }
         let Some(map) = self.ebpf.map_mut(maps::FP_TRUSTED) else {
             return;
         };

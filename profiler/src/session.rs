@@ -31,7 +31,7 @@ use crate::{
     output::{Format, files::OutputDir, flamegraph, folded, heap_v2, pprof, symbolized},
     profile::HeapProfile,
     symbolize::Namer,
-    target::{FileId, all_pids, command_name, namespace_pid, parse_maps, read_maps},
+    target::{FileId, Mapping, all_pids, command_name, namespace_pid, parse_maps, read_maps},
     unwind::{self, ProcessUnwinder, UnwindEnd},
 };
 
@@ -184,8 +184,9 @@ impl Tracked {
     /// (the process may be gone).
     fn set_maps(&mut self, maps: Option<String>) {
         if let Some(maps) = maps {
-            (self.ranges, self.trampoline) = ranges_of(&maps);
-            self.unwinder.add_files(self.pid, &parse_maps(&maps));
+            let mappings = parse_maps(&maps);
+            (self.ranges, self.trampoline) = ranges_of(&mappings);
+            self.unwinder.add_files(self.pid, &mappings);
             self.maps = maps;
         }
     }
@@ -212,9 +213,9 @@ impl Tracked {
         };
         let mut unwound = Vec::new();
         let end = self.unwinder.unwind(&copy.regs, &copy.bytes, &mut unwound);
-        let mut walked = frames.clone();
-        self.unwinder.complete_root(&mut walked);
         let trust = if fast_path {
+            let mut walked = frames.clone();
+            self.unwinder.complete_root(&mut walked);
             self.judge_frame_pointers(end, walked == unwound)
         } else {
             None
@@ -258,10 +259,9 @@ impl Tracked {
 /// [start, end) of a mapping.
 type Range = (u64, u64);
 
-/// The address ranges of a maps text, and its `[uprobes]` area: parsed once
-/// per read of the maps, not per event.
-fn ranges_of(maps: &str) -> (Vec<Range>, Option<Range>) {
-    let mappings = parse_maps(maps);
+/// The address ranges of a process's mappings, and its `[uprobes]` area:
+/// found once per read of the maps, not per event.
+fn ranges_of(mappings: &[Mapping]) -> (Vec<Range>, Option<Range>) {
     let trampoline = mappings
         .iter()
         .find(|m| m.path.as_deref() == Some("[uprobes]"))
