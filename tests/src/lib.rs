@@ -551,6 +551,42 @@ pub fn run_memprobe(args: &[&str], env: &[(&str, &str)]) -> (ExitStatus, String)
     )
 }
 
+/// Profiles `pid` for one second into `out` with `extra` options; memprobe
+/// must succeed. Its stderr.
+pub fn profile_for_a_second(pid: u32, out: &Path, extra: &[&str]) -> String {
+    let pid = pid.to_string();
+    let mut args = vec![
+        "--pid",
+        &pid,
+        "--duration",
+        "1s",
+        "-o",
+        out.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let (status, stderr) = run_memprobe(&args, &[]);
+    assert!(status.success(), "{stderr}");
+    stderr
+}
+
+/// `go tool pprof -top -sample_index=SAMPLE_TYPE OPTIONS FILE`, which must
+/// succeed: its table.
+pub fn pprof_top(file: &Path, sample_type: &str, options: &[&str]) -> String {
+    let out = Command::new("go")
+        .args(["tool", "pprof", "-top"])
+        .arg(format!("-sample_index={sample_type}"))
+        .args(options)
+        .arg(file)
+        .output()
+        .expect("running go tool pprof");
+    assert!(
+        out.status.success(),
+        "go tool pprof {sample_type}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// Runs memprobe; its status and stdout (offline commands).
 pub fn memprobe_stdout(args: &[&str]) -> (ExitStatus, String) {
     let out = Command::new(memprobe_bin())

@@ -160,19 +160,7 @@ fn verbose_lists_every_entry_point_it_attached() {
     let out = output_dir("verbose");
     let fixture = Fixture::start(&binary, &[]);
     let pid = fixture.pid.to_string();
-    let (status, stderr) = run_memprobe(
-        &[
-            "--pid",
-            &pid,
-            "--duration",
-            "1s",
-            "--verbose",
-            "-o",
-            out.to_str().unwrap(),
-        ],
-        &[],
-    );
-    assert!(status.success(), "{stderr}");
+    let stderr = profile_for_a_second(fixture.pid, &out, &["--verbose"]);
     for symbol in [
         "malloc",
         "calloc",

@@ -45,34 +45,14 @@ fn every_format_reads_without_the_binary() {
     };
 
     // go tool pprof: symbolized, no binary needed, sites in order.
-    let pprof = Command::new("go")
-        .args(["tool", "pprof", "-top", "-sample_index=inuse_space"])
-        .arg(file("pb.gz"))
-        .output()
-        .expect("running go tool pprof");
-    let top = String::from_utf8_lossy(&pprof.stdout);
-    assert!(
-        pprof.status.success(),
-        "{}",
-        String::from_utf8_lossy(&pprof.stderr)
-    );
+    let top = pprof_top(&file("pb.gz"), "inuse_space", &[]);
     let position = |name: &str| {
         top.find(name)
             .unwrap_or_else(|| panic!("{name} not in:\n{top}"))
     };
     assert!(position("keep_1m") < position("keep_4k"), "{top}");
     for sample_type in ["alloc_space", "alloc_objects", "inuse_objects"] {
-        let other = Command::new("go")
-            .args([
-                "tool",
-                "pprof",
-                "-top",
-                &format!("-sample_index={sample_type}"),
-            ])
-            .arg(file("pb.gz"))
-            .output()
-            .unwrap();
-        assert!(other.status.success(), "{sample_type}");
+        pprof_top(&file("pb.gz"), sample_type, &[]);
     }
 
     // jeprof reads the self-symbolized .heap alone.
@@ -138,20 +118,7 @@ fn format_chooses_the_files() {
     let out = output_dir("format_choice");
     let fixture = Fixture::start(&binary, &[]);
     let pid = fixture.pid.to_string();
-    let (status, stderr) = run_memprobe(
-        &[
-            "--pid",
-            &pid,
-            "--duration",
-            "1s",
-            "--format",
-            "pb.gz,svg",
-            "-o",
-            out.to_str().unwrap(),
-        ],
-        &[],
-    );
-    assert!(status.success(), "{stderr}");
+    profile_for_a_second(fixture.pid, &out, &["--format", "pb.gz,svg"]);
     let mut names: Vec<String> = std::fs::read_dir(&out)
         .unwrap()
         .flatten()
@@ -252,12 +219,7 @@ fn convert_to_pprof_and_folded() {
         ]);
         assert!(status.success(), "{text}");
     }
-    let top = Command::new("go")
-        .args(["tool", "pprof", "-top", "-sample_index=inuse_space"])
-        .arg(&pb)
-        .output()
-        .unwrap();
-    let top = String::from_utf8_lossy(&top.stdout);
+    let top = pprof_top(&pb, "inuse_space", &[]);
     assert!(
         top.find("keep_1m").unwrap() < top.find("keep_4k").unwrap(),
         "{top}"

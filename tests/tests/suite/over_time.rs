@@ -365,18 +365,7 @@ fn killed_while_writing_leaves_only_whole_files() {
         "{numbers:?}"
     );
     // A later run removes the temporaries the killed ones left.
-    let (status, stderr) = run_memprobe(
-        &[
-            "--pid",
-            &pid,
-            "--duration",
-            "1s",
-            "-o",
-            out.to_str().unwrap(),
-        ],
-        &[],
-    );
-    assert!(status.success(), "{stderr}");
+    profile_for_a_second(fixture.pid, &out, &[]);
     let leftovers: Vec<_> = std::fs::read_dir(&out)
         .unwrap()
         .flatten()
@@ -396,18 +385,7 @@ fn a_symlink_in_the_output_folder_is_not_followed() {
     let pid = fixture.pid;
     // The name memprobe would write first is a planted symlink.
     std::os::unix::fs::symlink(&victim, out.join(format!("memprobe.{pid}.0.heap"))).unwrap();
-    let (status, stderr) = run_memprobe(
-        &[
-            "--pid",
-            &pid.to_string(),
-            "--duration",
-            "1s",
-            "-o",
-            out.to_str().unwrap(),
-        ],
-        &[],
-    );
-    assert!(status.success(), "{stderr}");
+    let stderr = profile_for_a_second(pid, &out, &[]);
     assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
     assert!(
         out.join(format!("memprobe.{pid}.1.heap")).exists(),

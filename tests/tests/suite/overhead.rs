@@ -149,21 +149,8 @@ fn placements_in_libjemalloc_and_tikv_jemallocator_obey_the_rules() {
         ("tikv-jemallocator", rust_fixture()),
     ] {
         let fixture = Fixture::start(&binary, &[]);
-        let pid = fixture.pid.to_string();
         let out = output_dir(&format!("placement_{}", name.replace('.', "_")));
-        let (status, stderr) = run_memprobe(
-            &[
-                "--pid",
-                &pid,
-                "--duration",
-                "1s",
-                "-v",
-                "-o",
-                out.to_str().unwrap(),
-            ],
-            &[],
-        );
-        assert!(status.success(), "{stderr}");
+        let stderr = profile_for_a_second(fixture.pid, &out, &["-v"]);
         let (placed, fallbacks) = check_placements(&stderr);
         eprintln!(
             "{name}: {placed} entry points placed on emulated instructions, {fallbacks} at the entry"

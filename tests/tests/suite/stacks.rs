@@ -67,18 +67,7 @@ fn stacks_without_frame_pointers_carry_the_full_call_chain() {
         .position(|l| l.contains("kept[i] = malloc(4096)"))
         .unwrap()
         + 1;
-    let top = std::process::Command::new("go")
-        .args([
-            "tool",
-            "pprof",
-            "-top",
-            "-lines",
-            "-sample_index=inuse_space",
-        ])
-        .arg(heap.with_extension("pb.gz"))
-        .output()
-        .unwrap();
-    let top = String::from_utf8_lossy(&top.stdout);
+    let top = pprof_top(&heap.with_extension("pb.gz"), "inuse_space", &["-lines"]);
     assert!(
         top.contains("inner ") && top.contains(&format!("unwind.c:{malloc_line}")),
         "no unwind.c:{malloc_line} in:\n{top}"
