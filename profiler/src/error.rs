@@ -33,6 +33,12 @@ pub enum Error {
     )]
     NoBtf(PathBuf),
 
+    #[error(
+        "this kernel lacks {0}, which memprobe needs and nothing replaces: run memprobe on Linux \
+         {since} or newer", since = .0.since()
+    )]
+    MissingKernelFeature(crate::checks::KernelFeature),
+
     #[error("cannot read {}: {cause}", path.display())]
     Read { path: PathBuf, cause: io::Error },
 

@@ -6,7 +6,7 @@ use std::{
     ffi::OsString,
     io::Write,
     os::fd::{FromRawFd, OwnedFd},
-    path::PathBuf,
+    path::{Path, PathBuf},
     process::ExitStatus,
     time::{Duration, Instant},
 };
@@ -132,6 +132,8 @@ pub struct Summary {
     pub exit_code: Option<i32>,
     /// Hits and estimated cost per entry point, busiest first.
     pub probe_costs: Vec<ProbeCost>,
+    /// How calls got their return half, and why.
+    pub return_probes: String,
 }
 
 /// Why the run stopped.
@@ -285,6 +287,9 @@ struct Session<'a> {
     exits: mpsc::UnboundedSender<u32>,
     /// When the probes were attached: snapshots say how long after.
     started: Instant,
+    /// Whether the run was announced: attach failures after that are
+    /// warnings.
+    announced: bool,
 }
 
 /// Runs a session; status lines go to `status` (stderr in the binary).
@@ -330,6 +335,7 @@ pub async fn run(options: SessionOptions, status: &mut dyn Write) -> Result<Summ
         next_instance: 0,
         exits,
         started: Instant::now(),
+        announced: false,
     };
 
     let mut launched_exit: Option<oneshot::Receiver<std::io::Result<ExitStatus>>> = None;
@@ -359,15 +365,8 @@ pub async fn run(options: SessionOptions, status: &mut dyn Write) -> Result<Summ
                 let Some(allocator) = allocator_in_file(&file.path) else {
                     continue;
                 };
-                let instance = session.instance()?;
                 let path = file.path.to_string_lossy().into_owned();
-                session.probes.attach(
-                    Scope::Process(pid),
-                    &path,
-                    &file.path,
-                    &allocator,
-                    instance,
-                )?;
+                session.attach_file(Scope::Process(pid), &path, &file.path, &allocator)?;
                 if let Some(t) = session.tracked.get_mut(&pid) {
                     t.attached_files.insert(file.file);
                 }
@@ -378,7 +377,6 @@ pub async fn run(options: SessionOptions, status: &mut dyn Write) -> Result<Summ
             launched_pid = Some(pid);
         }
     }
-    session.print_verbose_probes(0);
     session.announce();
 
     let started = Instant::now();
@@ -478,6 +476,7 @@ pub async fn run(options: SessionOptions, status: &mut dyn Write) -> Result<Summ
     let kernel_counters = probes.counters().to_vec();
     let probe_count = probes.attached.len();
     let probe_costs = CostModel::default().costs(&probes.attached, &probes.probe_hits());
+    let return_probes = probes.return_probes_used();
     // Detach before anything else: the targets run unprobed from here on.
     drop(ring);
     drop(probes);
@@ -525,6 +524,7 @@ pub async fn run(options: SessionOptions, status: &mut dyn Write) -> Result<Summ
         kernel_counters,
         exit_code,
         probe_costs,
+        return_probes,
     })
 }
 
@@ -626,21 +626,50 @@ impl Session<'_> {
             if known {
                 continue;
             }
-            let instance = self.instance()?;
-            let before = self.probes.attached.len();
-            attached += self.probes.attach(
-                Scope::Process(pid),
-                &f.path,
-                &f.open_path,
-                &f.allocator,
-                instance,
-            )?;
+            let result = self.attach_file(Scope::Process(pid), &f.path, &f.open_path, &f.allocator);
+            // Tried once: a copy that failed is not retried at every rescan.
             if let Some(t) = self.tracked.get_mut(&pid) {
                 t.attached_files.insert(f.file);
             }
-            self.print_verbose_probes(before);
-            self.print_verbose_wrappers(&f.path, &f.allocator);
+            attached += self.survive_late_failure(result)?;
         }
+        Ok(attached)
+    }
+
+    /// Before the run is announced a failed attach ends it (nothing stays
+    /// attached); after, a copy found later (`dlopen`, a new process with
+    /// `--all`) that cannot be probed is reported and the run goes on.
+    fn survive_late_failure(&mut self, result: Result<usize>) -> Result<usize> {
+        match result {
+            Err(e) if self.announced => {
+                self.clear_progress();
+                let _ = writeln!(
+                    self.status,
+                    "memprobe: warning: {e}; its other probes were detached, profiling goes on \
+                     without it"
+                );
+                Ok(0)
+            }
+            result => result,
+        }
+    }
+
+    /// Attaches to one allocator copy and, with `--verbose`, lists its
+    /// probes. A failed attach leaves none of the copy's probes behind.
+    fn attach_file(
+        &mut self,
+        scope: Scope,
+        path: &str,
+        open_path: &Path,
+        allocator: &Allocator,
+    ) -> Result<usize> {
+        let instance = self.instance()?;
+        let before = self.probes.attached.len();
+        let attached = self
+            .probes
+            .attach(scope, path, open_path, allocator, instance)?;
+        self.print_verbose_probes(before);
+        self.print_verbose_wrappers(path, allocator);
         Ok(attached)
     }
 
@@ -658,17 +687,9 @@ impl Session<'_> {
             }
             for f in &found {
                 if self.system_wide.insert(f.file) {
-                    let instance = self.instance()?;
-                    let before = self.probes.attached.len();
-                    self.probes.attach(
-                        Scope::AllProcesses,
-                        &f.path,
-                        &f.open_path,
-                        &f.allocator,
-                        instance,
-                    )?;
-                    self.print_verbose_probes(before);
-                    self.print_verbose_wrappers(&f.path, &f.allocator);
+                    let result =
+                        self.attach_file(Scope::AllProcesses, &f.path, &f.open_path, &f.allocator);
+                    self.survive_late_failure(result)?;
                 }
             }
             match self.tracked.get_mut(&pid) {
@@ -915,8 +936,8 @@ impl Session<'_> {
         {
             let _ = writeln!(
                 self.status,
-                "memprobe: uprobe sessions unavailable ({reason}): every allocation call \
-                 also traps at its return"
+                "memprobe: return probes: uretprobes ({reason}): every allocation call also \
+                 traps at its return"
             );
         }
         for p in &self.probes.attached[from..] {
@@ -998,6 +1019,7 @@ impl Session<'_> {
             }
         };
         let _ = writeln!(self.status, "{line}");
+        self.announced = true;
         let _ = self.status.flush();
     }
 
@@ -1189,7 +1211,7 @@ pub fn summary_lines(summary: &Summary) -> Vec<String> {
     let seconds = summary.elapsed.as_secs_f64().max(1e-3);
     lines.push(format!(
         "memprobe: cost: {} probe hits ({}/s){}; estimated time added to the profiled \
-         processes: {:.3} s ({:.1}% of one CPU)",
+         processes: {:.3} s ({:.1}% of one CPU); return probes: {}",
         hits,
         crate::cost::human_count(hits as f64 / seconds),
         if hits > 0 {
@@ -1199,6 +1221,7 @@ pub fn summary_lines(summary: &Summary) -> Vec<String> {
         },
         added.as_secs_f64(),
         100.0 * added.as_secs_f64() / seconds,
+        summary.return_probes,
     ));
     if let Some(code) = summary.exit_code {
         lines.push(format!("memprobe: the command exited with code {code}"));

@@ -122,6 +122,19 @@ impl SessionPrograms {
     }
 }
 
+/// Whether a refused session link means the kernel has no sessions: before
+/// 6.13 `BPF_LINK_CREATE` rejects the attach type (before 6.6, the whole
+/// uprobe_multi link) with EINVAL; a kernel built without uprobe_multi says
+/// EOPNOTSUPP.
+pub fn kernel_lacks_sessions(error: &io::Error) -> bool {
+    /// The kernel's internal ENOTSUPP, which leaks to userspace in places.
+    const ENOTSUPP: i32 = 524;
+    matches!(
+        error.raw_os_error(),
+        Some(libc::EINVAL | libc::EOPNOTSUPP | ENOTSUPP)
+    )
+}
+
 fn load_program(
     name: &str,
     instructions: &[bpf_insn],
