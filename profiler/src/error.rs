@@ -56,6 +56,9 @@ pub enum Error {
         message: String,
     },
 
+    #[error("{cause}; the {detached} probes of this copy attached before it were detached")]
+    AttachUndone { cause: Box<Error>, detached: usize },
+
     #[error(
         "cannot read {} as a heap profile: {cause}; give a .heap file written by memprobe \
          or by jemalloc", path.display()

@@ -289,8 +289,12 @@ impl KernelProbes {
                     }
                 }
                 self.session_links.truncate(session_links_before);
+                let detached = self.attached.len() - attached_before;
                 self.attached.truncate(attached_before);
-                return Err(error);
+                return Err(Error::AttachUndone {
+                    cause: Box::new(error),
+                    detached,
+                });
             }
         }
         Ok(allocator.entry_points.len())

@@ -645,8 +645,7 @@ impl Session<'_> {
                 self.clear_progress();
                 let _ = writeln!(
                     self.status,
-                    "memprobe: warning: {e}; its other probes were detached, profiling goes on \
-                     without it"
+                    "memprobe: warning: {e}; profiling goes on without it"
                 );
                 Ok(0)
             }

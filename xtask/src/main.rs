@@ -2,6 +2,7 @@
 //! it needs first (idempotently), so that a fresh machine needs nothing else.
 mod bench;
 mod demo;
+mod kernels;
 mod setup;
 
 use std::{
@@ -22,7 +23,8 @@ struct Cli {
 #[derive(Subcommand)]
 enum Task {
     /// Install what building and testing need: Debian packages, the
-    /// nightly's rust-src, bpf-linker built against the nightly's LLVM.
+    /// nightly's rust-src, bpf-linker built against the nightly's LLVM,
+    /// qemu and the Debian kernels the kernels suite boots.
     Setup,
     /// Set up, build, profile a bundled jemalloc workload for a few seconds,
     /// write its profile and print the top allocation sites.
@@ -42,11 +44,18 @@ enum Task {
         /// Only run tests whose name contains this.
         filter: Option<String>,
     },
+    /// Set up, build, and run the release binary's smoke suite on the
+    /// host's kernel and on Debian's 6.1 and 6.12 kernels booted under qemu
+    /// (part of `test`); writes target/vm/results.md.
+    Kernels,
 }
 
 fn main() -> Result<()> {
     match Cli::parse().task {
-        Task::Setup => setup::install(),
+        Task::Setup => {
+            setup::install()?;
+            kernels::install()
+        }
         Task::Demo { duration } => {
             setup::install()?;
             build_release()?;
@@ -61,7 +70,19 @@ fn main() -> Result<()> {
         Task::Test { filter } => {
             setup::install()?;
             setup::install_cargo_fuzz()?;
+            kernels::install()?;
             test(filter.as_deref())
+        }
+        Task::Kernels => {
+            setup::install()?;
+            kernels::install()?;
+            build_release()?;
+            let (passed, failed) = kernels::run(&release_binary())?;
+            println!("kernels: {passed} passed, {failed} failed");
+            if failed > 0 {
+                bail!("the smoke suite failed on {failed} kernels");
+            }
+            Ok(())
         }
     }
 }
@@ -87,6 +108,10 @@ pub fn run_command(command: &mut Command) -> Result<()> {
 
 fn cargo() -> Command {
     Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+}
+
+fn release_binary() -> PathBuf {
+    workspace_root().join("target/release/memprobe")
 }
 
 fn build_release() -> Result<()> {
@@ -118,7 +143,7 @@ fn test(filter: Option<&str>) -> Result<()> {
     ]))?;
     build_release()?;
     eprintln!("xtask: tests");
-    let binary = workspace_root().join("target/release/memprobe");
+    let binary = release_binary();
     let mut command = cargo();
     command
         .args([
@@ -132,12 +157,20 @@ fn test(filter: Option<&str>) -> Result<()> {
     if let Some(filter) = filter {
         command.arg(filter);
     }
-    let (passed, failed) = run_counting_tests(&mut command)?;
+    let (mut passed, mut failed) = run_counting_tests(&mut command)?;
     if filter.is_none() {
+        eprintln!("xtask: kernels");
+        // Each kernel counts as one test: its table row says which check failed.
+        let (kernels_passed, kernels_failed) = kernels::run(&binary)?;
+        passed += kernels_passed;
+        failed += kernels_failed;
         fuzz(FUZZ_SECONDS)?;
     }
     // One closing line over every test binary of the run.
     println!("tests: {passed} passed, {failed} failed");
+    if failed > 0 {
+        bail!("{failed} tests failed");
+    }
     Ok(())
 }
 

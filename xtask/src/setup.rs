@@ -51,7 +51,7 @@ fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
-fn privileged(program: &str) -> Command {
+pub fn privileged(program: &str) -> Command {
     if is_root() {
         Command::new(program)
     } else {
@@ -72,7 +72,7 @@ fn apt_packages() -> Result<()> {
     install_packages(PACKAGES)
 }
 
-fn install_packages(packages: &[&str]) -> Result<()> {
+pub fn install_packages(packages: &[&str]) -> Result<()> {
     let missing: Vec<&str> = packages
         .iter()
         .copied()

@@ -1,5 +1,6 @@
 mod errors;
 mod heap_profile;
+mod kernel_features;
 mod locations;
 mod outputs;
 mod over_time;

@@ -1,0 +1,162 @@
+//! The kernels suite: the release binary's smoke suite on the host's own
+//! kernel and inside Debian's 6.1 and 6.12 kernels booted under qemu (TCG:
+//! these machines have no KVM), with one table of results.
+mod checks;
+mod initramfs;
+mod setup;
+
+use std::{
+    fs,
+    io::{BufRead, BufReader},
+    path::Path,
+    process::{Command, Stdio},
+    sync::mpsc,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result};
+
+use checks::Outcome;
+use initramfs::Programs;
+use setup::{Kernel, Vm};
+
+/// Longest a VM may run before it is killed and its kernel failed.
+const VM_TIMEOUT: Duration = Duration::from_secs(150);
+
+/// Installs what booting kernels needs (for `cargo xtask setup`).
+pub fn install() -> Result<()> {
+    setup::qemu()?;
+    setup::kernels()?;
+    Ok(())
+}
+
+/// Runs the suite everywhere; returns (kernels passed, kernels failed).
+pub fn run(memprobe: &Path) -> Result<(u64, u64)> {
+    let vm = setup::qemu()?;
+    let kernels = setup::kernels()?;
+    let dir = setup::vm_dir();
+    let programs = Programs {
+        memprobe: memprobe.to_owned(),
+        sites: initramfs::build_sites(&dir)?,
+    };
+    let archive = initramfs::build(&programs, &dir)?;
+    let mut rows = Vec::new();
+    eprintln!("xtask: kernels: the smoke suite on the host's kernel");
+    let started = Instant::now();
+    rows.push((
+        "host".to_owned(),
+        on_host(&programs, &dir)?,
+        started.elapsed(),
+    ));
+    for kernel in &kernels {
+        eprintln!("xtask: kernels: booting {} under qemu", kernel.package);
+        let started = Instant::now();
+        let outcome = in_vm(&vm, kernel, &archive, &dir)?;
+        rows.push((kernel.package.clone(), outcome, started.elapsed()));
+    }
+    let table = table(&rows);
+    println!("{table}");
+    fs::write(dir.join("results.md"), &table)?;
+    let passed = rows.iter().filter(|(_, o, _)| o.passed()).count() as u64;
+    Ok((passed, rows.len() as u64 - passed))
+}
+
+fn on_host(programs: &Programs, dir: &Path) -> Result<Outcome> {
+    let bin = dir.join("host-bin");
+    fs::create_dir_all(&bin)?;
+    fs::copy(&programs.memprobe, bin.join("memprobe"))?;
+    fs::copy(&programs.sites, bin.join("sites"))?;
+    let output = Command::new("sh")
+        .arg("-c")
+        .arg(initramfs::SMOKE_SCRIPT)
+        .env("SMOKE_BIN", &bin)
+        .env("SMOKE_OUT", dir.join("host-out"))
+        .stderr(Stdio::inherit())
+        .output()
+        .context("running the smoke suite")?;
+    let uname = Command::new("uname").arg("-r").output()?;
+    let text = format!(
+        "@@ kernel\n{}@@ end\n{}",
+        String::from_utf8_lossy(&uname.stdout),
+        String::from_utf8_lossy(&output.stdout)
+    );
+    fs::write(dir.join("host.log"), &text)?;
+    Ok(checks::judge(&text))
+}
+
+/// Boots `kernel` with the suite as `/init`, reads its serial console until
+/// it powers off (or [`VM_TIMEOUT`]), and judges what it printed.
+fn in_vm(vm: &Vm, kernel: &Kernel, archive: &Path, dir: &Path) -> Result<Outcome> {
+    let mut child = Command::new(&vm.qemu)
+        .arg("-L")
+        .arg(&vm.firmware)
+        .args(["-accel", "tcg,thread=multi", "-cpu", "max", "-smp", "2"])
+        .args(["-m", "2048", "-nographic", "-nic", "none", "-no-reboot"])
+        .arg("-kernel")
+        .arg(&kernel.vmlinuz)
+        .arg("-initrd")
+        .arg(archive)
+        .args([
+            "-append",
+            "console=ttyS0 rdinit=/init panic=-1 quiet loglevel=1",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("starting {}", vm.qemu.display()))?;
+    let stdout = child.stdout.take().context("qemu's output")?;
+    let (lines, received) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if lines.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let deadline = Instant::now() + VM_TIMEOUT;
+    let mut text = String::new();
+    while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+        match received.recv_timeout(left) {
+            Ok(line) => {
+                text.push_str(&line);
+                text.push('\n');
+            }
+            Err(_) => break,
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let log = dir.join(format!("{}.log", kernel.package));
+    fs::write(&log, &text)?;
+    let mut outcome = checks::judge(&text);
+    outcome.kernel = format!("{} ({})", outcome.kernel, kernel.series);
+    Ok(outcome)
+}
+
+/// "kernel | mode used | result", then each failed check's detail.
+fn table(rows: &[(String, Outcome, Duration)]) -> String {
+    let mut text = String::from(
+        "| kernel | booted from | mode used | result | time |\n|---|---|---|---|---|\n",
+    );
+    for (source, outcome, took) in rows {
+        let passed = outcome.checks.iter().filter(|c| c.passed).count();
+        text.push_str(&format!(
+            "| {} | {source} | return probes: {} | {} ({passed}/{} checks) | {:.0} s |\n",
+            outcome.kernel,
+            outcome.mode,
+            if outcome.passed() { "pass" } else { "FAIL" },
+            outcome.checks.len(),
+            took.as_secs_f64()
+        ));
+    }
+    for (source, outcome, _) in rows {
+        for check in outcome.checks.iter().filter(|c| !c.passed) {
+            text.push_str(&format!(
+                "\nFAILED on {source}: {}: {}",
+                check.name, check.detail
+            ));
+        }
+    }
+    text
+}
