@@ -2,9 +2,9 @@
 //! panic, and whatever parses goes through the analyses without one either.
 #![no_main]
 
-use profiler::{
+use profiler::offline::{
     analysis::{LeakOptions, diff, rank_sites},
-    input::heap_v2::parse,
+    reader::parse,
     report::{Measure, rows},
 };
 

@@ -4,11 +4,10 @@ use std::{ffi::OsString, path::PathBuf, time::Duration};
 
 use clap::{ArgGroup, Parser};
 use profiler::{
-    collector::CollectorOptions,
+    collect::{CollectorOptions, sampling::DEFAULT_SAMPLE_INTERVAL},
     kernel::{KernelOptions, PlacementMode, ReturnProbes},
     output::Format,
-    sampling::DEFAULT_SAMPLE_INTERVAL,
-    session::{GrowthTrigger, SessionOptions, Targets},
+    run::{GrowthTrigger, SessionOptions, Targets},
 };
 
 const EXAMPLES: &str = "\
@@ -208,7 +207,7 @@ pub enum Offline {
         base: Option<PathBuf>,
         /// What to rank by.
         #[arg(long, value_enum, default_value = "inuse-space")]
-        measure: profiler::report::Measure,
+        measure: profiler::offline::report::Measure,
         /// How many functions to list.
         #[arg(long, default_value_t = 30)]
         top: usize,

@@ -37,7 +37,7 @@ pub enum Error {
         "this kernel lacks {0}, which memprobe needs and nothing replaces: run memprobe on Linux \
          {since} or newer", since = .0.since()
     )]
-    MissingKernelFeature(crate::checks::KernelFeature),
+    MissingKernelFeature(crate::kernel::features::KernelFeature),
 
     #[error("cannot read {}: {cause}", path.display())]
     Read { path: PathBuf, cause: io::Error },
@@ -65,7 +65,7 @@ pub enum Error {
     )]
     BadProfile {
         path: PathBuf,
-        cause: crate::input::heap_v2::ParseError,
+        cause: crate::offline::reader::ParseError,
     },
 
     #[error(

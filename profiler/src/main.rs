@@ -42,7 +42,7 @@ fn main() -> ExitCode {
 }
 
 fn offline(command: cli::Offline) -> anyhow::Result<ExitCode> {
-    use profiler::{analysis::LeakOptions, offline};
+    use profiler::offline::{self, analysis::LeakOptions};
     let stdout = std::io::stdout().lock();
     match command {
         cli::Offline::Leaks {
@@ -103,10 +103,10 @@ fn offline(command: cli::Offline) -> anyhow::Result<ExitCode> {
 }
 
 /// After a run with snapshots: the leak ranking of each process, briefly.
-fn leak_summary(summary: &profiler::session::Summary) {
+fn leak_summary(summary: &profiler::run::Summary) {
     for process in summary.processes.iter().filter(|p| p.heaps.len() >= 3) {
         let mut table = Vec::new();
-        let options = profiler::analysis::LeakOptions::default();
+        let options = profiler::offline::analysis::LeakOptions::default();
         if profiler::offline::leaks_of(&process.heaps, &options, None, 3, &mut table).is_ok() {
             eprintln!(
                 "memprobe: pid {} over {} snapshots:",
@@ -129,8 +129,8 @@ fn run(cli: cli::Cli) -> anyhow::Result<ExitCode> {
         .build()
         .context("starting the runtime")?;
     let mut stderr = std::io::stderr();
-    let summary = runtime.block_on(profiler::session::run(options, &mut stderr))?;
-    for line in profiler::session::summary_lines(&summary) {
+    let summary = runtime.block_on(profiler::run::run(options, &mut stderr))?;
+    for line in profiler::run::summary_lines(&summary) {
         eprintln!("{line}");
     }
     leak_summary(&summary);

@@ -5,7 +5,7 @@
 //! that jeprof's formula turns back into them (see `sampling::jeprof_encode`).
 use std::io::{self, Write};
 
-use crate::{profile::HeapProfile, sampling::jeprof_encode};
+use crate::{collect::sampling::jeprof_encode, profile::HeapProfile};
 
 /// Writes `profile` in `heap_v2` format.
 pub fn write<W: Write>(profile: &HeapProfile, mut out: W) -> io::Result<()> {

@@ -9,7 +9,7 @@ use std::{
 use flate2::{Compression, write::GzEncoder};
 use prost::Message;
 
-use crate::{profile::HeapProfile, symbolize::Namer, target::parse_maps};
+use crate::{proc::parse_maps, profile::HeapProfile, symbolize::Namer};
 
 #[derive(Clone, PartialEq, Message)]
 struct Profile {

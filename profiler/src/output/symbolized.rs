@@ -3,7 +3,7 @@
 //! binary at hand, so a profile can be sent to whoever debugs it.
 use std::io::{self, Write};
 
-use crate::{output::heap_v2, profile::HeapProfile, symbolize::Namer, target::parse_maps};
+use crate::{output::heap_v2, proc::parse_maps, profile::HeapProfile, symbolize::Namer};
 
 pub fn write<W: Write>(profile: &HeapProfile, namer: &mut Namer, mut out: W) -> io::Result<()> {
     let binary = parse_maps(&profile.mapped_libraries)

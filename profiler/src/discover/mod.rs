@@ -1,6 +1,10 @@
 //! Finding jemalloc in processes: which mapped files hold a copy, with which
 //! prefix and entry points. Each file is read once per run (by identity, not
 //! path), so rescans for `dlopen`ed libraries and `--all` stay cheap.
+pub mod code;
+pub mod elf;
+pub mod entry_points;
+pub mod placement;
 use std::{
     collections::{BTreeSet, HashMap},
     path::{Path, PathBuf},
@@ -8,11 +12,12 @@ use std::{
 };
 
 use crate::{
-    code::{plt_stub_symbol, straight_line_exit},
-    elf::FunctionSymbols,
+    discover::code::{plt_stub_symbol, straight_line_exit},
+    discover::elf::FunctionSymbols,
+    discover::entry_points::{EntryPoint, find_entry_points},
+    discover::placement::Placement,
     error::{Error, Result},
-    placement::{self, Placement},
-    target::{EntryPoint, FileId, Mapping, find_entry_points, proc_path},
+    proc::{FileId, Mapping, proc_path},
 };
 
 /// A copy of jemalloc inside one file.

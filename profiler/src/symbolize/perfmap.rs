@@ -46,9 +46,9 @@ pub fn lookup(symbols: &[JitSymbol], address: u64) -> Option<&JitSymbol> {
 /// Reads the perf map of `pid`: `/tmp/perf-<pid as the process sees it>.map`
 /// inside its root. Bounded: at most 64 MiB are read.
 pub fn read_for_process(pid: u32, namespace_pid: u32) -> Vec<JitSymbol> {
-    let root = crate::target::proc_path(pid, "root");
+    let root = crate::proc::proc_path(pid, "root");
     let path = format!("/tmp/perf-{namespace_pid}.map");
-    let Ok(file) = crate::rootfs::open_in_root(&root, Path::new(&path)) else {
+    let Ok(file) = crate::proc::rootfs::open_in_root(&root, Path::new(&path)) else {
         return Vec::new();
     };
     let mut text = String::new();

@@ -1,6 +1,9 @@
 //! The eBPF side as userspace sees it: load the object, size its maps,
 //! attach probes, read its counters. Dropping [`KernelProbes`] detaches
 //! every probe (the kernel also does so if memprobe dies: links are fds).
+pub mod events;
+pub mod features;
+pub mod uprobe_session;
 use std::{num::NonZeroU32, os::fd::OwnedFd, path::Path};
 
 use aya::{
@@ -14,14 +17,14 @@ use aya::{
 use profiler_common::{Counter, cookie, globals, maps, programs};
 
 use crate::{
-    checks::KernelFeature,
-    discovery::Allocator,
-    entry_points::CallShape,
+    collect::sampling,
+    discover::Allocator,
+    discover::entry_points::CallShape,
+    discover::entry_points::EntryPoint,
+    discover::placement::Placement,
     error::{Error, Result},
-    placement::Placement,
-    sampling,
-    target::EntryPoint,
-    uprobe_session::{self, SessionPrograms},
+    kernel::features::KernelFeature,
+    kernel::uprobe_session::SessionPrograms,
 };
 
 /// The eBPF object built from `profiler-ebpf`.

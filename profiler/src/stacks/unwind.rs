@@ -17,8 +17,8 @@ use object::{Object, ObjectSection, ObjectSegment};
 use profiler_common::UserRegs;
 
 use crate::{
-    discovery::map_file,
-    target::{FileId, Mapping},
+    discover::map_file,
+    proc::{FileId, Mapping},
 };
 
 /// Most frames taken from one unwind; deeper stacks are cut here.
@@ -288,7 +288,7 @@ pub fn splice(dwarf: &[u64], end: UnwindEnd, frame_pointers: &[u64]) -> Vec<u64>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::target::parse_maps;
+    use crate::proc::parse_maps;
 
     /// Registers and stack of the calling thread, as the kernel would send
     /// them: at most 16 KiB from `rsp`, not beyond the stack's mapping.

@@ -2,13 +2,15 @@
 //! still live, and per call stack the estimated objects and bytes in use and
 //! allocated. Bounded: the live table and the stack table have caps, and what
 //! did not fit is counted.
+pub mod sampling;
+pub mod size_class;
 use std::collections::HashMap;
 
 use crate::{
-    events::Event,
+    collect::sampling::sample_weight,
+    collect::size_class::usable_size_aligned,
+    kernel::events::Event,
     profile::{HeapProfile, StackEstimate},
-    sampling::sample_weight,
-    size_class::usable_size_aligned,
 };
 
 /// Caps of the userspace tables.
@@ -25,7 +27,7 @@ pub struct CollectorOptions {
 impl Default for CollectorOptions {
     fn default() -> Self {
         Self {
-            sample_interval: crate::sampling::DEFAULT_SAMPLE_INTERVAL,
+            sample_interval: crate::collect::sampling::DEFAULT_SAMPLE_INTERVAL,
             max_live: 1_000_000,
             max_stacks: 200_000,
         }

@@ -1,5 +1,7 @@
 //! Naming addresses of a profile with blazesym, from the binaries named in
 //! its `MAPPED_LIBRARIES`, in memprobe's process: never in the target.
+pub mod debug_files;
+pub mod perfmap;
 use std::{
     collections::HashMap,
     path::{Path, PathBuf},
@@ -8,10 +10,10 @@ use std::{
 use blazesym::symbolize::{CodeInfo, Input, Symbolized, Symbolizer, source::Elf, source::Source};
 
 use crate::{
-    debug_files::DebugFile,
-    discovery::allocator_in_file,
-    entry_points::{C_ENTRY_POINTS, CXX_ENTRY_POINTS},
-    target::{Mapping, parse_maps},
+    discover::allocator_in_file,
+    discover::entry_points::{C_ENTRY_POINTS, CXX_ENTRY_POINTS},
+    proc::{Mapping, parse_maps},
+    symbolize::debug_files::DebugFile,
 };
 
 /// One function at an address: its name and, where debug info says, the
@@ -44,7 +46,7 @@ pub struct Namer {
     /// Names per address, innermost inlined function first.
     cache: HashMap<u64, Vec<Frame>>,
     /// JIT code (a JVM's perf map), for addresses outside mapped files.
-    jit: Vec<crate::perfmap::JitSymbol>,
+    jit: Vec<crate::symbolize::perfmap::JitSymbol>,
     /// Per file: whether it holds a copy of jemalloc.
     holds_jemalloc: HashMap<String, bool>,
     /// Per file: its separate debug file, if it has one.
@@ -122,7 +124,7 @@ impl Namer {
     }
 
     /// Names JIT code from a perf map; forgets names made before.
-    pub fn set_jit(&mut self, symbols: Vec<crate::perfmap::JitSymbol>) {
+    pub fn set_jit(&mut self, symbols: Vec<crate::symbolize::perfmap::JitSymbol>) {
         self.jit = symbols;
         self.cache.clear();
     }
@@ -133,13 +135,13 @@ impl Namer {
             .iter()
             .find(|m| address >= m.start && address < m.end)
         else {
-            return crate::perfmap::lookup(&self.jit, address)
+            return crate::symbolize::perfmap::lookup(&self.jit, address)
                 .map(|s| vec![Frame::named(s.name.clone())]);
         };
         let path = PathBuf::from(mapping.path.as_deref()?);
         let live = self
             .pid
-            .map(|pid| crate::discovery::map_file(pid, mapping))
+            .map(|pid| crate::discover::map_file(pid, mapping))
             .filter(|p| p.exists());
         let path = match (&self.lib_prefix, live) {
             (_, Some(live)) => live,
@@ -149,7 +151,7 @@ impl Namer {
         let offset = address - mapping.start + mapping.offset;
         let name = mapping.path.clone().unwrap_or_default();
         let root = match (self.pid, &self.lib_prefix) {
-            (Some(pid), _) => crate::target::proc_path(pid, "root"),
+            (Some(pid), _) => crate::proc::proc_path(pid, "root"),
             (None, Some(prefix)) => prefix.clone(),
             (None, None) => PathBuf::from("/"),
         };

@@ -93,7 +93,7 @@ pub fn human_count(value: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::placement::Placement;
+    use crate::discover::placement::Placement;
 
     fn probe(symbol: &str, emulated: bool, return_half: ReturnHalf) -> AttachedProbe {
         let mut placement = Placement::entry("test");

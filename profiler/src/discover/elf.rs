@@ -1,13 +1,13 @@
 //! Function symbols of an ELF file, their file offsets (what uprobes take),
 //! their code, and which symbol each PLT stub jumps to.
-use std::{collections::HashMap, path::Path};
+use std::collections::HashMap;
 
 use object::{
     Object, ObjectSection, ObjectSegment, ObjectSymbol, ObjectSymbolTable, RelocationTarget,
     SymbolKind,
 };
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 /// One function symbol.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,17 +34,6 @@ pub struct FunctionSymbols {
 }
 
 impl FunctionSymbols {
-    pub fn read(path: &Path) -> Result<Self> {
-        let data = std::fs::read(path).map_err(|cause| Error::Read {
-            path: path.to_owned(),
-            cause,
-        })?;
-        Self::parse(&data).map_err(|message| Error::Elf {
-            path: path.to_owned(),
-            message,
-        })
-    }
-
     pub fn parse(data: &[u8]) -> Result<Self, String> {
         let file = object::File::parse(data).map_err(|e| e.to_string())?;
         let segments: Vec<(u64, u64, u64)> = file
@@ -113,10 +102,6 @@ impl FunctionSymbols {
 
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.functions.keys().map(String::as_str)
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.functions.is_empty()
     }
 
     /// Bytes of the file at `address`, at most `len`, within one segment.

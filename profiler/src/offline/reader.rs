@@ -3,7 +3,7 @@
 //! never a panic.
 use std::collections::HashMap;
 
-use crate::sampling::jeprof_decode;
+use crate::collect::sampling::jeprof_decode;
 
 /// A stack as read from a `.heap`: its first frame is as written there
 /// (the return address - 1, for jeprof), the others are return addresses.

@@ -23,7 +23,7 @@ use tokio::sync::oneshot;
 
 use crate::{
     error::{Error, Result},
-    target::FileId,
+    proc::FileId,
 };
 
 /// A forked child waiting to `exec`.

@@ -1,6 +1,8 @@
 //! One profiling run: find the targets, attach, collect until told to stop,
 //! write, detach. Rescans once a second for libraries loaded later and, with
 //! `--all`, for processes started later.
+pub mod cost;
+pub mod launch;
 use std::{
     collections::{BTreeMap, HashSet},
     ffi::OsString,
@@ -20,19 +22,18 @@ use tokio::{
 };
 
 use crate::{
-    checks,
-    collector::{CollectorOptions, Drops, ProcessHeap},
-    cost::{CostModel, ProbeCost, rates},
-    discovery::{Allocator, AllocatorCache, Found, allocator_in_file},
+    collect::{CollectorOptions, Drops, ProcessHeap},
+    discover::{Allocator, AllocatorCache, Found, allocator_in_file},
     error::{Error, Result},
-    events::{Event, decode},
+    kernel::events::{Event, decode},
+    kernel::features,
     kernel::{KernelOptions, KernelProbes, ReturnHalf, Scope},
-    launch,
     output::{Format, files::OutputDir, flamegraph, folded, heap_v2, pprof, symbolized},
+    proc::{FileId, Mapping, all_pids, command_name, namespace_pid, parse_maps, read_maps},
     profile::HeapProfile,
+    run::cost::{CostModel, ProbeCost, rates},
+    stacks::unwind::{self, ProcessUnwinder, UnwindEnd},
     symbolize::Namer,
-    target::{FileId, Mapping, all_pids, command_name, namespace_pid, parse_maps, read_maps},
-    unwind::{self, ProcessUnwinder, UnwindEnd},
 };
 
 /// Which processes to profile.
@@ -294,8 +295,8 @@ struct Session<'a> {
 
 /// Runs a session; status lines go to `status` (stderr in the binary).
 pub async fn run(options: SessionOptions, status: &mut dyn Write) -> Result<Summary> {
-    checks::require_root()?;
-    checks::require_kernel_support()?;
+    features::require_root()?;
+    features::require_kernel_support()?;
 
     // Every named target is checked before anything is loaded or attached.
     let mut cache = AllocatorCache::default();
@@ -835,11 +836,11 @@ impl Session<'_> {
                     t.pid,
                     format!(
                         "growth: +{} in {} (trigger {} within {})",
-                        crate::format::bytes(inuse - lowest),
+                        crate::units::bytes(inuse - lowest),
                         humantime::format_duration(Duration::from_secs(
                             now.duration_since(since).as_secs()
                         )),
-                        crate::format::bytes(trigger.size as f64),
+                        crate::units::bytes(trigger.size as f64),
                         humantime::format_duration(trigger.window)
                     ),
                 ));
@@ -885,8 +886,9 @@ impl Session<'_> {
         // A JVM's JIT code is anonymous memory: its names come from HotSpot.
         let is_jvm = t.maps.contains("/libjvm.so");
         if symbolized && is_jvm && !t.exited && self.options.java_perfmap {
-            crate::perfmap::request_from_hotspot(pid, Duration::from_secs(10));
-            let symbols = crate::perfmap::read_for_process(pid, t.container_pid.unwrap_or(pid));
+            crate::symbolize::perfmap::request_from_hotspot(pid, Duration::from_secs(10));
+            let symbols =
+                crate::symbolize::perfmap::read_for_process(pid, t.container_pid.unwrap_or(pid));
             if let Some((_, namer)) = t.namer.as_mut() {
                 namer.set_jit(symbols);
             }
@@ -1069,7 +1071,7 @@ impl Session<'_> {
              {snapshots} snapshots written",
             humantime::format_duration(Duration::from_secs(elapsed.as_secs())),
             self.tracked.values().filter(|t| !t.exited).count(),
-            crate::format::bytes(inuse),
+            crate::units::bytes(inuse),
             kernel_drops + user_drops
         )
     }
@@ -1200,7 +1202,7 @@ pub fn summary_lines(summary: &Summary) -> Vec<String> {
             p.command,
             if p.exited { ", exited" } else { "" },
             p.samples,
-            crate::format::bytes(p.inuse_bytes),
+            crate::units::bytes(p.inuse_bytes),
             drops,
             files.join(", ")
         ));
@@ -1212,7 +1214,7 @@ pub fn summary_lines(summary: &Summary) -> Vec<String> {
         "memprobe: cost: {} probe hits ({}/s){}; estimated time added to the profiled \
          processes: {:.3} s ({:.1}% of one CPU); return probes: {}",
         hits,
-        crate::cost::human_count(hits as f64 / seconds),
+        crate::run::cost::human_count(hits as f64 / seconds),
         if hits > 0 {
             format!(": {}", rates(&summary.probe_costs, summary.elapsed, 5))
         } else {

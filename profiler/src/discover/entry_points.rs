@@ -1,6 +1,10 @@
 //! jemalloc's entry points, and which eBPF program watches each.
+use std::collections::BTreeSet;
+
 use iced_x86::Register;
 use profiler_common::programs;
+
+use crate::discover::{elf::FunctionSymbols, placement::Placement};
 
 /// How an entry point passes its arguments, i.e. which program probes it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -97,3 +101,99 @@ pub const CXX_ENTRY_POINTS: &[(&str, CallShape)] = &[
 /// Functions only jemalloc defines, all three together: how an object is
 /// recognised as jemalloc, whatever its prefix.
 pub const SIGNATURE: [&str; 3] = ["mallocx", "rallocx", "sdallocx"];
+
+/// An entry point found in a jemalloc instance.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EntryPoint {
+    /// The symbol, with its prefix.
+    pub symbol: String,
+    pub shape: CallShape,
+    /// File offset of the function's first instruction.
+    pub file_offset: u64,
+    /// Where in the function the probe goes.
+    pub placement: Placement,
+}
+
+/// Finds jemalloc's entry points in `symbols`, with the prefix they carry.
+pub fn find_entry_points(symbols: &FunctionSymbols) -> Option<(String, Vec<EntryPoint>)> {
+    let prefix = detect_prefix(symbols)?;
+    let mut entry_points: Vec<EntryPoint> = C_ENTRY_POINTS
+        .iter()
+        .map(|(name, shape)| (format!("{prefix}{name}"), *shape))
+        .chain(CXX_ENTRY_POINTS.iter().map(|(n, s)| (n.to_string(), *s)))
+        .filter_map(|(symbol, shape)| {
+            let file_offset = symbols.offset(&symbol)?;
+            Some(EntryPoint {
+                symbol,
+                shape,
+                file_offset,
+                placement: Placement::entry("not analysed"),
+            })
+        })
+        .collect();
+    // Aliases (free and sdallocx sharing code, say) must be probed once.
+    let mut offsets = BTreeSet::new();
+    entry_points.retain(|e| offsets.insert(e.file_offset));
+    Some((prefix, entry_points))
+}
+
+/// The prefix under which all of jemalloc's signature functions exist.
+fn detect_prefix(symbols: &FunctionSymbols) -> Option<String> {
+    let mut candidates: Vec<String> = symbols
+        .names()
+        .filter_map(|name| name.strip_suffix(SIGNATURE[0]))
+        .filter(|prefix| {
+            SIGNATURE[1..]
+                .iter()
+                .all(|s| symbols.offset(&format!("{prefix}{s}")).is_some())
+        })
+        .map(str::to_owned)
+        .collect();
+    // Prefer the public names: the shortest prefix.
+    candidates.sort_by_key(|p| (p.len(), p.clone()));
+    candidates.into_iter().next()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    /// The symbols of a system library, or `None` (with a message) where
+    /// this machine has no such file: `cargo xtask test` installs them.
+    fn symbols_of(path: &Path) -> Option<FunctionSymbols> {
+        let Ok(data) = std::fs::read(path) else {
+            eprintln!("skipped: {} is not installed", path.display());
+            return None;
+        };
+        Some(FunctionSymbols::parse(&data).unwrap())
+    }
+
+    #[test]
+    fn finds_debians_libjemalloc_entry_points() {
+        // Debian's libjemalloc2.
+        let path = Path::new("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2");
+        let Some(symbols) = symbols_of(path) else {
+            return;
+        };
+        let (prefix, entry_points) = find_entry_points(&symbols).unwrap();
+        assert_eq!(prefix, "");
+        let names: Vec<&str> = entry_points.iter().map(|e| e.symbol.as_str()).collect();
+        for expected in ["malloc", "free", "mallocx", "sdallocx", "_Znwm", "_ZdlPvm"] {
+            assert!(
+                names.contains(&expected),
+                "{expected} missing from {names:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn glibc_is_not_jemalloc() {
+        let Some(symbols) = symbols_of(Path::new("/lib/x86_64-linux-gnu/libc.so.6")) else {
+            return;
+        };
+        assert!(symbols.offset("malloc").is_some());
+        assert!(find_entry_points(&symbols).is_none());
+    }
+}

@@ -1,5 +1,8 @@
 //! Commands on profiles already written: `leaks` over a run's snapshots and
 //! `diff` of two profiles (memprobe's or jemalloc's own dumps).
+pub mod analysis;
+pub mod reader;
+pub mod report;
 use std::{
     collections::BTreeMap,
     io::Write,
@@ -7,9 +10,9 @@ use std::{
 };
 
 use crate::{
-    analysis::{LeakOptions, diff, rank_sites, write_diff, write_leak_report},
     error::{Error, Result},
-    input::heap_v2::{ParsedHeap, parse},
+    offline::analysis::{LeakOptions, diff, rank_sites, write_diff, write_leak_report},
+    offline::reader::{ParsedHeap, parse},
     symbolize::Namer,
 };
 
@@ -123,19 +126,19 @@ fn namer_for(heap: &ParsedHeap, lib_prefix: Option<&Path>) -> Namer {
 pub fn report<W: Write>(
     file: &Path,
     base: Option<&Path>,
-    measure: crate::report::Measure,
+    measure: crate::offline::report::Measure,
     lib_prefix: Option<&Path>,
     most: usize,
     out: W,
 ) -> Result<()> {
     let heap = read_heap(file)?;
     let heap = match base {
-        Some(base) => crate::report::subtract(&heap, &read_heap(base)?),
+        Some(base) => crate::offline::report::subtract(&heap, &read_heap(base)?),
         None => heap,
     };
     let mut namer = namer_for(&heap, lib_prefix);
-    let (rows, total) = crate::report::rows(&heap, measure, |frames| namer.stack(frames));
-    crate::report::write(&rows, total, measure, most, out).map_err(|cause| Error::Write {
+    let (rows, total) = crate::offline::report::rows(&heap, measure, |frames| namer.stack(frames));
+    crate::offline::report::write(&rows, total, measure, most, out).map_err(|cause| Error::Write {
         path: "standard output".into(),
         cause,
     })

@@ -3,7 +3,7 @@
 //! (working sets), which were released after a burst; and diffs of two.
 use std::{collections::HashMap, io, io::Write, time::Duration};
 
-use crate::{format::bytes, input::heap_v2::ParsedHeap};
+use crate::{offline::reader::ParsedHeap, units::bytes};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Trend {
@@ -266,7 +266,7 @@ pub fn write_diff<W: Write>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::input::heap_v2::ParsedStack;
+    use crate::offline::reader::ParsedStack;
 
     fn snapshot(t: f64, sites: &[(u64, f64)]) -> ParsedHeap {
         ParsedHeap {

@@ -1,12 +1,8 @@
-//! The processes to profile: their maps, and where jemalloc lives in them.
-use std::{collections::BTreeSet, path::PathBuf};
+//! The processes to profile, as /proc shows them: maps, names, pids, roots.
+pub mod rootfs;
+use std::path::PathBuf;
 
-use crate::{
-    elf::FunctionSymbols,
-    entry_points::{C_ENTRY_POINTS, CXX_ENTRY_POINTS, CallShape, SIGNATURE},
-    error::{Error, Result},
-    placement::Placement,
-};
+use crate::error::{Error, Result};
 
 /// One line of `/proc/PID/maps`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -86,18 +82,6 @@ pub fn command_name(pid: u32) -> String {
         .unwrap_or_else(|_| "?".into())
 }
 
-/// An entry point found in a jemalloc instance.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct EntryPoint {
-    /// The symbol, with its prefix.
-    pub symbol: String,
-    pub shape: CallShape,
-    /// File offset of the function's first instruction.
-    pub file_offset: u64,
-    /// Where in the function the probe goes.
-    pub placement: Placement,
-}
-
 /// The pid as the process's own pid namespace sees it (`NSpid`), when it
 /// differs from ours: the pid inside its container.
 pub fn namespace_pid(pid: u32) -> Option<u32> {
@@ -117,46 +101,6 @@ pub fn all_pids() -> Vec<u32> {
         .collect()
 }
 
-/// Finds jemalloc's entry points in `symbols`, with the prefix they carry.
-pub fn find_entry_points(symbols: &FunctionSymbols) -> Option<(String, Vec<EntryPoint>)> {
-    let prefix = detect_prefix(symbols)?;
-    let mut entry_points: Vec<EntryPoint> = C_ENTRY_POINTS
-        .iter()
-        .map(|(name, shape)| (format!("{prefix}{name}"), *shape))
-        .chain(CXX_ENTRY_POINTS.iter().map(|(n, s)| (n.to_string(), *s)))
-        .filter_map(|(symbol, shape)| {
-            let file_offset = symbols.offset(&symbol)?;
-            Some(EntryPoint {
-                symbol,
-                shape,
-                file_offset,
-                placement: Placement::entry("not analysed"),
-            })
-        })
-        .collect();
-    // Aliases (free and sdallocx sharing code, say) must be probed once.
-    let mut offsets = BTreeSet::new();
-    entry_points.retain(|e| offsets.insert(e.file_offset));
-    Some((prefix, entry_points))
-}
-
-/// The prefix under which all of jemalloc's signature functions exist.
-fn detect_prefix(symbols: &FunctionSymbols) -> Option<String> {
-    let mut candidates: Vec<String> = symbols
-        .names()
-        .filter_map(|name| name.strip_suffix(SIGNATURE[0]))
-        .filter(|prefix| {
-            SIGNATURE[1..]
-                .iter()
-                .all(|s| symbols.offset(&format!("{prefix}{s}")).is_some())
-        })
-        .map(str::to_owned)
-        .collect();
-    // Prefer the public names: the shortest prefix.
-    candidates.sort_by_key(|p| (p.len(), p.clone()));
-    candidates.into_iter().next()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -174,31 +118,5 @@ mod tests {
         assert_eq!(maps[1].path.as_deref(), Some("[stack]"));
         assert!(!maps[1].is_file());
         assert_eq!(maps[2].path, None);
-    }
-
-    use std::path::Path;
-
-    #[test]
-    fn finds_debians_libjemalloc_entry_points() {
-        // Installed by the test command (Debian's libjemalloc2).
-        let path = Path::new("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2");
-        let symbols = FunctionSymbols::read(path).unwrap();
-        let (prefix, entry_points) = find_entry_points(&symbols).unwrap();
-        assert_eq!(prefix, "");
-        let names: Vec<&str> = entry_points.iter().map(|e| e.symbol.as_str()).collect();
-        for expected in ["malloc", "free", "mallocx", "sdallocx", "_Znwm", "_ZdlPvm"] {
-            assert!(
-                names.contains(&expected),
-                "{expected} missing from {names:?}"
-            );
-        }
-    }
-
-    #[test]
-    fn glibc_is_not_jemalloc() {
-        let libc = Path::new("/lib/x86_64-linux-gnu/libc.so.6");
-        let symbols = FunctionSymbols::read(libc).unwrap();
-        assert!(symbols.offset("malloc").is_some());
-        assert!(find_entry_points(&symbols).is_none());
     }
 }

@@ -1,2 +1,0 @@
-//! Readers of existing profiles, one module per format.
-pub mod heap_v2;
