@@ -36,6 +36,17 @@ pub enum Event {
     },
 }
 
+impl Event {
+    pub fn header(&self) -> &EventHeader {
+        match self {
+            Event::Sampled { header, .. }
+            | Event::Returned { header, .. }
+            | Event::Freed { header, .. }
+            | Event::Resized { header, .. } => header,
+        }
+    }
+}
+
 /// What the kernel copied for unwinding a sampled call in userspace.
 #[derive(Clone, Debug, PartialEq)]
 pub struct StackCopy {

@@ -24,7 +24,27 @@ pub struct FileId {
     pub inode: u64,
 }
 
+/// Addresses `[start, end)` of a process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AddressRange {
+    pub start: u64,
+    pub end: u64,
+}
+
+impl AddressRange {
+    pub fn contains(self, address: u64) -> bool {
+        address >= self.start && address < self.end
+    }
+}
+
 impl Mapping {
+    pub fn range(&self) -> AddressRange {
+        AddressRange {
+            start: self.start,
+            end: self.end,
+        }
+    }
+
     pub fn is_executable(&self) -> bool {
         self.perms.as_bytes().get(2) == Some(&b'x')
     }

@@ -43,6 +43,16 @@ impl Launched {
     }
 }
 
+/// The command's name as `ps` would show it: its program's file name.
+pub fn command_name(program: &OsString) -> String {
+    program
+        .to_string_lossy()
+        .rsplit('/')
+        .next()
+        .unwrap_or("?")
+        .to_owned()
+}
+
 fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
     let mut fds = [0; 2];
     // SAFETY: fds has room for two descriptors.

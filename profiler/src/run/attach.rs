@@ -1,0 +1,206 @@
+//! Attaching: the allocator copies of each process, found at the start,
+//! in libraries loaded later and, with `--all`, in processes started later.
+use std::path::Path;
+
+use crate::{
+    discover::{Allocator, Found},
+    error::{Error, Result},
+    kernel::{ReturnHalf, Scope},
+    proc::{all_pids, parse_maps, read_maps},
+    run::{Session, Targets, process::Tracked, watch_exit},
+};
+
+impl Session<'_> {
+    fn instance(&mut self) -> Result<u16> {
+        let instance = self.next_instance;
+        self.next_instance = instance
+            .checked_add(1)
+            .ok_or_else(|| Error::Load("more than 65535 jemalloc copies".into()))?;
+        Ok(instance)
+    }
+
+    /// Starts keeping a profile for `pid`.
+    pub(super) fn track(&mut self, pid: u32, maps: String) {
+        if self.tracked.contains_key(&pid) {
+            return;
+        }
+        let tracked = Tracked::new(pid, maps, self.options.collector.clone());
+        self.tracked.insert(pid, tracked);
+        if !matches!(self.options.targets, Targets::Launch(_)) {
+            watch_exit(pid, self.exits.clone());
+        }
+    }
+
+    /// Attaches pid-scoped probes to each found copy not yet probed.
+    pub(super) fn attach_found(&mut self, pid: u32, found: Vec<Found>) -> Result<usize> {
+        let mut attached = 0;
+        for f in found {
+            let known = self
+                .tracked
+                .get(&pid)
+                .is_some_and(|t| t.attached_files.contains(&f.file));
+            if known {
+                continue;
+            }
+            let result = self.attach_file(Scope::Process(pid), &f.path, &f.open_path, &f.allocator);
+            // Tried once: a copy that failed is not retried at every rescan.
+            if let Some(t) = self.tracked.get_mut(&pid) {
+                t.attached_files.insert(f.file);
+            }
+            attached += self.survive_late_failure(result)?;
+        }
+        Ok(attached)
+    }
+
+    /// Before the run is announced a failed attach ends it (nothing stays
+    /// attached); after, a copy found later (`dlopen`, a new process with
+    /// `--all`) that cannot be probed is reported and the run goes on.
+    fn survive_late_failure(&mut self, result: Result<usize>) -> Result<usize> {
+        match result {
+            Err(e) if self.announced => {
+                self.clear_progress();
+                let _ = writeln!(
+                    self.status,
+                    "memprobe: warning: {e}; profiling goes on without it"
+                );
+                Ok(0)
+            }
+            result => result,
+        }
+    }
+
+    /// Attaches to one allocator copy and, with `--verbose`, lists its
+    /// probes. A failed attach leaves none of the copy's probes behind.
+    pub(super) fn attach_file(
+        &mut self,
+        scope: Scope,
+        path: &str,
+        open_path: &Path,
+        allocator: &Allocator,
+    ) -> Result<usize> {
+        let instance = self.instance()?;
+        let before = self.probes.attached.len();
+        let attached = self
+            .probes
+            .attach(scope, path, open_path, allocator, instance)?;
+        self.print_verbose_probes(before);
+        self.print_verbose_wrappers(path, allocator);
+        Ok(attached)
+    }
+
+    /// `--all`: system-wide probes on every jemalloc file in use, and a
+    /// profile for every process that maps one.
+    pub(super) fn scan_all(&mut self) -> Result<()> {
+        let own = std::process::id();
+        for pid in all_pids().into_iter().filter(|&p| p != own) {
+            let Ok(maps) = read_maps(pid) else {
+                continue;
+            };
+            let found = self.cache.find(pid, &parse_maps(&maps));
+            if found.is_empty() {
+                continue;
+            }
+            for f in &found {
+                if self.system_wide.insert(f.file) {
+                    let result =
+                        self.attach_file(Scope::AllProcesses, &f.path, &f.open_path, &f.allocator);
+                    self.survive_late_failure(result)?;
+                }
+            }
+            match self.tracked.get_mut(&pid) {
+                Some(t) => t.set_maps(Some(maps)),
+                None => {
+                    self.track(pid, maps);
+                    if let Some(t) = self.tracked.get_mut(&pid) {
+                        t.attached_files.extend(found.iter().map(|f| f.file));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Picks up libraries loaded since the last look (`dlopen`) and, with
+    /// `--all`, new processes; keeps each process's maps fresh.
+    pub(super) fn rescan(&mut self) -> Result<()> {
+        if matches!(self.options.targets, Targets::All) {
+            return self.scan_all();
+        }
+        for pid in self.live_pids() {
+            // The process may be gone; keep the last good copy of its maps.
+            let Ok(maps) = read_maps(pid) else {
+                continue;
+            };
+            let found = self.cache.find(pid, &parse_maps(&maps));
+            if let Some(t) = self.tracked.get_mut(&pid) {
+                t.set_maps(Some(maps));
+            }
+            let new: Vec<Found> = found
+                .into_iter()
+                .filter(|f| {
+                    self.tracked
+                        .get(&pid)
+                        .is_some_and(|t| !t.attached_files.contains(&f.file))
+                })
+                .collect();
+            let paths: Vec<String> = new.iter().map(|f| f.path.clone()).collect();
+            let attached = self.attach_found(pid, new)?;
+            if attached > 0 {
+                self.clear_progress();
+                let _ = writeln!(
+                    self.status,
+                    "memprobe: pid {pid} loaded jemalloc in {}: attached {attached} probes",
+                    paths.join(", ")
+                );
+            }
+        }
+        Ok(())
+    }
+
+    fn print_verbose_wrappers(&mut self, path: &str, allocator: &Allocator) {
+        if !self.options.verbose {
+            return;
+        }
+        for (wrapper, inner) in &allocator.wrappers {
+            let _ = writeln!(
+                self.status,
+                "memprobe: {path}: {wrapper} not probed: every call passes to {inner}"
+            );
+        }
+    }
+
+    fn print_verbose_probes(&mut self, from: usize) {
+        if !self.options.verbose {
+            return;
+        }
+        if from == 0
+            && let Some(reason) = &self.probes.sessions_unavailable
+        {
+            let _ = writeln!(
+                self.status,
+                "memprobe: return probes: uretprobes ({reason}): every allocation call also \
+                 traps at its return"
+            );
+        }
+        for p in &self.probes.attached[from..] {
+            let scope = match p.scope {
+                Scope::Process(pid) => format!("pid {pid}"),
+                Scope::AllProcesses => "all processes".to_owned(),
+            };
+            let halves = match p.return_half {
+                ReturnHalf::None => "entry",
+                ReturnHalf::Uretprobe => "entry and return",
+                ReturnHalf::Session => "entry and return, as a session",
+            };
+            let place = match &p.placement.fallback {
+                None => format!("+{:#x} `{}`", p.placement.offset, p.placement.instruction),
+                Some(reason) => format!(" at the first instruction: {reason}"),
+            };
+            let _ = writeln!(
+                self.status,
+                "memprobe: {scope}: {} at {}+{:#x}{place} ({halves})",
+                p.symbol, p.path, p.file_offset,
+            );
+        }
+    }
+}

@@ -1,0 +1,75 @@
+//! What a run is told to do.
+use std::{ffi::OsString, path::PathBuf, time::Duration};
+
+use crate::{collect::CollectorOptions, kernel::KernelOptions, output::Format};
+
+/// Which processes to profile.
+#[derive(Clone, Debug)]
+pub enum Targets {
+    /// These running processes.
+    Pids(Vec<u32>),
+    /// Every process that maps jemalloc, now and started during the run,
+    /// through system-wide probes.
+    All,
+    /// Start this command with the probes in place; exit with its code.
+    Launch(Vec<OsString>),
+}
+
+/// Everything a run needs to know.
+#[derive(Clone, Debug)]
+pub struct SessionOptions {
+    pub targets: Targets,
+    /// Stop after this long; `None` runs until Ctrl-C, SIGTERM or the
+    /// processes exit.
+    pub duration: Option<Duration>,
+    /// Default: the current directory.
+    pub output_dir: PathBuf,
+    pub kernel: KernelOptions,
+    pub collector: CollectorOptions,
+    /// Say what was attached where.
+    pub verbose: bool,
+    /// Redraw a status line once a second (on a terminal).
+    pub progress: bool,
+    /// How often to look for newly loaded libraries and new processes.
+    /// Default: one second.
+    pub rescan_interval: Duration,
+    /// Write a full snapshot of every process this often. Default: none.
+    pub snapshot_interval: Option<Duration>,
+    /// Write a snapshot when a process's estimated in-use heap grew this much.
+    pub dump_on_growth: Option<GrowthTrigger>,
+    /// Least time between two growth-triggered snapshots of one process.
+    /// Default: 10 s.
+    pub min_dump_gap: Duration,
+    /// The files each snapshot is written as. Default: all formats.
+    pub formats: Vec<Format>,
+    /// Ask JVMs for a perf map (`jcmd PID Compiler.perfmap`) before each
+    /// snapshot, to name JIT-compiled Java frames. Default: yes.
+    pub java_perfmap: bool,
+}
+
+/// `--dump-on-growth SIZE[/WINDOW]`: growth of `size` bytes within `window`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GrowthTrigger {
+    pub size: u64,
+    pub window: Duration,
+}
+
+impl Default for SessionOptions {
+    fn default() -> Self {
+        Self {
+            targets: Targets::Pids(Vec::new()),
+            duration: None,
+            output_dir: PathBuf::from("."),
+            kernel: KernelOptions::default(),
+            collector: CollectorOptions::default(),
+            verbose: false,
+            progress: false,
+            rescan_interval: Duration::from_secs(1),
+            snapshot_interval: None,
+            dump_on_growth: None,
+            min_dump_gap: Duration::from_secs(10),
+            formats: Format::ALL.to_vec(),
+            java_perfmap: true,
+        }
+    }
+}

@@ -1,0 +1,80 @@
+//! What a run keeps per profiled process.
+use std::{collections::HashSet, path::PathBuf};
+
+use crate::{
+    collect::{CollectorOptions, ProcessHeap},
+    kernel::events::Event,
+    proc::{AddressRange, FileId, command_name, namespace_pid, parse_maps},
+    run::growth::GrowthWindow,
+    stacks::ProcessStacks,
+    symbolize::Namer,
+};
+
+pub(super) struct Tracked {
+    pub pid: u32,
+    pub command: String,
+    pub container_pid: Option<u32>,
+    pub heap: ProcessHeap,
+    /// `/proc/PID/maps` as last read: written with each profile.
+    pub maps: String,
+    /// The address ranges of `maps`, to notice samples from code mapped
+    /// since (a library just loaded, a launched command just exec'd).
+    ranges: Vec<AddressRange>,
+    /// Unwinding, frame-pointer trust, the uretprobe trampoline.
+    pub stacks: ProcessStacks,
+    /// Files whose allocator is probed for this process (or whose attach
+    /// failed: they are not tried again).
+    pub attached_files: HashSet<FileId>,
+    pub exited: bool,
+    /// Every file written, all formats.
+    pub files: Vec<PathBuf>,
+    /// The `heap_v2` snapshots among them, in order.
+    pub heaps: Vec<PathBuf>,
+    /// Names frames for the symbolized formats, with the maps it was built
+    /// from; rebuilt when the maps change.
+    pub namer: Option<(String, Namer)>,
+    pub growth: GrowthWindow,
+}
+
+impl Tracked {
+    pub fn new(pid: u32, maps: String, collector: CollectorOptions) -> Self {
+        let mut tracked = Self {
+            pid,
+            command: command_name(pid),
+            container_pid: namespace_pid(pid),
+            heap: ProcessHeap::new(pid, collector),
+            maps: String::new(),
+            ranges: Vec::new(),
+            stacks: ProcessStacks::default(),
+            attached_files: HashSet::new(),
+            exited: false,
+            files: Vec::new(),
+            heaps: Vec::new(),
+            namer: None,
+            growth: GrowthWindow::default(),
+        };
+        tracked.set_maps(Some(maps));
+        tracked
+    }
+
+    /// Keeps a fresh copy of the maps; a failed read keeps the last good one
+    /// (the process may be gone).
+    pub fn set_maps(&mut self, maps: Option<String>) {
+        if let Some(maps) = maps {
+            let mappings = parse_maps(&maps);
+            self.ranges = mappings.iter().map(|m| m.range()).collect();
+            self.stacks.set_mappings(self.pid, &mappings);
+            self.maps = maps;
+        }
+    }
+
+    /// Whether `event` comes from code mapped since the maps were read.
+    pub fn comes_from_unmapped_code(&self, event: &Event) -> bool {
+        let Event::Sampled { frames, .. } = event else {
+            return false;
+        };
+        frames
+            .first()
+            .is_some_and(|&caller| !self.ranges.iter().any(|r| r.contains(caller)))
+    }
+}

@@ -1,0 +1,252 @@
+//! What a run says: the line scripts wait for, the status line, `--verbose`
+//! rates, and the summary at the end.
+use std::{path::PathBuf, time::Duration};
+
+use profiler_common::Counter;
+
+use crate::{
+    collect::Drops,
+    kernel::Scope,
+    run::{
+        Session, Targets,
+        cost::{CostModel, ProbeCost, rates},
+        process::Tracked,
+    },
+};
+
+/// What happened to one process.
+#[derive(Clone, Debug)]
+pub struct ProcessSummary {
+    pub pid: u32,
+    pub container_pid: Option<u32>,
+    pub command: String,
+    pub samples: u64,
+    pub inuse_bytes: f64,
+    pub files: Vec<PathBuf>,
+    /// The `heap_v2` snapshots among `files`, in order.
+    pub heaps: Vec<PathBuf>,
+    pub drops: Drops,
+    pub exited: bool,
+}
+
+impl ProcessSummary {
+    pub(super) fn of(t: Tracked) -> Self {
+        Self {
+            pid: t.pid,
+            container_pid: t.container_pid,
+            command: t.command,
+            samples: t.heap.samples,
+            inuse_bytes: t.heap.inuse_bytes(),
+            files: t.files,
+            heaps: t.heaps,
+            drops: t.heap.drops,
+            exited: t.exited,
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Summary {
+    pub processes: Vec<ProcessSummary>,
+    pub probes: usize,
+    pub elapsed: Duration,
+    /// Kernel counters, indexed by `profiler_common::Counter`.
+    pub kernel_counters: Vec<u64>,
+    /// In launch mode: the command's exit code (128 + signal if killed).
+    pub exit_code: Option<i32>,
+    /// Hits and estimated cost per entry point, busiest first.
+    pub probe_costs: Vec<ProbeCost>,
+    /// How calls got their return half, and why.
+    pub return_probes: String,
+}
+
+impl Session<'_> {
+    /// The one line scripts wait for.
+    pub(super) fn announce(&mut self) {
+        let until = match (&self.options.targets, self.options.duration) {
+            (_, Some(d)) => format!("for {}", humantime::format_duration(d)),
+            (Targets::Launch(_), None) => "until it exits".into(),
+            (Targets::Pids(_), None) => "until Ctrl-C or until the processes exit".into(),
+            (Targets::All, None) => "until Ctrl-C".into(),
+        };
+        let probes = self.probes.attached.len();
+        let line = match &self.options.targets {
+            Targets::All => format!(
+                "memprobe: attached {probes} probes system-wide to {} jemalloc files in {} \
+                 processes, watching for more; profiling {until}",
+                self.system_wide.len(),
+                self.tracked.len()
+            ),
+            Targets::Launch(_) if probes == 0 => {
+                let t = self.tracked.values().next();
+                format!(
+                    "memprobe: started pid {} ({}); no jemalloc in it yet, attaching when it \
+                     loads one; profiling {until}",
+                    t.map_or(0, |t| t.pid),
+                    t.map_or("?", |t| t.command.as_str())
+                )
+            }
+            _ => {
+                let described: Vec<String> = self
+                    .tracked
+                    .values()
+                    .map(|t| {
+                        let mut libs: Vec<&str> = self
+                            .probes
+                            .attached
+                            .iter()
+                            .filter(|p| p.scope == Scope::Process(t.pid))
+                            .map(|p| p.path.as_str())
+                            .collect();
+                        libs.dedup();
+                        let container = t
+                            .container_pid
+                            .map(|c| format!(", pid {c} in its container"))
+                            .unwrap_or_default();
+                        format!(
+                            "pid {} ({}{container}, {})",
+                            t.pid,
+                            t.command,
+                            libs.join(", ")
+                        )
+                    })
+                    .collect();
+                format!(
+                    "memprobe: attached {probes} probes to {}; profiling {until}",
+                    described.join(", ")
+                )
+            }
+        };
+        let _ = writeln!(self.status, "{line}");
+        self.announced = true;
+        let _ = self.status.flush();
+    }
+
+    /// `--verbose`: probe hits per second per entry point since the last call.
+    pub(super) fn report_rates(&mut self, previous: &[u64], period: Duration) -> Vec<u64> {
+        let hits = self.probes.probe_hits();
+        let delta: Vec<u64> = hits
+            .iter()
+            .enumerate()
+            .map(|(i, h)| h - previous.get(i).copied().unwrap_or(0))
+            .collect();
+        let costs = CostModel::default().costs(&self.probes.attached, &delta);
+        let added: Duration = costs.iter().map(|c| c.added).sum();
+        self.clear_progress();
+        let _ = writeln!(
+            self.status,
+            "memprobe: probe hits: {}; ~{:.1}% of a CPU added to the targets",
+            if costs.is_empty() {
+                "none".to_owned()
+            } else {
+                rates(&costs, period, 6)
+            },
+            100.0 * added.as_secs_f64() / period.as_secs_f64()
+        );
+        hits
+    }
+
+    pub(super) fn clear_progress(&mut self) {
+        if self.options.progress {
+            let _ = write!(self.status, "\r\x1b[2K");
+        }
+    }
+
+    pub(super) fn progress_line(&self, elapsed: Duration) -> String {
+        let samples: u64 = self.tracked.values().map(|t| t.heap.samples).sum();
+        let inuse: f64 = self.tracked.values().map(|t| t.heap.inuse_bytes()).sum();
+        let counters = self.probes.counters();
+        let kernel_drops =
+            counters[Counter::RingBufferFull as usize] + counters[Counter::SampledSetFull as usize];
+        let user_drops: u64 = self
+            .tracked
+            .values()
+            .map(|t| t.heap.drops.live_table_full + t.heap.drops.stack_table_full)
+            .sum();
+        let snapshots: usize = self.tracked.values().map(|t| t.heaps.len()).sum();
+        format!(
+            "memprobe: {} elapsed, {} processes, {samples} samples, ~{} in use, {} dropped, \
+             {snapshots} snapshots written",
+            humantime::format_duration(Duration::from_secs(elapsed.as_secs())),
+            self.tracked.values().filter(|t| !t.exited).count(),
+            crate::units::bytes(inuse),
+            kernel_drops + user_drops
+        )
+    }
+}
+
+/// Lines summarising a run, for the end of the run.
+pub fn summary_lines(summary: &Summary) -> Vec<String> {
+    let mut lines = Vec::new();
+    let counters = &summary.kernel_counters;
+    let per_second = |n: u64| n as f64 / summary.elapsed.as_secs_f64().max(1e-3);
+    lines.push(format!(
+        "memprobe: detached {} probes after {}; {} allocation calls ({:.0}/s), {} sampled, {} free calls, \
+         {} return probe runs",
+        summary.probes,
+        humantime::format_duration(Duration::from_millis(summary.elapsed.as_millis() as u64)),
+        counters[Counter::AllocCalls as usize],
+        per_second(counters[Counter::AllocCalls as usize]),
+        counters[Counter::SampledCalls as usize],
+        counters[Counter::FreeCalls as usize],
+        counters[Counter::ReturnHalves as usize],
+    ));
+    let kernel_drops = [
+        (Counter::RingBufferFull, "ring buffer full"),
+        (Counter::SampledSetFull, "kernel pointer set full"),
+        (Counter::PendingFull, "pending table full"),
+        (Counter::StackErrors, "stack unreadable"),
+        (
+            Counter::StackCopiesSkipped,
+            "sent without a stack copy (ring buffer over half full; frame pointers only)",
+        ),
+    ];
+    let dropped: Vec<String> = kernel_drops
+        .iter()
+        .filter(|(c, _)| counters[*c as usize] > 0)
+        .map(|(c, what)| format!("{} {what}", counters[*c as usize]))
+        .collect();
+    if !dropped.is_empty() {
+        lines.push(format!("memprobe: kernel drops: {}", dropped.join(", ")));
+    }
+    for p in &summary.processes {
+        let files: Vec<String> = p.files.iter().map(|f| f.display().to_string()).collect();
+        let d = p.drops;
+        let drops = d.live_table_full + d.untracked_in_kernel + d.stack_table_full;
+        let container = p
+            .container_pid
+            .map(|c| format!(", pid {c} in its container"))
+            .unwrap_or_default();
+        lines.push(format!(
+            "memprobe: pid {} ({}{container}){}: {} samples, ~{} in use, {} dropped; wrote {}",
+            p.pid,
+            p.command,
+            if p.exited { ", exited" } else { "" },
+            p.samples,
+            crate::units::bytes(p.inuse_bytes),
+            drops,
+            files.join(", ")
+        ));
+    }
+    let hits: u64 = summary.probe_costs.iter().map(|c| c.hits).sum();
+    let added: Duration = summary.probe_costs.iter().map(|c| c.added).sum();
+    let seconds = summary.elapsed.as_secs_f64().max(1e-3);
+    lines.push(format!(
+        "memprobe: cost: {} probe hits ({}/s){}; estimated time added to the profiled \
+         processes: {:.3} s ({:.1}% of one CPU); return probes: {}",
+        hits,
+        crate::run::cost::human_count(hits as f64 / seconds),
+        if hits > 0 {
+            format!(": {}", rates(&summary.probe_costs, summary.elapsed, 5))
+        } else {
+            String::new()
+        },
+        added.as_secs_f64(),
+        100.0 * added.as_secs_f64() / seconds,
+        summary.return_probes,
+    ));
+    if let Some(code) = summary.exit_code {
+        lines.push(format!("memprobe: the command exited with code {code}"));
+    }
+    lines
+}
