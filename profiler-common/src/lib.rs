@@ -26,6 +26,19 @@ pub mod maps {
     /// Processes (tgid -> u8) whose frame-pointer walks proved as good as
     /// DWARF unwinding: their samples mostly go without a stack copy.
     pub const FP_TRUSTED: &str = "FP_TRUSTED";
+    /// Every map. The eBPF side must spell them in `#[map(name = ...)]`
+    /// literals (the macro takes no path); a unit test of the profiler
+    /// checks the built object has each of these.
+    pub const ALL: [&str; 8] = [
+        EVENTS,
+        THREADS,
+        PENDING,
+        SAMPLED,
+        EXP_QUANTILES,
+        COUNTERS,
+        PROBE_HITS,
+        FP_TRUSTED,
+    ];
 }
 
 /// Processes in [`maps::FP_TRUSTED`] still send a stack copy with one
@@ -39,6 +52,7 @@ pub mod globals {
     /// `u64`: above this many unread bytes in the ring buffer, samples go
     /// without their stack copy (a fraction of the size) rather than be lost.
     pub const RING_BUSY_BYTES: &str = "RING_BUSY_BYTES";
+    pub const ALL: [&str; 2] = [COPY_STACK, RING_BUSY_BYTES];
 }
 
 /// Most entry points counted in [`maps::PROBE_HITS`]; probes beyond share
@@ -57,6 +71,19 @@ pub mod programs {
     pub const RESIZE_XALLOCX: &str = "resize_xallocx";
     pub const FREE_ARG0: &str = "free_arg0";
     pub const CALL_RETURN: &str = "call_return";
+    /// Every plain uprobe program.
+    pub const ALL: [&str; 10] = [
+        ALLOC_SIZE_ARG0,
+        ALLOC_SIZE_ARG1,
+        ALLOC_CALLOC,
+        ALLOC_REALLOC,
+        ALLOC_POSIX_MEMALIGN,
+        ALLOC_MALLOCX,
+        ALLOC_RALLOCX,
+        RESIZE_XALLOCX,
+        FREE_ARG0,
+        CALL_RETURN,
+    ];
 
     /// Uprobe-session variants of the programs that need a return half:
     /// one program for both halves, the return half runs only when the

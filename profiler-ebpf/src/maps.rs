@@ -1,5 +1,8 @@
 //! Every map of the eBPF object. Sizes are defaults; userspace sets the real
-//! ones at load time (`EbpfLoader::map_max_entries`).
+//! ones at load time (`EbpfLoader::map_max_entries`). `#[map(name = ...)]`
+//! takes only a literal: each must equal its constant in
+//! `profiler_common::maps`, which the profiler's unit test
+//! `kernel::tests::every_name_userspace_uses_is_in_the_object` checks.
 use aya_ebpf::{
     macros::map,
     maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},

@@ -123,7 +123,7 @@ impl Strings {
 
 /// Writes `profile` as a gzipped pprof protobuf, naming frames with `namer`.
 pub fn write<W: Write>(profile: &HeapProfile, namer: &mut Namer, out: W) -> io::Result<()> {
-    let mut strings = Strings::new();
+    let mut tables = Tables::default();
     let sample_type = [
         "alloc_objects",
         "alloc_space",
@@ -133,74 +133,19 @@ pub fn write<W: Write>(profile: &HeapProfile, namer: &mut Namer, out: W) -> io::
     .iter()
     .zip(["count", "bytes", "count", "bytes"])
     .map(|(t, u)| ValueType {
-        r#type: strings.id(t),
-        unit: strings.id(u),
+        r#type: tables.strings.id(t),
+        unit: tables.strings.id(u),
     })
     .collect();
-    let mappings: Vec<Mapping> = parse_maps(&profile.mapped_libraries)
-        .into_iter()
-        .filter(|m| m.is_executable() && m.is_file())
-        .enumerate()
-        .map(|(i, m)| Mapping {
-            id: i as u64 + 1,
-            memory_start: m.start,
-            memory_limit: m.end,
-            file_offset: m.offset,
-            filename: strings.id(m.path.as_deref().unwrap_or("")),
-            has_functions: true,
-        })
-        .collect();
-    let mut locations: Vec<Location> = Vec::new();
-    let mut location_ids: HashMap<u64, u64> = HashMap::new();
-    let mut functions: Vec<Function> = Vec::new();
-    let mut function_ids: HashMap<(String, Option<String>), u64> = HashMap::new();
+    tables.add_mappings(&profile.mapped_libraries);
     let mut samples = Vec::new();
     for stack in &profile.stacks {
-        let mut ids = Vec::with_capacity(stack.frames.len());
-        for &frame in &stack.frames {
+        let location_id = stack
+            .frames
+            .iter()
             // The call instruction: return address - 1, leaf included.
-            let address = frame.saturating_sub(1);
-            let id = *location_ids.entry(address).or_insert_with(|| {
-                // One line per inlined function, innermost first, with its
-                // source line where debug info has one.
-                let line = namer
-                    .frames(address)
-                    .into_iter()
-                    .map(|frame| {
-                        let key = (frame.name, frame.file);
-                        let function_id = *function_ids.entry(key.clone()).or_insert_with(|| {
-                            let id = functions.len() as u64 + 1;
-                            let name = strings.id(&key.0);
-                            let filename = strings.id(key.1.as_deref().unwrap_or(""));
-                            functions.push(Function {
-                                id,
-                                name,
-                                system_name: name,
-                                filename,
-                            });
-                            id
-                        });
-                        Line {
-                            function_id,
-                            line: frame.line.map_or(0, i64::from),
-                        }
-                    })
-                    .collect();
-                let mapping_id = mappings
-                    .iter()
-                    .find(|m| address >= m.memory_start && address < m.memory_limit)
-                    .map_or(0, |m| m.id);
-                let id = locations.len() as u64 + 1;
-                locations.push(Location {
-                    id,
-                    mapping_id,
-                    address,
-                    line,
-                });
-                id
-            });
-            ids.push(id);
-        }
+            .map(|&frame| tables.location(frame.saturating_sub(1), namer))
+            .collect();
         let value = [
             stack.alloc_objects,
             stack.alloc_bytes,
@@ -209,11 +154,9 @@ pub fn write<W: Write>(profile: &HeapProfile, namer: &mut Namer, out: W) -> io::
         ]
         .map(|v| v.round() as i64)
         .to_vec();
-        samples.push(Sample {
-            location_id: ids,
-            value,
-        });
+        samples.push(Sample { location_id, value });
     }
+    let mut strings = tables.strings;
     let comment = profile
         .notes
         .iter()
@@ -226,9 +169,9 @@ pub fn write<W: Write>(profile: &HeapProfile, namer: &mut Namer, out: W) -> io::
     let message = Profile {
         sample_type,
         sample: samples,
-        mapping: mappings,
-        location: locations,
-        function: functions,
+        mapping: tables.mappings,
+        location: tables.locations,
+        function: tables.functions,
         string_table: strings.table,
         period_type,
         period: profile.sample_interval as i64,
@@ -238,6 +181,97 @@ pub fn write<W: Write>(profile: &HeapProfile, namer: &mut Namer, out: W) -> io::
     gz.write_all(&message.encode_to_vec())?;
     gz.finish()?;
     Ok(())
+}
+
+/// The profile's tables, each entry made once and referred to by id.
+struct Tables {
+    strings: Strings,
+    mappings: Vec<Mapping>,
+    locations: Vec<Location>,
+    location_ids: HashMap<u64, u64>,
+    functions: Vec<Function>,
+    function_ids: HashMap<(String, Option<String>), u64>,
+}
+
+impl Default for Tables {
+    fn default() -> Self {
+        Self {
+            strings: Strings::new(),
+            mappings: Vec::new(),
+            locations: Vec::new(),
+            location_ids: HashMap::new(),
+            functions: Vec::new(),
+            function_ids: HashMap::new(),
+        }
+    }
+}
+
+impl Tables {
+    /// The executable file mappings of the process.
+    fn add_mappings(&mut self, maps: &str) {
+        for m in parse_maps(maps)
+            .into_iter()
+            .filter(|m| m.is_executable() && m.is_file())
+        {
+            let filename = self.strings.id(m.path.as_deref().unwrap_or(""));
+            self.mappings.push(Mapping {
+                id: self.mappings.len() as u64 + 1,
+                memory_start: m.start,
+                memory_limit: m.end,
+                file_offset: m.offset,
+                filename,
+                has_functions: true,
+            });
+        }
+    }
+
+    /// The location of a call instruction: one line per inlined function,
+    /// innermost first, with its source line where debug info has one.
+    fn location(&mut self, address: u64, namer: &mut Namer) -> u64 {
+        if let Some(&id) = self.location_ids.get(&address) {
+            return id;
+        }
+        let line = namer
+            .frames(address)
+            .into_iter()
+            .map(|frame| Line {
+                function_id: self.function(frame.name, frame.file),
+                line: frame.line.map_or(0, i64::from),
+            })
+            .collect();
+        let mapping_id = self
+            .mappings
+            .iter()
+            .find(|m| address >= m.memory_start && address < m.memory_limit)
+            .map_or(0, |m| m.id);
+        let id = self.locations.len() as u64 + 1;
+        self.locations.push(Location {
+            id,
+            mapping_id,
+            address,
+            line,
+        });
+        self.location_ids.insert(address, id);
+        id
+    }
+
+    fn function(&mut self, name: String, file: Option<String>) -> u64 {
+        let key = (name, file);
+        if let Some(&id) = self.function_ids.get(&key) {
+            return id;
+        }
+        let id = self.functions.len() as u64 + 1;
+        let name = self.strings.id(&key.0);
+        let filename = self.strings.id(key.1.as_deref().unwrap_or(""));
+        self.functions.push(Function {
+            id,
+            name,
+            system_name: name,
+            filename,
+        });
+        self.function_ids.insert(key, id);
+        id
+    }
 }
 
 #[cfg(test)]

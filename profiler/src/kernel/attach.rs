@@ -1,0 +1,225 @@
+//! Attaching one allocator copy's entry points: each entry program, and
+//! the return half as a uprobe session or a uretprobe, with the sessions
+//! fallback found out at the first link; all or nothing per copy.
+use std::{num::NonZeroU32, path::Path};
+
+use aya::programs::{
+    UProbe,
+    uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLinkId, UProbeScope},
+};
+use profiler_common::{cookie, programs};
+
+use crate::{
+    discover::{Allocator, entry_points::EntryPoint, placement::Placement},
+    error::{Error, Result},
+    kernel::{
+        AttachedProbe, KernelProbes, PlacementMode, ReturnHalf, ReturnProbes, Scope,
+        features::KernelFeature, uprobe_session,
+    },
+};
+
+/// The summary's words for a run on uretprobes because the kernel has no
+/// uprobe sessions.
+const NO_SESSIONS: &str = "kernel has no uprobe sessions";
+
+/// Where one allocator copy's probes go.
+struct Target<'a> {
+    scope: Scope,
+    pid: u32,
+    uprobe_scope: UProbeScope,
+    path: &'a str,
+    open_path: &'a Path,
+}
+
+impl<'a> Target<'a> {
+    fn new(scope: Scope, path: &'a str, open_path: &'a Path) -> Result<Self> {
+        let (pid, uprobe_scope) = match scope {
+            Scope::Process(pid) => (
+                pid,
+                UProbeScope::OneProcess(NonZeroU32::new(pid).ok_or(Error::NoSuchProcess(0))?),
+            ),
+            Scope::AllProcesses => (0, UProbeScope::AllProcesses),
+        };
+        Ok(Self {
+            scope,
+            pid,
+            uprobe_scope,
+            path,
+            open_path,
+        })
+    }
+
+    fn error(&self, entry_point: &str, message: String) -> Error {
+        Error::Attach {
+            pid: self.pid,
+            entry_point: entry_point.into(),
+            path: self.path.into(),
+            message,
+        }
+    }
+}
+
+/// Why an entry point did not get a session link.
+enum SessionLink {
+    /// No sessions in this run: use a uretprobe.
+    Unavailable,
+    /// The attach failed.
+    Failed(String),
+}
+
+impl KernelProbes {
+    /// Attaches to every entry point of one jemalloc copy. `path` is how
+    /// the file is named in messages, `open_path` where the kernel finds it.
+    /// Returns how many entry points were attached. On failure the probes
+    /// of this copy attached so far are detached again: nothing is left
+    /// half-probed.
+    pub fn attach(
+        &mut self,
+        scope: Scope,
+        path: &str,
+        open_path: &Path,
+        allocator: &Allocator,
+        instance: u16,
+    ) -> Result<usize> {
+        let target = Target::new(scope, path, open_path)?;
+        let mut made = Vec::new();
+        let attached_before = self.attached.len();
+        let session_links_before = self.session_links.len();
+        for entry in &allocator.entry_points {
+            if let Err(error) = self.attach_entry(&target, entry, instance, &mut made) {
+                for (program, link) in made {
+                    if let Some(Ok(program)) =
+                        self.ebpf.program_mut(program).map(<&mut UProbe>::try_from)
+                    {
+                        let _ = program.detach(link);
+                    }
+                }
+                self.session_links.truncate(session_links_before);
+                let detached = self.attached.len() - attached_before;
+                self.attached.truncate(attached_before);
+                return Err(Error::AttachUndone {
+                    cause: Box::new(error),
+                    detached,
+                });
+            }
+        }
+        Ok(allocator.entry_points.len())
+    }
+
+    /// Attaches one entry point: its entry program, and its return half as
+    /// a session or a uretprobe. Plain uprobe links go into `made`.
+    fn attach_entry(
+        &mut self,
+        target: &Target,
+        entry: &EntryPoint,
+        instance: u16,
+        made: &mut Vec<(&'static str, UProbeLinkId)>,
+    ) -> Result<()> {
+        let probe_index = self.attached.len() as u32;
+        let placement = match self.placement {
+            PlacementMode::Emulated => entry.placement.clone(),
+            PlacementMode::Entry => Placement::entry("--placement entry"),
+        };
+        // After `pushes` pushes the return address is at [rsp + 8 * pushes].
+        let cookie = cookie::encode(probe_index, placement.pushes * 8, instance);
+        let offset = entry.file_offset + placement.offset;
+        let error = |message: String| target.error(&entry.symbol, message);
+        let mut return_half = ReturnHalf::None;
+        if let Some(program) = entry.shape.session_program() {
+            return_half = match self.link_session(program, target, offset, cookie) {
+                Ok(()) => ReturnHalf::Session,
+                Err(SessionLink::Unavailable) => ReturnHalf::Uretprobe,
+                Err(SessionLink::Failed(message)) => return Err(error(message)),
+            };
+        }
+        if return_half != ReturnHalf::Session {
+            let mut programs = vec![entry.shape.program()];
+            if return_half == ReturnHalf::Uretprobe {
+                programs.push(programs::CALL_RETURN);
+            }
+            for program in programs {
+                let link = self
+                    .attach_uprobe(program, target, offset, cookie)
+                    .map_err(error)?;
+                made.push((program, link));
+            }
+        }
+        self.attached.push(AttachedProbe {
+            scope: target.scope,
+            symbol: entry.symbol.clone(),
+            path: target.path.to_owned(),
+            file_offset: entry.file_offset,
+            placement,
+            return_half,
+            instance,
+        });
+        Ok(())
+    }
+
+    fn attach_uprobe(
+        &mut self,
+        program: &str,
+        target: &Target,
+        offset: u64,
+        cookie: u64,
+    ) -> std::result::Result<UProbeLinkId, String> {
+        let program: &mut UProbe = self
+            .ebpf
+            .program_mut(program)
+            .ok_or_else(|| format!("program {program} missing"))?
+            .try_into()
+            .map_err(|e| format!("{e}"))?;
+        let point = UProbeAttachPoint {
+            location: UProbeAttachLocation::AbsoluteOffset(offset),
+            cookie: Some(cookie),
+        };
+        program
+            .attach(point, target.open_path, target.uprobe_scope)
+            .map_err(|e| format!("{e}"))
+    }
+
+    /// Links `program` as a uprobe session. The kernel says whether it has
+    /// sessions only here, at link time (6.1 loads the program but refuses
+    /// the link): in `auto` mode the first refusal switches this run to
+    /// uretprobes, before any session link exists.
+    fn link_session(
+        &mut self,
+        program: &str,
+        target: &Target,
+        offset: u64,
+        cookie: u64,
+    ) -> std::result::Result<(), SessionLink> {
+        let Some(sessions) = &self.sessions else {
+            return Err(SessionLink::Unavailable);
+        };
+        match sessions.attach(program, target.open_path, offset, cookie, target.pid) {
+            Ok(link) => {
+                self.session_links.push(link);
+                self.sessions_linked = true;
+                Ok(())
+            }
+            Err(e) if uprobe_session::kernel_lacks_sessions(&e) && !self.sessions_linked => {
+                if self.return_probes == ReturnProbes::Sessions {
+                    return Err(SessionLink::Failed(format!(
+                        "{}: the kernel refused the link ({e}); use --return-probes uretprobes",
+                        KernelFeature::UprobeSessions
+                    )));
+                }
+                self.sessions = None;
+                self.sessions_unavailable = Some(NO_SESSIONS.into());
+                Err(SessionLink::Unavailable)
+            }
+            Err(e) => Err(SessionLink::Failed(format!("uprobe session: {e}"))),
+        }
+    }
+
+    /// How calls get their return half in this run, and why: for the
+    /// summary's cost line.
+    pub fn return_probes_used(&self) -> String {
+        match (&self.sessions, &self.sessions_unavailable) {
+            (Some(_), _) => "uprobe sessions".into(),
+            (None, Some(_)) => format!("uretprobes ({NO_SESSIONS})"),
+            (None, None) => "uretprobes (--return-probes uretprobes)".into(),
+        }
+    }
+}
