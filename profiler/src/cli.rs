@@ -2,10 +2,11 @@
 //! library's validated options.
 use std::{ffi::OsString, path::PathBuf, time::Duration};
 
-use clap::{ArgGroup, Parser};
+use clap::{ArgGroup, Parser, ValueEnum};
 use profiler::{
     collect::{CollectorOptions, sampling::DEFAULT_SAMPLE_INTERVAL},
     kernel::{KernelOptions, PlacementMode, ReturnProbes},
+    offline::report::Measure,
     output::Format,
     run::{GrowthTrigger, SessionOptions, Targets},
 };
@@ -133,15 +134,15 @@ pub struct Cli {
     /// Where probes go in each function: `emulated` (the first instruction
     /// the kernel emulates rather than single-steps, far cheaper for the
     /// target) or `entry` (each function's first instruction).
-    #[arg(long, value_name = "WHERE", default_value = "emulated", value_parser = ["emulated", "entry"])]
-    pub placement: String,
+    #[arg(long, value_name = "WHERE", value_enum, default_value_t = PlacementArg::Emulated)]
+    pub placement: PlacementArg,
 
     /// How allocation calls get their return half (where the new pointer is
     /// read): `sessions` (uprobe sessions, Linux 6.13+: only sampled calls
     /// trap at their return), `uretprobes` (every call traps twice, as on
     /// older kernels) or `auto` (sessions when the kernel has them).
-    #[arg(long, value_name = "HOW", default_value = "auto", value_parser = ["auto", "sessions", "uretprobes"])]
-    pub return_probes: String,
+    #[arg(long, value_name = "HOW", value_enum, default_value_t = ReturnProbesArg::Auto)]
+    pub return_probes: ReturnProbesArg,
 
     /// How sampled stacks are walked: `dwarf` (the kernel copies 16 KiB of
     /// stack with each sample and memprobe unwinds it with the binaries'
@@ -151,8 +152,8 @@ pub struct Cli {
     /// unwinds 32 times in a row sends only one sample in 16 with a copy,
     /// until one does not match) or `fp` (frame pointers only: least work
     /// per sample, right only where all code keeps frame pointers).
-    #[arg(long, value_name = "HOW", default_value = "auto", value_parser = ["auto", "dwarf", "fp"])]
-    pub unwind: String,
+    #[arg(long, value_name = "HOW", value_enum, default_value_t = UnwindArg::Auto)]
+    pub unwind: UnwindArg,
 
     /// Say which entry points were attached where, and why the run stopped.
     #[arg(long, short = 'v')]
@@ -206,8 +207,8 @@ pub enum Offline {
         #[arg(long, value_name = "OLD")]
         base: Option<PathBuf>,
         /// What to rank by.
-        #[arg(long, value_enum, default_value = "inuse-space")]
-        measure: profiler::offline::report::Measure,
+        #[arg(long, value_enum, default_value_t = MeasureArg::InuseSpace)]
+        measure: MeasureArg,
         /// How many functions to list.
         #[arg(long, default_value_t = 30)]
         top: usize,
@@ -222,8 +223,8 @@ pub enum Offline {
     Convert {
         file: PathBuf,
         /// pprof or folded.
-        #[arg(long, value_parser = ["pprof", "folded"])]
-        to: String,
+        #[arg(long, value_enum)]
+        to: ConvertTo,
         /// Where to write.
         #[arg(long, short = 'o', value_name = "OUT")]
         output: PathBuf,
@@ -252,18 +253,17 @@ impl Cli {
         };
         let kernel = KernelOptions {
             sample_interval: self.sample_interval,
-            placement: if self.placement == "entry" {
-                PlacementMode::Entry
-            } else {
-                PlacementMode::Emulated
+            placement: match self.placement {
+                PlacementArg::Emulated => PlacementMode::Emulated,
+                PlacementArg::Entry => PlacementMode::Entry,
             },
-            return_probes: match self.return_probes.as_str() {
-                "sessions" => ReturnProbes::Sessions,
-                "uretprobes" => ReturnProbes::Uretprobes,
-                _ => ReturnProbes::Auto,
+            return_probes: match self.return_probes {
+                ReturnProbesArg::Auto => ReturnProbes::Auto,
+                ReturnProbesArg::Sessions => ReturnProbes::Sessions,
+                ReturnProbesArg::Uretprobes => ReturnProbes::Uretprobes,
             },
-            copy_stack: self.unwind != "fp",
-            frame_pointer_fast_path: self.unwind == "auto",
+            copy_stack: self.unwind != UnwindArg::Fp,
+            frame_pointer_fast_path: self.unwind == UnwindArg::Auto,
             ..KernelOptions::default()
         };
         let targets = if self.all {
@@ -291,6 +291,65 @@ impl Cli {
                 self.format.clone()
             },
             ..SessionOptions::default()
+        }
+    }
+}
+
+/// `--placement`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum PlacementArg {
+    Emulated,
+    Entry,
+}
+
+/// `--return-probes`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ReturnProbesArg {
+    Auto,
+    Sessions,
+    Uretprobes,
+}
+
+/// `--unwind`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum UnwindArg {
+    Auto,
+    Dwarf,
+    Fp,
+}
+
+/// `report --measure`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum MeasureArg {
+    InuseSpace,
+    InuseObjects,
+    AllocSpace,
+    AllocObjects,
+}
+
+impl From<MeasureArg> for Measure {
+    fn from(arg: MeasureArg) -> Self {
+        match arg {
+            MeasureArg::InuseSpace => Measure::InuseSpace,
+            MeasureArg::InuseObjects => Measure::InuseObjects,
+            MeasureArg::AllocSpace => Measure::AllocSpace,
+            MeasureArg::AllocObjects => Measure::AllocObjects,
+        }
+    }
+}
+
+/// `convert --to`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ConvertTo {
+    Pprof,
+    Folded,
+}
+
+impl From<ConvertTo> for Format {
+    fn from(to: ConvertTo) -> Self {
+        match to {
+            ConvertTo::Pprof => Format::Pprof,
+            ConvertTo::Folded => Format::Folded,
         }
     }
 }

@@ -1,6 +1,7 @@
-//! The library's errors. Each message says what is wrong and what to do,
-//! with its cause inside (fields are `cause`, not `source`, so that the
-//! cause is not printed twice by error chains).
+//! The library's errors. Each message says what is wrong and what to do.
+//! An underlying error is its `#[source]` and is not repeated in the
+//! message: the binary prints the chain (`{:#}`), and [`chain`] does the
+//! same inside the library.
 use std::{io, path::PathBuf};
 
 #[derive(Debug, thiserror::Error)]
@@ -39,8 +40,12 @@ pub enum Error {
     )]
     MissingKernelFeature(crate::kernel::features::KernelFeature),
 
-    #[error("cannot read {}: {cause}", path.display())]
-    Read { path: PathBuf, cause: io::Error },
+    #[error("cannot read {}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        cause: io::Error,
+    },
 
     #[error("cannot parse {} as ELF: {message}", path.display())]
     Elf { path: PathBuf, message: String },
@@ -80,8 +85,28 @@ pub enum Error {
     #[error("reading kernel events failed: {0}")]
     Events(String),
 
-    #[error("writing {}: {cause}", path.display())]
-    Write { path: PathBuf, cause: io::Error },
+    #[error("writing {}", path.display())]
+    Write {
+        path: PathBuf,
+        #[source]
+        cause: io::Error,
+    },
+
+    /// Writing to the writer a caller gave (the binary names it).
+    #[error("writing the output failed")]
+    Output(#[source] io::Error),
+}
+
+/// An error and its sources, as one line: "what: why: why".
+pub fn chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -71,7 +71,7 @@ fn offline(command: cli::Offline) -> anyhow::Result<ExitCode> {
         } => offline::report(
             &file,
             base.as_deref(),
-            measure,
+            measure.into(),
             lib_prefix.as_deref(),
             top,
             stdout,
@@ -82,15 +82,11 @@ fn offline(command: cli::Offline) -> anyhow::Result<ExitCode> {
             output,
             lib_prefix,
         } => {
-            let format = if to == "pprof" {
-                profiler::output::Format::Pprof
-            } else {
-                profiler::output::Format::Folded
-            };
             let out = std::fs::File::create(&output)
                 .map(std::io::BufWriter::new)
                 .with_context(|| format!("creating {}", output.display()))?;
-            offline::convert(&file, format, lib_prefix.as_deref(), out)?;
+            offline::convert(&file, to.into(), lib_prefix.as_deref(), out)
+                .with_context(|| format!("converting to {}", output.display()))?;
         }
         cli::Offline::Flamegraph {
             file,

@@ -81,12 +81,7 @@ pub fn leaks_of<W: Write>(
         .map(|s| s.symbols.clone())
         .unwrap_or_default();
     let mut namer = Namer::new(maps, lib_prefix.map(Path::to_owned)).with_symbols(&symbols);
-    write_leak_report(&sites, most, |f| namer.site(f, SITE_DEPTH), out).map_err(|cause| {
-        Error::Write {
-            path: "standard output".into(),
-            cause,
-        }
-    })
+    write_leak_report(&sites, most, |f| namer.site(f, SITE_DEPTH), out).map_err(Error::Output)
 }
 
 /// `memprobe leaks DIR`: per process in DIR, its sites ranked.
@@ -106,13 +101,9 @@ pub fn leaks<W: Write>(
         return Err(Error::NoSnapshots(dir.to_owned()));
     }
     for (pid, files) in runs {
-        let write_error = |cause| Error::Write {
-            path: "standard output".into(),
-            cause,
-        };
-        writeln!(out, "pid {pid}: {} snapshots", files.len()).map_err(write_error)?;
+        writeln!(out, "pid {pid}: {} snapshots", files.len()).map_err(Error::Output)?;
         leaks_of(&files, options, lib_prefix, 20, &mut out)?;
-        writeln!(out).map_err(write_error)?;
+        writeln!(out).map_err(Error::Output)?;
     }
     Ok(())
 }
@@ -138,10 +129,7 @@ pub fn report<W: Write>(
     };
     let mut namer = namer_for(&heap, lib_prefix);
     let (rows, total) = crate::offline::report::rows(&heap, measure, |frames| namer.stack(frames));
-    crate::offline::report::write(&rows, total, measure, most, out).map_err(|cause| Error::Write {
-        path: "standard output".into(),
-        cause,
-    })
+    crate::offline::report::write(&rows, total, measure, most, out).map_err(Error::Output)
 }
 
 /// `memprobe convert FILE --to pprof|folded`.
@@ -153,38 +141,28 @@ pub fn convert<W: Write>(
 ) -> Result<()> {
     use crate::{
         output::{Format, folded, pprof},
-        profile::{HeapProfile, StackEstimate},
+        profile::HeapProfile,
     };
     let heap = read_heap(file)?;
     let mut namer = namer_for(&heap, lib_prefix);
-    // The writers take raw return addresses: the first frame was written - 1.
     let profile = HeapProfile {
         pid: 0,
         sample_interval: heap.sample_interval,
-        stacks: heap
-            .stacks
-            .iter()
-            .map(|s| StackEstimate {
-                frames: s
-                    .frames
-                    .iter()
-                    .enumerate()
-                    .map(|(i, &f)| if i == 0 { f + 1 } else { f })
-                    .collect(),
-                ..s.clone()
-            })
-            .collect(),
+        stacks: heap.stacks.clone(),
         mapped_libraries: heap.mapped_libraries.clone(),
         notes: heap.notes.clone().into_iter().collect(),
     };
     let written = match to {
         Format::Pprof => pprof::write(&profile, &mut namer, out),
-        _ => folded::write(&named_inuse(&heap, &mut namer), out),
+        Format::Folded => folded::write(&named_inuse(&heap, &mut namer), out),
+        Format::Heap | Format::Svg | Format::SymbolizedHeap => {
+            return Err(Error::Output(std::io::Error::other(format!(
+                "convert writes pprof or folded stacks, not {}",
+                to.extension()
+            ))));
+        }
     };
-    written.map_err(|cause| Error::Write {
-        path: "the output".into(),
-        cause,
-    })
+    written.map_err(Error::Output)
 }
 
 /// `memprobe diff OLD NEW`: growth per site, in text.
@@ -197,10 +175,7 @@ pub fn diff_files<W: Write>(
     let (before, after) = (read_heap(old)?, read_heap(new)?);
     let rows = diff(&before, &after);
     let mut namer = namer_for(&after, lib_prefix);
-    write_diff(&rows, 30, |f| namer.site(f, SITE_DEPTH), out).map_err(|cause| Error::Write {
-        path: "standard output".into(),
-        cause,
-    })
+    write_diff(&rows, 30, |f| namer.site(f, SITE_DEPTH), out).map_err(Error::Output)
 }
 
 /// A profile's stacks, named, with their in-use bytes.

@@ -5,8 +5,10 @@ use std::collections::HashMap;
 
 use crate::collect::sampling::jeprof_decode;
 
-/// A stack as read from a `.heap`: its first frame is as written there
-/// (the return address - 1, for jeprof), the others are return addresses.
+/// A stack as read from a `.heap`, its frames raw return addresses like a
+/// live one's: the reader adds back the 1 that the file's first frame was
+/// written without (jeprof looks that frame up as written, and the others
+/// less 1; a namer looks every frame up less 1, so it agrees with jeprof).
 pub type ParsedStack = crate::profile::StackEstimate;
 
 /// A parsed `.heap` file.
@@ -115,6 +117,8 @@ pub fn parse(text: &str) -> Result<ParsedHeap, ParseError> {
             if frames.is_empty() {
                 return Err(line_error(number, "a stack with no address"));
             }
+            let mut frames = frames;
+            frames[0] = frames[0].wrapping_add(1);
             current = Some(ParsedStack {
                 frames,
                 inuse_objects: 0.0,
@@ -166,7 +170,8 @@ mod tests {
         assert_eq!(heap.sample_interval, 524_288);
         assert_eq!(heap.notes["dropped_samples"], "3");
         assert_eq!(heap.stacks.len(), 3);
-        assert_eq!(heap.stacks[0].frames[0], 0x55d0c0a01162);
+        // Written as return address - 1, read back as the return address.
+        assert_eq!(heap.stacks[0].frames[0], 0x55d0c0a01163);
         assert_eq!(heap.stacks[0].oldest_live_s, Some(12.5));
         // Within the writer's rounding of half a sample.
         assert!((heap.stacks[1].inuse_bytes - 22_020_096.0).abs() < 262_144.0);

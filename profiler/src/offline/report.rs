@@ -8,7 +8,7 @@ use std::{
 use crate::offline::reader::ParsedHeap;
 
 /// Which estimate to rank by, as jeprof's `--inuse_space` and friends.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Measure {
     #[default]
     InuseSpace,

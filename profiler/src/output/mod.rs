@@ -76,7 +76,7 @@ pub fn write_format(
                 .stacks
                 .iter()
                 .map(|s| {
-                    let names = namer.stack_of_return_addresses(&s.frames);
+                    let names = namer.stack(&s.frames);
                     (names, s.inuse_bytes.round().max(0.0) as u64)
                 })
                 .collect();

@@ -61,7 +61,8 @@ impl Session<'_> {
                 self.clear_progress();
                 let _ = writeln!(
                     self.status,
-                    "memprobe: warning: {e}; profiling goes on without it"
+                    "memprobe: warning: {}; profiling goes on without it",
+                    crate::error::chain(&e)
                 );
                 Ok(0)
             }

@@ -169,32 +169,22 @@ impl Namer {
         symbolize(&self.symbolizer, &path, Input::FileOffset(offset))
     }
 
-    /// "leaf < caller < ..." for the first `depth` frames of a stack as
-    /// written in a `.heap` (the first frame is already inside the call;
-    /// the others are return addresses), allocator frames cut off first:
-    /// jemalloc's own dumps start inside jemalloc.
+    /// "leaf < caller < ..." for the first `depth` frames of a stack,
+    /// allocator frames cut off first: jemalloc's own dumps start inside
+    /// jemalloc.
     pub fn site(&mut self, frames: &[u64], depth: usize) -> String {
         let mut names = self.stack(frames);
         names.truncate(depth);
         names.join(" < ")
     }
 
-    /// Names of a stack of raw return addresses (as the collector keeps them).
-    pub fn stack_of_return_addresses(&mut self, frames: &[u64]) -> Vec<String> {
-        let mut written = frames.to_vec();
-        if let Some(first) = written.first_mut() {
-            *first = first.saturating_sub(1);
-        }
-        self.stack(&written)
-    }
-
-    /// Names of a stack's frames, leaf first, allocator frames cut off.
+    /// Names of a stack of return addresses, leaf first, each looked up at
+    /// its call instruction (return address - 1), allocator frames cut off.
     pub fn stack(&mut self, frames: &[u64]) -> Vec<String> {
         let named: Vec<(u64, String)> = frames
             .iter()
-            .enumerate()
-            .flat_map(|(i, &f)| {
-                let address = if i == 0 { f } else { f.saturating_sub(1) };
+            .flat_map(|&f| {
+                let address = f.saturating_sub(1);
                 self.names(address).into_iter().map(move |n| (address, n))
             })
             .collect();
