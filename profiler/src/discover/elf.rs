@@ -7,7 +7,7 @@ use object::{
     SymbolKind,
 };
 
-use crate::error::Result;
+use crate::{error::Result, proc::AddressRange};
 
 /// One function symbol.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -19,15 +19,51 @@ pub struct Function {
     pub file_offset: u64,
 }
 
+/// A loadable segment: where its bytes are in the file and in memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Segment {
+    pub address: u64,
+    pub file_offset: u64,
+    /// Bytes in the file (the in-memory rest is zeros).
+    pub file_size: u64,
+}
+
+impl Segment {
+    /// The segments of `file`.
+    pub fn all<'d>(file: &object::File<'d>) -> Vec<Segment> {
+        file.segments()
+            .map(|s| {
+                let (file_offset, file_size) = s.file_range();
+                Segment {
+                    address: s.address(),
+                    file_offset,
+                    file_size,
+                }
+            })
+            .collect()
+    }
+
+    /// The file offset of `address`, if this segment's file bytes hold it.
+    pub fn offset_of(&self, address: u64) -> Option<u64> {
+        (address >= self.address && address < self.address + self.file_size)
+            .then(|| address - self.address + self.file_offset)
+    }
+
+    /// The address of the byte at file `offset`, if this segment holds it.
+    pub fn address_of(&self, offset: u64) -> Option<u64> {
+        (offset >= self.file_offset && offset < self.file_offset + self.file_size)
+            .then(|| offset - self.file_offset + self.address)
+    }
+}
+
 /// Defined function symbols of one ELF file, from `.dynsym` and `.symtab`,
 /// with enough of the file kept to read their code.
 #[derive(Debug, Default)]
 pub struct FunctionSymbols {
     functions: HashMap<String, Function>,
-    /// Loadable segments: (address, size in file, file offset).
-    segments: Vec<(u64, u64, u64)>,
+    segments: Vec<Segment>,
     /// PLT stub ranges, and GOT slot -> symbol for the stubs' jumps.
-    plt_ranges: Vec<(u64, u64)>,
+    plt_ranges: Vec<AddressRange>,
     got_symbols: HashMap<u64, String>,
     /// Whether the file has a `.symtab` (stripped files have none).
     pub has_symbol_table: bool,
@@ -36,19 +72,8 @@ pub struct FunctionSymbols {
 impl FunctionSymbols {
     pub fn parse(data: &[u8]) -> Result<Self, String> {
         let file = object::File::parse(data).map_err(|e| e.to_string())?;
-        let segments: Vec<(u64, u64, u64)> = file
-            .segments()
-            .map(|s| {
-                let (offset, size) = s.file_range();
-                (s.address(), size, offset)
-            })
-            .collect();
-        let to_offset = |address: u64| {
-            segments
-                .iter()
-                .find(|(start, size, _)| address >= *start && address < start + size)
-                .map(|(start, _, file_start)| address - start + file_start)
-        };
+        let segments = Segment::all(&file);
+        let to_offset = |address: u64| segments.iter().find_map(|s| s.offset_of(address));
         let mut functions = HashMap::new();
         for symbol in file.dynamic_symbols().chain(file.symbols()) {
             if symbol.kind() != SymbolKind::Text || symbol.is_undefined() || symbol.address() == 0 {
@@ -66,7 +91,10 @@ impl FunctionSymbols {
         let plt_ranges = file
             .sections()
             .filter(|s| matches!(s.name(), Ok(".plt" | ".plt.sec" | ".plt.got")))
-            .map(|s| (s.address(), s.address() + s.size()))
+            .map(|s| AddressRange {
+                start: s.address(),
+                end: s.address() + s.size(),
+            })
             .collect();
         let mut got_symbols = HashMap::new();
         // Dynamic relocations index the dynamic symbol table.
@@ -106,19 +134,18 @@ impl FunctionSymbols {
 
     /// Bytes of the file at `address`, at most `len`, within one segment.
     pub fn code<'d>(&self, data: &'d [u8], address: u64, len: u64) -> Option<&'d [u8]> {
-        let (start, size, offset) = self
+        let segment = self
             .segments
             .iter()
-            .find(|(start, size, _)| address >= *start && address < start + size)?;
-        let from = (address - start + offset) as usize;
-        let to = (start + size).min(address + len) - start + offset;
-        data.get(from..to as usize)
+            .find(|s| s.offset_of(address).is_some())?;
+        let from = segment.offset_of(address)?;
+        let end = (segment.address + segment.file_size).min(address + len);
+        let to = end - segment.address + segment.file_offset;
+        data.get(from as usize..to as usize)
     }
 
     pub fn is_plt(&self, address: u64) -> bool {
-        self.plt_ranges
-            .iter()
-            .any(|(start, end)| address >= *start && address < *end)
+        self.plt_ranges.iter().any(|range| range.contains(address))
     }
 
     /// The symbol whose GOT slot `slot` is.

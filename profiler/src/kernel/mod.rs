@@ -104,6 +104,16 @@ pub enum ReturnHalf {
     Session,
 }
 
+/// The kernel's counters, each read by its [`Counter`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KernelCounters([u64; Counter::COUNT as usize]);
+
+impl KernelCounters {
+    pub fn get(&self, counter: Counter) -> u64 {
+        self.0[counter as usize]
+    }
+}
+
 /// One attached entry point, for `--verbose` and the cost report.
 #[derive(Clone, Debug)]
 pub struct AttachedProbe {
@@ -248,9 +258,9 @@ impl KernelProbes {
         hits
     }
 
-    /// Kernel counters summed over CPUs, indexed by [`Counter`].
-    pub fn counters(&self) -> [u64; Counter::COUNT as usize] {
-        let mut totals = [0; Counter::COUNT as usize];
+    /// Kernel counters summed over CPUs.
+    pub fn counters(&self) -> KernelCounters {
+        let mut totals = KernelCounters::default();
         let Some(map) = self.ebpf.map(maps::COUNTERS) else {
             return totals;
         };
@@ -259,7 +269,7 @@ impl KernelProbes {
         };
         for counter in Counter::ALL {
             if let Ok(values) = counters.get(&(counter as u32), 0) {
-                totals[counter as usize] = values.iter().sum();
+                totals.0[counter as usize] = values.iter().sum();
             }
         }
         totals

@@ -303,7 +303,7 @@ impl Session<'_> {
             status,
             ..
         } = self;
-        let kernel_counters = probes.counters().to_vec();
+        let kernel_counters = probes.counters();
         let probe_count = probes.attached.len();
         let probe_costs = CostModel::default().costs(&probes.attached, &probes.probe_hits());
         let return_probes = probes.return_probes_used();

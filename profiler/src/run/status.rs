@@ -6,7 +6,7 @@ use profiler_common::Counter;
 
 use crate::{
     collect::Drops,
-    kernel::Scope,
+    kernel::{KernelCounters, Scope},
     run::{
         Session, Targets,
         cost::{CostModel, ProbeCost, rates},
@@ -50,8 +50,7 @@ pub struct Summary {
     pub processes: Vec<ProcessSummary>,
     pub probes: usize,
     pub elapsed: Duration,
-    /// Kernel counters, indexed by `profiler_common::Counter`.
-    pub kernel_counters: Vec<u64>,
+    pub kernel_counters: KernelCounters,
     /// In launch mode: the command's exit code (128 + signal if killed).
     pub exit_code: Option<i32>,
     /// Hits and estimated cost per entry point, busiest first.
@@ -157,7 +156,7 @@ impl Session<'_> {
         let inuse: f64 = self.tracked.values().map(|t| t.heap.inuse_bytes()).sum();
         let counters = self.probes.counters();
         let kernel_drops =
-            counters[Counter::RingBufferFull as usize] + counters[Counter::SampledSetFull as usize];
+            counters.get(Counter::RingBufferFull) + counters.get(Counter::SampledSetFull);
         let user_drops: u64 = self
             .tracked
             .values()
@@ -185,11 +184,11 @@ pub fn summary_lines(summary: &Summary) -> Vec<String> {
          {} return probe runs",
         summary.probes,
         humantime::format_duration(Duration::from_millis(summary.elapsed.as_millis() as u64)),
-        counters[Counter::AllocCalls as usize],
-        per_second(counters[Counter::AllocCalls as usize]),
-        counters[Counter::SampledCalls as usize],
-        counters[Counter::FreeCalls as usize],
-        counters[Counter::ReturnHalves as usize],
+        counters.get(Counter::AllocCalls),
+        per_second(counters.get(Counter::AllocCalls)),
+        counters.get(Counter::SampledCalls),
+        counters.get(Counter::FreeCalls),
+        counters.get(Counter::ReturnHalves),
     ));
     let kernel_drops = [
         (Counter::RingBufferFull, "ring buffer full"),
@@ -203,8 +202,8 @@ pub fn summary_lines(summary: &Summary) -> Vec<String> {
     ];
     let dropped: Vec<String> = kernel_drops
         .iter()
-        .filter(|(c, _)| counters[*c as usize] > 0)
-        .map(|(c, what)| format!("{} {what}", counters[*c as usize]))
+        .filter(|(c, _)| counters.get(*c) > 0)
+        .map(|(c, what)| format!("{} {what}", counters.get(*c)))
         .collect();
     if !dropped.is_empty() {
         lines.push(format!("memprobe: kernel drops: {}", dropped.join(", ")));

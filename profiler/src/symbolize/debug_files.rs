@@ -11,9 +11,9 @@ use std::{
 };
 
 use memmap2::Mmap;
-use object::{Object, ObjectSegment};
+use object::Object;
 
-use crate::proc::rootfs::open_in_root_following;
+use crate::{discover::elf::Segment, proc::rootfs::open_in_root_following};
 
 const DEBUG_ROOT: &str = "/usr/lib/debug";
 
@@ -21,9 +21,9 @@ const DEBUG_ROOT: &str = "/usr/lib/debug";
 /// `/proc/self/fd/N`, which names this very file whatever its path.
 pub struct DebugFile {
     file: File,
-    /// (file offset, size in file, address) of the binary's segments, to
-    /// turn file offsets into the addresses both files share.
-    segments: Vec<(u64, u64, u64)>,
+    /// The binary's segments, to turn file offsets into the addresses both
+    /// files share.
+    segments: Vec<Segment>,
 }
 
 impl DebugFile {
@@ -34,13 +34,7 @@ impl DebugFile {
         // SAFETY: read-only private mapping of a file the target maps.
         let data = unsafe { Mmap::map(&file) }.ok()?;
         let elf = object::File::parse(&data[..]).ok()?;
-        let segments = elf
-            .segments()
-            .map(|s| {
-                let (offset, size) = s.file_range();
-                (offset, size, s.address())
-            })
-            .collect();
+        let segments = Segment::all(&elf);
         let build_id = elf.build_id().ok().flatten().map(<[u8]>::to_vec);
         let debuglink = elf
             .gnu_debuglink()
@@ -67,10 +61,7 @@ impl DebugFile {
 
     /// The address of the binary's byte at `offset`.
     pub fn address_of(&self, offset: u64) -> Option<u64> {
-        self.segments
-            .iter()
-            .find(|&&(start, size, _)| offset >= start && offset < start + size)
-            .map(|&(start, _, address)| address + (offset - start))
+        self.segments.iter().find_map(|s| s.address_of(offset))
     }
 }
 
