@@ -587,6 +587,28 @@ pub fn pprof_top(file: &Path, sample_type: &str, options: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// The flat value of `name` in `go tool pprof -top` output, in bytes or
+/// objects ("16MB" is 16 MiB, as pprof counts).
+pub fn pprof_flat(top: &str, name: &str) -> f64 {
+    let row = top
+        .lines()
+        .find(|l| l.split_whitespace().nth(5) == Some(name))
+        .unwrap_or_else(|| panic!("{name} not in:\n{top}"));
+    let flat = row.split_whitespace().next().unwrap();
+    let split = flat
+        .find(|c: char| c.is_ascii_alphabetic())
+        .unwrap_or(flat.len());
+    let (number, unit) = flat.split_at(split);
+    let scale = match unit {
+        "" | "B" => 1.0,
+        "kB" => 1024.0,
+        "MB" => 1048576.0,
+        "GB" => 1073741824.0,
+        other => panic!("unit {other:?} in {row}"),
+    };
+    number.parse::<f64>().unwrap() * scale
+}
+
 /// Runs memprobe; its status and stdout (offline commands).
 pub fn memprobe_stdout(args: &[&str]) -> (ExitStatus, String) {
     let out = Command::new(memprobe_bin())

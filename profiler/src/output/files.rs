@@ -10,7 +10,7 @@ use std::{
 };
 
 /// The output folder of a run, and the next sequence number per process.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct OutputDir {
     dir: PathBuf,
     next_seq: HashMap<u32, u64>,

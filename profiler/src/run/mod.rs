@@ -9,6 +9,7 @@ mod options;
 mod process;
 mod snapshot;
 mod status;
+mod writer;
 
 use std::{
     collections::{BTreeMap, HashSet},
@@ -34,7 +35,10 @@ use crate::{
     kernel::{KernelProbes, Scope, events::decode, features},
     output::files::OutputDir,
     proc::{FileId, command_name, parse_maps, read_maps},
-    run::{cost::CostModel, launch::PredictedFile, process::Tracked},
+    run::{
+        cost::CostModel, launch::PredictedFile, process::Tracked, snapshot::SnapshotKind,
+        writer::SnapshotWriter,
+    },
 };
 
 /// Why the run stopped.
@@ -55,6 +59,8 @@ struct Session<'a> {
     system_wide: HashSet<FileId>,
     next_instance: u16,
     output: OutputDir,
+    /// Names and writes snapshots off the loop.
+    writer: SnapshotWriter,
     exits: mpsc::UnboundedSender<u32>,
     /// When the probes were attached: snapshots say how long after.
     started: Instant,
@@ -90,6 +96,7 @@ pub async fn run(options: SessionOptions, status: &mut dyn Write) -> Result<Summ
     let probes = KernelProbes::load(&options.kernel)?;
     let (exits, exit_rx) = mpsc::unbounded_channel();
     let mut session = Session {
+        writer: SnapshotWriter::start(output.clone()),
         output,
         options,
         status,
@@ -229,11 +236,11 @@ impl Session<'_> {
                 _ = signals.terminate.recv() => return Ok((Stop::Signal(libc::SIGTERM), None)),
                 _ = signals.snapshot.recv() => {
                     self.drain(ring.get_mut());
-                    self.snapshot_all("SIGUSR1")?;
+                    self.snapshot_all("SIGUSR1", SnapshotKind::Requested);
                 }
                 _ = tick_of(&mut snapshot_timer) => {
                     self.drain(ring.get_mut());
-                    self.snapshot_all("interval")?;
+                    self.snapshot_all("interval", SnapshotKind::Periodic);
                 }
                 status = wait_launched(launched.as_deref_mut()) => {
                     self.drain(ring.get_mut());
@@ -262,7 +269,8 @@ impl Session<'_> {
     /// triggers, `--verbose` rates, the status line.
     fn tick(&mut self, ticks: &mut u64, last_hits: &mut Vec<u64>) -> Result<()> {
         self.rescan()?;
-        self.check_growth()?;
+        self.check_growth();
+        self.record_written()?;
         *ticks += 1;
         if self.options.verbose && ticks.is_multiple_of(10) {
             *last_hits = self.report_rates(last_hits, self.options.rescan_interval * 10);
@@ -296,11 +304,15 @@ impl Session<'_> {
             };
             let _ = writeln!(self.status, "memprobe: stopping: {reason}");
         }
-        self.snapshot_all("end of run")?;
+        // The last snapshots hold owned data: the probes can go before
+        // they are written.
+        self.snapshot_all("end of run", SnapshotKind::Last);
         let Session {
             probes,
-            tracked,
+            mut tracked,
             status,
+            mut writer,
+            options,
             ..
         } = self;
         let kernel_counters = probes.counters();
@@ -310,6 +322,12 @@ impl Session<'_> {
         // Detach before anything else: the targets run unprobed from here on.
         drop(ring);
         drop(probes);
+        if !writer.is_idle() && options.progress {
+            let _ = writeln!(status, "memprobe: detached; writing the last snapshots");
+        }
+        for done in writer.finish() {
+            snapshot::record(done, &mut tracked, status, options.progress)?;
+        }
         if let Some(launched) = launched {
             exit_status = Some(wait_for_command(launched, &stop, exit_status, status).await);
         }

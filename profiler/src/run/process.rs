@@ -7,7 +7,6 @@ use crate::{
     proc::{AddressRange, FileId, command_name, namespace_pid, parse_maps},
     run::growth::GrowthWindow,
     stacks::ProcessStacks,
-    symbolize::Namer,
 };
 
 pub(super) struct Tracked {
@@ -30,9 +29,10 @@ pub(super) struct Tracked {
     pub files: Vec<PathBuf>,
     /// The `heap_v2` snapshots among them, in order.
     pub heaps: Vec<PathBuf>,
-    /// Names frames for the symbolized formats, with the maps it was built
-    /// from; rebuilt when the maps change.
-    pub namer: Option<(String, Namer)>,
+    /// Snapshots taken, and periodic ones skipped because the previous one
+    /// was still being written.
+    pub snapshots: u64,
+    pub skipped_snapshots: u64,
     pub growth: GrowthWindow,
 }
 
@@ -50,7 +50,8 @@ impl Tracked {
             exited: false,
             files: Vec::new(),
             heaps: Vec::new(),
-            namer: None,
+            snapshots: 0,
+            skipped_snapshots: 0,
             growth: GrowthWindow::default(),
         };
         tracked.set_maps(Some(maps));

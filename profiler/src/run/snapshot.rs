@@ -1,16 +1,30 @@
-//! Snapshots: a process's profile written in every format asked for, when
-//! it exits, on a timer, on SIGUSR1 and on growth.
-use std::{
-    path::PathBuf,
-    time::{Duration, Instant},
-};
+//! Snapshots: a process's profile taken on the loop (owned data, quickly)
+//! and handed to the writer thread, when the process exits, on a timer, on
+//! SIGUSR1 and on growth; what the writer finished is recorded here.
+use std::{collections::BTreeMap, io::Write, time::Instant};
 
 use crate::{
-    error::{Error, Result},
-    output::{self, Format, files::file_name},
-    run::Session,
-    symbolize::{Namer, perfmap},
+    error::Result,
+    output::Format,
+    run::{
+        Session,
+        process::Tracked,
+        writer::{Announce, Done, Job},
+    },
 };
+
+/// Why a snapshot is taken, which decides whether it may be skipped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum SnapshotKind {
+    /// `--interval`: skipped while several of the process's earlier ones
+    /// are still to be written, so the writer never falls ever further
+    /// behind.
+    Periodic,
+    /// SIGUSR1: always taken.
+    Requested,
+    /// The process's last: at its exit or at the end of the run.
+    Last,
+}
 
 impl Session<'_> {
     pub(super) fn process_exited(&mut self, pid: u32) -> Result<()> {
@@ -24,29 +38,22 @@ impl Session<'_> {
         // Its pid may come back as another program.
         t.stacks.reset_trust();
         self.probes.trust_frame_pointers(pid, false);
-        let path = self.write_profile(pid, "process exited")?;
-        self.clear_progress();
-        let _ = writeln!(
-            self.status,
-            "memprobe: process {pid} exited; wrote its final profile {}",
-            path.display()
-        );
+        self.snapshot(pid, "process exited", SnapshotKind::Last, Announce::Exited);
         Ok(())
     }
 
     /// A snapshot of every live process, for `reason`.
-    pub(super) fn snapshot_all(&mut self, reason: &str) -> Result<()> {
+    pub(super) fn snapshot_all(&mut self, reason: &str, kind: SnapshotKind) {
         for pid in self.live_pids() {
-            self.write_profile(pid, reason)?;
+            self.snapshot(pid, reason, kind, Announce::Nothing);
         }
-        Ok(())
     }
 
     /// `--dump-on-growth`: a snapshot of each process whose estimated
     /// in-use bytes grew by the trigger's size within its window.
-    pub(super) fn check_growth(&mut self) -> Result<()> {
+    pub(super) fn check_growth(&mut self) {
         let Some(trigger) = self.options.dump_on_growth else {
-            return Ok(());
+            return;
         };
         let now = Instant::now();
         let min_gap = self.options.min_dump_gap;
@@ -60,24 +67,27 @@ impl Session<'_> {
             })
             .collect();
         for (pid, reason) in due {
-            let path = self.write_profile(pid, &reason)?;
-            self.clear_progress();
-            let _ = writeln!(
-                self.status,
-                "memprobe: pid {pid}: {reason}: wrote {}",
-                path.display()
-            );
+            let announce = Announce::Growth(reason.clone());
+            self.snapshot(pid, &reason, SnapshotKind::Requested, announce);
         }
-        Ok(())
     }
 
-    fn write_profile(&mut self, pid: u32, reason: &str) -> Result<PathBuf> {
-        let t = self.tracked.get_mut(&pid).expect("tracked pid");
+    /// Takes `pid`'s profile now and hands it to the writer.
+    fn snapshot(&mut self, pid: u32, reason: &str, kind: SnapshotKind, announce: Announce) {
+        if kind == SnapshotKind::Periodic && self.writer.busy_with(pid) {
+            if let Some(t) = self.tracked.get_mut(&pid) {
+                t.skipped_snapshots += 1;
+            }
+            return;
+        }
+        let Some(t) = self.tracked.get_mut(&pid) else {
+            return;
+        };
         let mut profile = t.heap.snapshot(t.maps.clone());
         let mut head = vec![
             ("command".to_owned(), t.command.clone()),
             ("reason".to_owned(), reason.to_owned()),
-            ("snapshot".to_owned(), t.heaps.len().to_string()),
+            ("snapshot".to_owned(), t.snapshots.to_string()),
             (
                 "elapsed_s".to_owned(),
                 format!("{:.3}", self.started.elapsed().as_secs_f64()),
@@ -86,39 +96,73 @@ impl Session<'_> {
         if let Some(inner) = t.container_pid {
             head.push(("container_pid".into(), inner.to_string()));
         }
+        if t.skipped_snapshots > 0 {
+            head.push(("skipped_snapshots".into(), t.skipped_snapshots.to_string()));
+        }
         profile.notes.splice(0..0, head);
-        let seq = self.output.next_seq(pid);
+        t.snapshots += 1;
         let symbolized = self.options.formats.iter().any(|f| *f != Format::Heap);
-        if symbolized && t.namer.as_ref().is_none_or(|(maps, _)| *maps != t.maps) {
-            let namer = Namer::for_process(pid, &t.maps);
-            t.namer = Some((t.maps.clone(), namer));
-        }
-        // A JVM's JIT code is anonymous memory: its names come from HotSpot.
         let is_jvm = t.maps.contains("/libjvm.so");
-        if symbolized && is_jvm && !t.exited && self.options.java_perfmap {
-            perfmap::request_from_hotspot(pid, Duration::from_secs(10));
-            let symbols = perfmap::read_for_process(pid, t.container_pid.unwrap_or(pid));
-            if let Some((_, namer)) = t.namer.as_mut() {
-                namer.set_jit(symbols);
-            }
-        }
-        let mut first = None;
-        for &format in &self.options.formats {
-            let ext = format.extension();
-            let namer = t.namer.as_mut().map(|(_, n)| n);
-            let written = self.output.write_file(pid, seq, ext, |w| {
-                output::write_format(format, &profile, namer, w)
-            });
-            let path = written.map_err(|cause| Error::Write {
-                path: self.output.path().join(file_name(pid, seq, ext)),
-                cause,
-            })?;
-            if format == Format::Heap {
-                t.heaps.push(path.clone());
-            }
-            first.get_or_insert(path.clone());
-            t.files.push(path);
-        }
-        Ok(first.unwrap_or_default())
+        let ask_jvm = symbolized && is_jvm && !t.exited && self.options.java_perfmap;
+        let job = Job {
+            pid,
+            seq: self.output.next_seq(pid),
+            profile,
+            formats: self.options.formats.clone(),
+            jvm_perfmap: ask_jvm.then(|| t.container_pid.unwrap_or(pid)),
+            last: kind == SnapshotKind::Last,
+            announce,
+        };
+        self.writer.submit(job);
     }
+
+    /// Records the snapshots the writer finished since the last look.
+    pub(super) fn record_written(&mut self) -> Result<()> {
+        let progress = self.options.progress;
+        for done in self.writer.finished() {
+            record(done, &mut self.tracked, self.status, progress)?;
+        }
+        Ok(())
+    }
+}
+
+/// Notes a finished snapshot's files in its process's state and says what
+/// it was announced with.
+pub(super) fn record(
+    done: Done,
+    tracked: &mut BTreeMap<u32, Tracked>,
+    status: &mut dyn Write,
+    progress: bool,
+) -> Result<()> {
+    let files = done.files?;
+    let Some(t) = tracked.get_mut(&done.pid) else {
+        return Ok(());
+    };
+    for (format, path) in &files {
+        if *format == Format::Heap {
+            t.heaps.push(path.clone());
+        }
+        t.files.push(path.clone());
+    }
+    let Some((_, first)) = files.first() else {
+        return Ok(());
+    };
+    let line = match done.announce {
+        Announce::Nothing => return Ok(()),
+        Announce::Exited => format!(
+            "memprobe: process {} exited; wrote its final profile {}",
+            done.pid,
+            first.display()
+        ),
+        Announce::Growth(reason) => format!(
+            "memprobe: pid {}: {reason}: wrote {}",
+            done.pid,
+            first.display()
+        ),
+    };
+    if progress {
+        let _ = write!(status, "\r\x1b[2K");
+    }
+    let _ = writeln!(status, "{line}");
+    Ok(())
 }

@@ -27,6 +27,9 @@ pub struct ProcessSummary {
     pub heaps: Vec<PathBuf>,
     pub drops: Drops,
     pub exited: bool,
+    /// `--interval` snapshots skipped while earlier ones were still to be
+    /// written.
+    pub skipped_snapshots: u64,
 }
 
 impl ProcessSummary {
@@ -41,6 +44,7 @@ impl ProcessSummary {
             heaps: t.heaps,
             drops: t.heap.drops,
             exited: t.exited,
+            skipped_snapshots: t.skipped_snapshots,
         }
     }
 }
@@ -217,13 +221,17 @@ pub fn summary_lines(summary: &Summary) -> Vec<String> {
             .map(|c| format!(", pid {c} in its container"))
             .unwrap_or_default();
         lines.push(format!(
-            "memprobe: pid {} ({}{container}){}: {} samples, ~{} in use, {} dropped; wrote {}",
+            "memprobe: pid {} ({}{container}){}: {} samples, ~{} in use, {} dropped{}; wrote {}",
             p.pid,
             p.command,
             if p.exited { ", exited" } else { "" },
             p.samples,
             crate::units::bytes(p.inuse_bytes),
             drops,
+            match p.skipped_snapshots {
+                0 => String::new(),
+                n => format!(", {n} interval snapshots skipped while earlier ones were written"),
+            },
             files.join(", ")
         ));
     }

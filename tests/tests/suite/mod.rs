@@ -1,8 +1,10 @@
 mod errors;
 mod heap_profile;
+mod intake;
 mod kernel_features;
 mod locations;
 mod outputs;
 mod over_time;
 mod overhead;
 mod stacks;
+mod trends;

@@ -51,8 +51,22 @@ fn every_format_reads_without_the_binary() {
             .unwrap_or_else(|| panic!("{name} not in:\n{top}"))
     };
     assert!(position("keep_1m") < position("keep_4k"), "{top}");
-    for sample_type in ["alloc_space", "alloc_objects", "inuse_objects"] {
-        pprof_top(&file("pb.gz"), sample_type, &[]);
+    // Each sample type's values, against what the fixture did.
+    for (sample_type, site, truth) in [
+        ("inuse_space", "keep_1m", 16.0 * 1048576.0),
+        ("inuse_space", "keep_4k", 2000.0 * 4096.0),
+        ("inuse_objects", "keep_4k", 2000.0),
+        ("inuse_objects", "keep_1m", 16.0),
+        ("alloc_space", "churn_512", 50000.0 * 512.0),
+        ("alloc_objects", "churn_512", 50000.0),
+    ] {
+        let top = pprof_top(&file("pb.gz"), sample_type, &[]);
+        assert_within(
+            &format!("pprof {sample_type} {site}"),
+            pprof_flat(&top, site),
+            truth,
+            0.1,
+        );
     }
 
     // jeprof reads the self-symbolized .heap alone.
@@ -166,12 +180,19 @@ fn report_gives_jeprofs_numbers() {
             assert!(status.success(), "{text}");
             let mine = parse_jeprof_rows(&text);
             let theirs = jeprof_rows(&binary, heap, flag);
+            // churn_512 frees all it allocates: in use it may fall below
+            // jeprof's display threshold; allocated, it never does.
+            let churn_required = measure == "alloc-space";
             for site in ["keep_1m", "keep_4k", "churn_512", "main"] {
                 let (Some(a), Some(b)) = (
                     mine.iter().find(|r| r.name == site),
                     theirs.iter().find(|r| r.name == site),
                 ) else {
-                    // Sites below jeprof's display threshold on one side.
+                    assert!(
+                        site == "churn_512" && !churn_required,
+                        "{} {measure}: {site} missing:\nmemprobe {mine:?}\njeprof {theirs:?}",
+                        heap.display()
+                    );
                     continue;
                 };
                 assert!(

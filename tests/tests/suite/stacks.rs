@@ -147,6 +147,13 @@ fn frame_pointers_are_a_fast_path_where_the_code_keeps_them() {
     let mut fixture = Fixture::start(&binary, &[]);
     let (heap, _) = profile_workload(&mut fixture, &out, &["--unwind", "dwarf"]);
     let notes = heap_notes(&heap);
+    let unwound: u64 = notes
+        .get("stacks_unwound_by_dwarf")
+        .unwrap_or_else(|| panic!("no stacks_unwound_by_dwarf: {notes:?}"))
+        .parse()
+        .unwrap();
+    let samples: u64 = notes["memprobe_samples"].parse().unwrap();
+    assert!(unwound * 10 >= samples * 9, "{notes:?}");
     assert!(
         !notes.contains_key("stacks_by_trusted_frame_pointers"),
         "{notes:?}"

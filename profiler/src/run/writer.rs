@@ -1,0 +1,181 @@
+//! Snapshots are named and written on a thread of their own: asking a JVM
+//! for its perf map (`jcmd`, seconds on a loaded host), naming frames with
+//! blazesym in a big binary, and fsync never hold up the loop that drains
+//! the ring buffer. The loop hands over an owned profile and hears back
+//! which files were written.
+use std::{
+    collections::HashMap,
+    path::PathBuf,
+    sync::mpsc::{self, Receiver, Sender},
+    thread::JoinHandle,
+    time::Duration,
+};
+
+use crate::{
+    error::{Error, Result},
+    output::{self, Format, files::OutputDir, files::file_name},
+    profile::HeapProfile,
+    symbolize::{Namer, perfmap},
+};
+
+/// Snapshots of one process that may wait for the writer; past them,
+/// periodic ones are skipped (and counted), so a slow writer costs a bounded
+/// amount of memory. The first snapshot of a process builds its namer,
+/// which can take longer than a short `--interval`.
+const MAX_PENDING: usize = 4;
+
+/// One snapshot to write.
+pub(super) struct Job {
+    pub pid: u32,
+    pub seq: u64,
+    pub profile: HeapProfile,
+    pub formats: Vec<Format>,
+    /// Ask HotSpot for a perf map first, reading it as this pid (the one
+    /// inside the process's container) sees it.
+    pub jvm_perfmap: Option<u32>,
+    /// The process's last snapshot: its namer can go afterwards.
+    pub last: bool,
+    /// What the loop says once the files are there.
+    pub announce: Announce,
+}
+
+/// The line a finished snapshot is announced with.
+pub(super) enum Announce {
+    Nothing,
+    Exited,
+    Growth(String),
+}
+
+/// A finished snapshot.
+pub(super) struct Done {
+    pub pid: u32,
+    pub announce: Announce,
+    /// The files written, in the order of the formats.
+    pub files: Result<Vec<(Format, PathBuf)>>,
+}
+
+pub(super) struct SnapshotWriter {
+    jobs: Option<Sender<Job>>,
+    done: Receiver<Done>,
+    thread: Option<JoinHandle<()>>,
+    /// Jobs handed over and not yet done, per pid.
+    pending: HashMap<u32, usize>,
+}
+
+impl SnapshotWriter {
+    pub fn start(output: OutputDir) -> Self {
+        let (jobs, job_rx) = mpsc::channel::<Job>();
+        let (done_tx, done) = mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("memprobe-writer".into())
+            .spawn(move || {
+                let mut namers: HashMap<u32, (String, Namer)> = HashMap::new();
+                for job in job_rx {
+                    let (pid, last) = (job.pid, job.last);
+                    let done = write(&output, &mut namers, job);
+                    if last {
+                        namers.remove(&pid);
+                    }
+                    if done_tx.send(done).is_err() {
+                        break;
+                    }
+                }
+            })
+            .ok();
+        Self {
+            jobs: Some(jobs),
+            done,
+            thread,
+            pending: HashMap::new(),
+        }
+    }
+
+    pub fn is_idle(&self) -> bool {
+        self.pending.values().all(|&n| n == 0)
+    }
+
+    /// Whether [`MAX_PENDING`] snapshots of `pid` are still to be written:
+    /// a periodic one is then skipped rather than queued behind them.
+    pub fn busy_with(&self, pid: u32) -> bool {
+        self.pending.get(&pid).is_some_and(|&n| n >= MAX_PENDING)
+    }
+
+    pub fn submit(&mut self, job: Job) {
+        *self.pending.entry(job.pid).or_default() += 1;
+        if let Some(jobs) = &self.jobs {
+            let _ = jobs.send(job);
+        }
+    }
+
+    /// Snapshots finished since the last call, without waiting.
+    pub fn finished(&mut self) -> Vec<Done> {
+        let done: Vec<Done> = self.done.try_iter().collect();
+        self.count_done(&done);
+        done
+    }
+
+    /// Waits for every snapshot handed over; the writer stops.
+    pub fn finish(&mut self) -> Vec<Done> {
+        drop(self.jobs.take());
+        let done: Vec<Done> = self.done.iter().collect();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+        self.count_done(&done);
+        done
+    }
+
+    fn count_done(&mut self, done: &[Done]) {
+        for d in done {
+            if let Some(n) = self.pending.get_mut(&d.pid) {
+                *n = n.saturating_sub(1);
+            }
+        }
+    }
+}
+
+fn write(output: &OutputDir, namers: &mut HashMap<u32, (String, Namer)>, job: Job) -> Done {
+    let Job {
+        pid,
+        seq,
+        profile,
+        formats,
+        jvm_perfmap,
+        announce,
+        ..
+    } = job;
+    let maps = &profile.mapped_libraries;
+    let symbolized = formats.iter().any(|f| *f != Format::Heap);
+    if symbolized && namers.get(&pid).is_none_or(|(known, _)| known != maps) {
+        namers.insert(pid, (maps.clone(), Namer::for_process(pid, maps)));
+    }
+    let mut namer = namers.get_mut(&pid).map(|(_, n)| n);
+    // A JVM's JIT code is anonymous memory: its names come from HotSpot.
+    if let (Some(inner_pid), Some(namer)) = (jvm_perfmap, namer.as_deref_mut()) {
+        perfmap::request_from_hotspot(pid, Duration::from_secs(10));
+        namer.set_jit(perfmap::read_for_process(pid, inner_pid));
+    }
+    let mut files = Vec::new();
+    for format in formats {
+        let ext = format.extension();
+        let written = output.write_file(pid, seq, ext, |w| {
+            output::write_format(format, &profile, namer.as_deref_mut(), w)
+        });
+        match written {
+            Ok(path) => files.push((format, path)),
+            Err(cause) => {
+                let path = output.path().join(file_name(pid, seq, ext));
+                return Done {
+                    pid,
+                    announce,
+                    files: Err(Error::Write { path, cause }),
+                };
+            }
+        }
+    }
+    Done {
+        pid,
+        announce,
+        files: Ok(files),
+    }
+}
