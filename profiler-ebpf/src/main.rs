@@ -9,17 +9,21 @@
 #![no_std]
 #![no_main]
 
+mod alloc;
 mod maps;
-mod record;
+mod release;
+mod sampling;
 
 use core::ffi::c_void;
 
+use alloc::on_allocation;
 use aya_ebpf::{
     macros::{uprobe, uretprobe},
     programs::{ProbeContext, RetProbeContext},
 };
 use profiler_common::{PendingCall, pending_kind};
-use record::{Args, Thread, on_allocation, on_free, on_resize_entry, on_return, session};
+use release::{on_free, on_resize_entry, on_return};
+use sampling::{Args, Thread, session};
 
 /// Declares the plain and the session program of one entry-point shape.
 /// `$entry` returns whether the call's return half is needed.
@@ -143,7 +147,7 @@ fn posix_memalign(ctx: &ProbeContext, thread: &Thread) -> bool {
 #[inline(always)]
 fn mallocx(ctx: &ProbeContext, thread: &Thread) -> bool {
     let args = Args::of(ctx);
-    let align = record::mallocx_alignment(args.arg(1));
+    let align = sampling::mallocx_alignment(args.arg(1));
     on_allocation(ctx, thread, args.arg(0), align, returned_pointer())
 }
 
@@ -151,13 +155,13 @@ fn mallocx(ctx: &ProbeContext, thread: &Thread) -> bool {
 fn rallocx(ctx: &ProbeContext, thread: &Thread) -> bool {
     let args = Args::of(ctx);
     on_free(ctx, args.arg(0));
-    let align = record::mallocx_alignment(args.arg(2));
+    let align = sampling::mallocx_alignment(args.arg(2));
     on_allocation(ctx, thread, args.arg(1), align, returned_pointer())
 }
 
 #[inline(always)]
 fn xallocx(ctx: &ProbeContext, thread: &Thread) -> bool {
-    record::count_entry(ctx);
+    sampling::count_entry(ctx);
     let args = Args::of(ctx);
     on_resize_entry(ctx, thread, args.arg(0))
 }
@@ -165,7 +169,7 @@ fn xallocx(ctx: &ProbeContext, thread: &Thread) -> bool {
 /// free, dallocx, sdallocx, operator delete (all variants): pointer first.
 #[uprobe]
 pub fn free_arg0(ctx: ProbeContext) -> u32 {
-    record::count_entry(&ctx);
+    sampling::count_entry(&ctx);
     let args = Args::of(&ctx);
     on_free(&ctx, args.arg(0));
     0

@@ -1,4 +1,4 @@
-//! Every map of the eBPF object. Sizes are defaults; userspace sets the real
+//! Every map and global of the eBPF object. Sizes are defaults; userspace sets the real
 //! ones at load time (`EbpfLoader::map_max_entries`). `#[map(name = ...)]`
 //! takes only a literal: each must equal its constant in
 //! `profiler_common::maps`, which the profiler's unit test
@@ -36,3 +36,12 @@ pub static FP_TRUSTED: HashMap<u32, u8> = HashMap::with_max_entries(8192, 0);
 #[map(name = "PROBE_HITS")]
 pub static PROBE_HITS: PerCpuArray<u64> =
     PerCpuArray::with_max_entries(profiler_common::MAX_COUNTED_PROBES, 0);
+
+/// Set by userspace (`globals::COPY_STACK`): 0 when stacks are walked by
+/// frame pointers alone (`--unwind fp`).
+#[unsafe(no_mangle)]
+pub static COPY_STACK: u8 = 1;
+
+/// Set by userspace (`globals::RING_BUSY_BYTES`).
+#[unsafe(no_mangle)]
+pub static RING_BUSY_BYTES: u64 = 4 << 20;

@@ -1,0 +1,208 @@
+//! Allocation calls: the countdown crossed, a sampled call is recorded
+//! with its stack (copied for DWARF unwinding, or walked by frame pointers).
+use core::{ffi::c_void, mem::size_of, ptr::addr_of_mut};
+
+use aya_ebpf::{
+    EbpfContext,
+    bindings::{BPF_F_USER_STACK, BPF_RB_AVAIL_DATA},
+    helpers::{
+        bpf_probe_read_user,
+        generated::{
+            bpf_get_prandom_u32, bpf_get_stack, bpf_probe_read_user as bpf_probe_read_user_raw,
+        },
+    },
+    programs::ProbeContext,
+};
+use profiler_common::{
+    AllocEvent, AllocStackEvent, Counter, FP_CHECK_ONE_IN, MAX_STACK_DEPTH, PendingCall,
+    STACK_COPY_BYTES, STACK_COPY_PAGE, STACK_COPY_PAGES, UserRegs, cookie, event_kind,
+};
+
+use crate::{
+    maps::{COPY_STACK, EVENTS, FP_TRUSTED, PENDING, RING_BUSY_BYTES},
+    sampling::{Args, Thread, count, count_hit, draw_countdown, header, probe_cookie},
+};
+
+/// Counts `size` bytes down on this thread; records the call if it crossed.
+/// Returns whether the call's return half is needed.
+#[inline(always)]
+pub(crate) fn on_allocation(
+    ctx: &ProbeContext,
+    thread: &Thread,
+    size: u64,
+    align: u64,
+    pending: PendingCall,
+) -> bool {
+    count(Counter::AllocCalls);
+    count_hit(ctx);
+    let size_counted = if size > i64::MAX as u64 {
+        i64::MAX
+    } else {
+        size as i64
+    };
+    let state = thread.state;
+    // SAFETY: the entry belongs to this thread; only this thread writes it.
+    unsafe {
+        let remaining = (*state).bytes_until_sample - size_counted;
+        if remaining > 0 {
+            (*state).bytes_until_sample = remaining;
+            return false;
+        }
+        (*state).bytes_until_sample = draw_countdown();
+    }
+    record_allocation(ctx, thread, size, align, pending)
+}
+
+#[inline(always)]
+pub(crate) fn record_allocation(
+    ctx: &ProbeContext,
+    thread: &Thread,
+    size: u64,
+    align: u64,
+    pending: PendingCall,
+) -> bool {
+    count(Counter::SampledCalls);
+    let id = thread.id;
+    if PENDING.insert(id, pending, 0).is_err() {
+        count(Counter::PendingFull);
+        return false;
+    }
+    // SAFETY: plain reads of globals userspace set at load time.
+    let (copy, busy_bytes) = unsafe {
+        (
+            core::ptr::read_volatile(&COPY_STACK) != 0,
+            core::ptr::read_volatile(&RING_BUSY_BYTES),
+        )
+    };
+    if copy && !frame_pointers_suffice(id) {
+        if EVENTS.query(BPF_RB_AVAIL_DATA as u64) <= busy_bytes
+            && let Some(mut entry) = EVENTS.reserve::<AllocStackEvent>(0)
+        {
+            let event = entry.as_mut_ptr();
+            // SAFETY: `event` points at reserved ring-buffer memory of the
+            // right size; written in place, too big for the BPF stack.
+            unsafe {
+                let sp = (*ctx.regs).rsp;
+                fill_alloc(
+                    ctx,
+                    id,
+                    size,
+                    align,
+                    event_kind::ALLOC_WITH_STACK,
+                    addr_of_mut!((*event).alloc),
+                );
+                let copied = copy_stack(addr_of_mut!((*event).stack_copy) as *mut u8, sp);
+                addr_of_mut!((*event).stack_copy_bytes).write(copied);
+            }
+            entry.submit(0);
+            thread.expect_return(ctx);
+            return true;
+        }
+        count(Counter::StackCopiesSkipped);
+    }
+    let Some(mut entry) = EVENTS.reserve::<AllocEvent>(0) else {
+        count(Counter::RingBufferFull);
+        let _ = PENDING.remove(id);
+        return false;
+    };
+    // SAFETY: as above.
+    unsafe { fill_alloc(ctx, id, size, align, event_kind::ALLOC, entry.as_mut_ptr()) };
+    entry.submit(0);
+    thread.expect_return(ctx);
+    true
+}
+
+/// Whether this process's frame-pointer walks proved right (userspace
+/// compared them with DWARF unwinds): then most samples skip the copy,
+/// one in [`FP_CHECK_ONE_IN`] keeps it so that the check goes on.
+#[inline(always)]
+pub(crate) fn frame_pointers_suffice(id: u64) -> bool {
+    let pid = (id >> 32) as u32;
+    // SAFETY: a lookup in a map of plain values.
+    if unsafe { FP_TRUSTED.get(pid) }.is_none() {
+        return false;
+    }
+    // SAFETY: plain helper call.
+    if unsafe { bpf_get_prandom_u32() } % FP_CHECK_ONE_IN == 0 {
+        return false;
+    }
+    count(Counter::FramePointerFastPath);
+    true
+}
+
+/// Writes a sampled call's record in place.
+///
+/// # Safety
+/// `event` must point at writable memory for an `AllocEvent`.
+#[inline(always)]
+pub(crate) unsafe fn fill_alloc(
+    ctx: &ProbeContext,
+    id: u64,
+    size: u64,
+    align: u64,
+    kind: u32,
+    event: *mut AllocEvent,
+) {
+    let cookie = probe_cookie(ctx);
+    let args = Args::of(ctx);
+    let return_address = args.stack_pointer + cookie::return_address_offset(cookie);
+    // SAFETY: the caller guarantees `event`; helpers fault safely.
+    unsafe {
+        addr_of_mut!((*event).header).write(header(kind, id, cookie::probe_index(cookie)));
+        addr_of_mut!((*event).size).write(size);
+        addr_of_mut!((*event).align).write(align);
+        addr_of_mut!((*event).caller)
+            .write(bpf_probe_read_user(return_address as *const u64).unwrap_or(0));
+        let stack_bytes = bpf_get_stack(
+            ctx.as_ptr(),
+            addr_of_mut!((*event).stack) as *mut c_void,
+            (MAX_STACK_DEPTH * size_of::<u64>()) as u32,
+            BPF_F_USER_STACK as u64,
+        );
+        if stack_bytes < 0 {
+            count(Counter::StackErrors);
+        }
+        addr_of_mut!((*event).stack_bytes).write(stack_bytes);
+        let regs = &*ctx.regs;
+        addr_of_mut!((*event).regs).write(UserRegs {
+            ip: regs.rip,
+            sp: regs.rsp,
+            bp: regs.rbp,
+        });
+    }
+}
+/// Copies the user stack from `sp` up into `buffer` (STACK_COPY_BYTES long):
+/// up to the next page boundary, then whole pages, stopping at the first
+/// page that cannot be read (the stack's end, or a page not resident).
+/// Returns how many bytes were copied.
+#[inline(always)]
+pub(crate) fn copy_stack(buffer: *mut u8, sp: u64) -> u64 {
+    const PAGE: u64 = STACK_COPY_PAGE as u64;
+    let first = PAGE - (sp & (PAGE - 1));
+    // SAFETY: `first` <= PAGE <= STACK_COPY_BYTES; the helper faults safely.
+    if unsafe { bpf_probe_read_user_raw(buffer as *mut c_void, first as u32, sp as *const c_void) }
+        < 0
+    {
+        return 0;
+    }
+    let mut copied = first;
+    for _ in 1..STACK_COPY_PAGES {
+        // Keeps the verifier's bound: a whole page still fits after `copied`.
+        if copied > (STACK_COPY_BYTES as u64) - PAGE {
+            break;
+        }
+        // SAFETY: `copied + PAGE` <= STACK_COPY_BYTES, checked just above.
+        let read = unsafe {
+            bpf_probe_read_user_raw(
+                buffer.add(copied as usize) as *mut c_void,
+                PAGE as u32,
+                (sp + copied) as *const c_void,
+            )
+        };
+        if read < 0 {
+            break;
+        }
+        copied += PAGE;
+    }
+    copied
+}

@@ -1,0 +1,172 @@
+//! The entry side of every probe: the registers it reads, the hit and
+//! event counters, and each thread's byte countdown.
+use aya_ebpf::{
+    EbpfContext,
+    helpers::{
+        bpf_get_current_pid_tgid, bpf_ktime_get_ns,
+        generated::{bpf_get_attach_cookie, bpf_get_prandom_u32},
+    },
+    programs::ProbeContext,
+};
+use profiler_common::{Counter, EventHeader, ThreadState, cookie, sampling};
+
+use crate::{
+    maps::{COUNTERS, EXP_QUANTILES, PROBE_HITS, THREADS},
+    release::on_return,
+};
+
+/// The registers a probe reads, copied once from the context.
+pub(crate) struct Args {
+    regs: [u64; 4],
+    pub stack_pointer: u64,
+}
+
+impl Args {
+    #[inline(always)]
+    pub fn of(ctx: &ProbeContext) -> Self {
+        // SAFETY: `regs` points at the probe's pt_regs, readable for its lifetime.
+        let regs = unsafe { &*ctx.regs };
+        Self {
+            regs: [regs.rdi, regs.rsi, regs.rdx, regs.rcx],
+            stack_pointer: regs.rsp,
+        }
+    }
+
+    #[inline(always)]
+    pub fn arg(&self, n: usize) -> u64 {
+        match n {
+            0 => self.regs[0],
+            1 => self.regs[1],
+            2 => self.regs[2],
+            _ => self.regs[3],
+        }
+    }
+}
+
+/// `MALLOCX_LG_ALIGN(la)` stores lg(alignment) in the low 6 bits.
+#[inline(always)]
+pub(crate) fn mallocx_alignment(flags: u64) -> u64 {
+    let lg = flags & 0x3f;
+    if lg == 0 { 0 } else { 1u64 << lg }
+}
+
+/// Counts a hit of an entry point that does not allocate.
+#[inline(always)]
+pub(crate) fn count_entry(ctx: &ProbeContext) {
+    count_hit(ctx);
+}
+
+/// One hit of the entry point this program was attached to.
+#[inline(always)]
+pub(crate) fn count_hit<C: EbpfContext>(ctx: &C) {
+    let index = cookie::probe_index(probe_cookie(ctx));
+    let index = if index < profiler_common::MAX_COUNTED_PROBES {
+        index
+    } else {
+        profiler_common::MAX_COUNTED_PROBES - 1
+    };
+    if let Some(value) = PROBE_HITS.get_ptr_mut(index) {
+        // SAFETY: per-CPU slot, no concurrent writer on this CPU.
+        unsafe { *value += 1 };
+    }
+}
+
+#[inline(always)]
+pub(crate) fn count(counter: Counter) {
+    if let Some(value) = COUNTERS.get_ptr_mut(counter as u32) {
+        // SAFETY: per-CPU slot, no concurrent writer on this CPU.
+        unsafe { *value += 1 };
+    }
+}
+
+/// The next countdown: exponential with the mean baked into the table.
+#[inline(always)]
+pub(crate) fn draw_countdown() -> i64 {
+    // SAFETY: plain helper call.
+    let random = unsafe { bpf_get_prandom_u32() };
+    let (zeros, index) = sampling::split_random(random);
+    let ln2 = EXP_QUANTILES.get(sampling::LN2_INDEX).copied().unwrap_or(0);
+    let quantile = EXP_QUANTILES.get(index).copied().unwrap_or(0);
+    (zeros as u64 * ln2 + quantile) as i64
+}
+
+#[inline(always)]
+pub(crate) fn header(kind: u32, id: u64, probe: u32) -> EventHeader {
+    EventHeader {
+        kind,
+        tid: id as u32,
+        pid: (id >> 32) as u32,
+        probe,
+        // SAFETY: plain helper call.
+        time_ns: unsafe { bpf_ktime_get_ns() },
+    }
+}
+
+#[inline(always)]
+pub(crate) fn probe_cookie<C: EbpfContext>(ctx: &C) -> u64 {
+    // SAFETY: the context is the one this program was called with.
+    unsafe { bpf_get_attach_cookie(ctx.as_ptr()) }
+}
+
+/// This thread's sampling state, created on its first allocation.
+pub(crate) struct Thread {
+    pub(crate) id: u64,
+    pub(crate) state: *mut ThreadState,
+}
+
+impl Thread {
+    #[inline(always)]
+    pub fn current() -> Option<Self> {
+        let id = bpf_get_current_pid_tgid();
+        if let Some(state) = THREADS.get_ptr_mut(id) {
+            return Some(Self { id, state });
+        }
+        let fresh = ThreadState {
+            bytes_until_sample: draw_countdown(),
+            return_sp: 0,
+        };
+        let _ = THREADS.insert(id, fresh, 0);
+        let state = THREADS.get_ptr_mut(id)?;
+        Some(Self { id, state })
+    }
+
+    /// Remembers where `rsp` will be when the call in flight returns.
+    #[inline(always)]
+    pub(crate) fn expect_return(&self, ctx: &ProbeContext) {
+        let args = Args::of(ctx);
+        let return_address = args.stack_pointer + cookie::return_address_offset(probe_cookie(ctx));
+        // SAFETY: the entry belongs to this thread; only this thread writes it.
+        unsafe { (*self.state).return_sp = return_address + 8 };
+    }
+
+    /// Whether `ctx` is the return of this thread's sampled call: after
+    /// `ret`, `rsp` is one word above the return address's slot.
+    #[inline(always)]
+    pub(crate) fn is_return(&self, ctx: &ProbeContext) -> bool {
+        let stack_pointer = Args::of(ctx).stack_pointer;
+        // SAFETY: as above.
+        unsafe {
+            if (*self.state).return_sp != stack_pointer {
+                return false;
+            }
+            (*self.state).return_sp = 0;
+        }
+        true
+    }
+}
+
+/// The body of a uprobe-session program: the entry returns 0 to have its
+/// return half run (sampled calls) and 1 to skip it (all others).
+#[inline(always)]
+pub(crate) fn session(ctx: &ProbeContext, entry: fn(&ProbeContext, &Thread) -> bool) -> u32 {
+    let Some(thread) = Thread::current() else {
+        return 1;
+    };
+    if thread.is_return(ctx) {
+        // SAFETY: `regs` points at the probe's pt_regs.
+        let returned = unsafe { (*ctx.regs).rax };
+        on_return(ctx, returned);
+        return 0;
+    }
+    if entry(ctx, &thread) { 0 } else { 1 }
+}
