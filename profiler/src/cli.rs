@@ -247,12 +247,10 @@ pub enum Offline {
 impl Cli {
     pub fn session_options(&self, progress: bool) -> SessionOptions {
         let collector = CollectorOptions {
-            sample_interval: self.sample_interval,
             max_live: self.max_live_samples,
             ..CollectorOptions::default()
         };
         let kernel = KernelOptions {
-            sample_interval: self.sample_interval,
             placement: match self.placement {
                 PlacementArg::Emulated => PlacementMode::Emulated,
                 PlacementArg::Entry => PlacementMode::Entry,
@@ -277,6 +275,7 @@ impl Cli {
             targets,
             duration: self.duration,
             output_dir: self.output.clone(),
+            sample_interval: self.sample_interval,
             kernel,
             collector,
             verbose: self.verbose,

@@ -16,8 +16,6 @@ use crate::{
 /// Caps of the userspace tables.
 #[derive(Clone, Debug)]
 pub struct CollectorOptions {
-    /// Mean sampling interval in bytes, as given to the kernel.
-    pub sample_interval: u64,
     /// Live sampled allocations kept per process. Default: 1,000,000.
     pub max_live: usize,
     /// Distinct call stacks kept per process. Default: 200,000.
@@ -27,7 +25,6 @@ pub struct CollectorOptions {
 impl Default for CollectorOptions {
     fn default() -> Self {
         Self {
-            sample_interval: crate::collect::sampling::DEFAULT_SAMPLE_INTERVAL,
             max_live: 1_000_000,
             max_stacks: 200_000,
         }
@@ -80,6 +77,8 @@ struct PendingSample {
 /// The live set and per-stack estimates of one process.
 #[derive(Debug)]
 pub struct ProcessHeap {
+    /// Mean bytes between samples: each sample's weight depends on it.
+    sample_interval: u64,
     pub pid: u32,
     options: CollectorOptions,
     stacks: Vec<StackEstimate>,
@@ -91,9 +90,11 @@ pub struct ProcessHeap {
 }
 
 impl ProcessHeap {
-    pub fn new(pid: u32, options: CollectorOptions) -> Self {
+    /// A process sampled every `sample_interval` bytes on average.
+    pub fn new(pid: u32, sample_interval: u64, options: CollectorOptions) -> Self {
         Self {
             pid,
+            sample_interval,
             options,
             stacks: Vec::new(),
             stack_ids: HashMap::new(),
@@ -135,7 +136,7 @@ impl ProcessHeap {
                     return; // the allocation failed
                 }
                 self.samples += 1;
-                let weight = sample_weight(sample.size, self.options.sample_interval);
+                let weight = sample_weight(sample.size, self.sample_interval);
                 let usable = usable_size_aligned(sample.size, sample.align);
                 let stats = &mut self.stacks[sample.stack as usize];
                 stats.alloc_objects += weight;
@@ -252,7 +253,7 @@ impl ProcessHeap {
         }
         HeapProfile {
             pid: self.pid,
-            sample_interval: self.options.sample_interval,
+            sample_interval: self.sample_interval,
             stacks: self
                 .stacks
                 .iter()
@@ -318,8 +319,8 @@ mod tests {
     fn heap(max_live: usize) -> ProcessHeap {
         ProcessHeap::new(
             1,
+            4096,
             CollectorOptions {
-                sample_interval: 4096,
                 max_live,
                 max_stacks: 10,
             },

@@ -2,58 +2,20 @@
 use std::collections::BTreeSet;
 
 use iced_x86::Register;
-use profiler_common::programs;
 
 use crate::discover::{elf::FunctionSymbols, placement::Placement};
 
-/// How an entry point passes its arguments, i.e. which program probes it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum CallShape {
-    /// Size in the first argument: malloc, valloc, operator new.
-    SizeArg0,
-    /// Alignment, then size: aligned_alloc, memalign.
-    SizeArg1,
-    Calloc,
-    /// Old pointer, then size: realloc.
-    Realloc,
-    PosixMemalign,
-    Mallocx,
-    Rallocx,
-    Xallocx,
-    /// Pointer in the first argument: free, dallocx, sdallocx, operator delete.
-    Free,
-}
+pub use profiler_common::CallShape;
 
-impl CallShape {
-    pub fn program(self) -> &'static str {
-        match self {
-            CallShape::SizeArg0 => programs::ALLOC_SIZE_ARG0,
-            CallShape::SizeArg1 => programs::ALLOC_SIZE_ARG1,
-            CallShape::Calloc => programs::ALLOC_CALLOC,
-            CallShape::Realloc => programs::ALLOC_REALLOC,
-            CallShape::PosixMemalign => programs::ALLOC_POSIX_MEMALIGN,
-            CallShape::Mallocx => programs::ALLOC_MALLOCX,
-            CallShape::Rallocx => programs::ALLOC_RALLOCX,
-            CallShape::Xallocx => programs::RESIZE_XALLOCX,
-            CallShape::Free => programs::FREE_ARG0,
+/// The argument registers the entry program of a shape reads.
+pub fn registers_read(shape: CallShape) -> &'static [Register] {
+    use Register::{RDI, RDX, RSI};
+    match shape {
+        CallShape::SizeArg0 | CallShape::Xallocx | CallShape::Free => &[RDI],
+        CallShape::SizeArg1 | CallShape::Calloc | CallShape::Realloc | CallShape::Mallocx => {
+            &[RDI, RSI]
         }
-    }
-
-    /// Whether the call's result is needed: the new pointer or size.
-    pub fn needs_return(self) -> bool {
-        self != CallShape::Free
-    }
-
-    /// The argument registers the entry program reads.
-    pub fn reads(self) -> &'static [Register] {
-        use Register::{RDI, RDX, RSI};
-        match self {
-            CallShape::SizeArg0 | CallShape::Xallocx | CallShape::Free => &[RDI],
-            CallShape::SizeArg1 | CallShape::Calloc | CallShape::Realloc | CallShape::Mallocx => {
-                &[RDI, RSI]
-            }
-            CallShape::PosixMemalign | CallShape::Rallocx => &[RDI, RSI, RDX],
-        }
+        CallShape::PosixMemalign | CallShape::Rallocx => &[RDI, RSI, RDX],
     }
 }
 

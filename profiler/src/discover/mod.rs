@@ -243,7 +243,7 @@ fn place_probe(symbols: &FunctionSymbols, data: &[u8], entry: &EntryPoint) -> Pl
     placement::place(
         code,
         function.address,
-        entry.shape.reads(),
+        entry_points::registers_read(entry.shape),
         entry.shape.needs_return(),
     )
 }

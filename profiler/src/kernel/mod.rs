@@ -17,7 +17,7 @@ use profiler_common::{Counter, globals, maps, programs};
 
 use crate::{
     collect::sampling,
-    discover::{entry_points::CallShape, placement::Placement},
+    discover::placement::Placement,
     error::{Error, Result},
     kernel::features::KernelFeature,
     kernel::uprobe_session::SessionPrograms,
@@ -29,8 +29,6 @@ const OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/pro
 /// Sizes of the kernel's tables.
 #[derive(Clone, Debug)]
 pub struct KernelOptions {
-    /// Mean sampling interval in bytes. Default: 512 KiB, as jemalloc.
-    pub sample_interval: u64,
     /// Sampled pointers the kernel tracks for frees. Default: 262144.
     pub max_sampled_pointers: u32,
     /// Ring-buffer size in bytes (a power of two). Default: 8 MiB.
@@ -50,7 +48,6 @@ pub struct KernelOptions {
 impl Default for KernelOptions {
     fn default() -> Self {
         Self {
-            sample_interval: sampling::DEFAULT_SAMPLE_INTERVAL,
             max_sampled_pointers: 262_144,
             ring_buffer_bytes: 8 << 20,
             placement: PlacementMode::Emulated,
@@ -149,7 +146,7 @@ fn load_error(what: &str, error: impl std::fmt::Display) -> Error {
 
 impl KernelProbes {
     /// Loads the programs into the kernel; nothing is attached yet.
-    pub fn load(options: &KernelOptions) -> Result<Self> {
+    pub fn load(options: &KernelOptions, sample_interval: u64) -> Result<Self> {
         let placement = options.placement;
         let mut ebpf = EbpfLoader::new()
             .map_max_entries(maps::SAMPLED, options.max_sampled_pointers)
@@ -167,7 +164,7 @@ impl KernelProbes {
                 .ok_or_else(|| load_error(maps::EXP_QUANTILES, "missing"))?,
         )
         .map_err(|e| load_error(maps::EXP_QUANTILES, e))?;
-        for (index, value) in sampling::quantile_table(options.sample_interval)
+        for (index, value) in sampling::quantile_table(sample_interval)
             .into_iter()
             .enumerate()
         {
@@ -276,29 +273,6 @@ impl KernelProbes {
     }
 }
 
-impl CallShape {
-    /// The uprobe-session program of shapes that need their call's result.
-    pub fn session_program(self) -> Option<&'static str> {
-        use programs::session;
-        Some(match self {
-            CallShape::SizeArg0 => session::SIZE_ARG0,
-            CallShape::SizeArg1 => session::SIZE_ARG1,
-            CallShape::Calloc => session::CALLOC,
-            CallShape::Realloc => session::REALLOC,
-            CallShape::PosixMemalign => session::POSIX_MEMALIGN,
-            CallShape::Mallocx => session::MALLOCX,
-            CallShape::Rallocx => session::RALLOCX,
-            CallShape::Xallocx => session::XALLOCX,
-            CallShape::Free => return None,
-        })
-    }
-
-    /// Shapes whose entry point allocates (for reports).
-    pub fn allocates(self) -> bool {
-        !matches!(self, CallShape::Free | CallShape::Xallocx)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use object::{Object, ObjectSymbol};
@@ -318,6 +292,13 @@ mod tests {
             .chain(&globals::ALL)
             .chain(&programs::ALL)
             .chain(&programs::session::ALL);
+        // The shape table names only programs the object has.
+        for shape in profiler_common::CallShape::ALL {
+            assert!(symbols.contains(shape.program()), "{shape:?}");
+            if let Some(session) = shape.session_program() {
+                assert!(symbols.contains(session), "{shape:?}");
+            }
+        }
         for name in names {
             assert!(symbols.contains(name), "{name} is not in the eBPF object");
         }

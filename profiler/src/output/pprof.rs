@@ -235,8 +235,8 @@ impl Tables {
             .frames(address)
             .into_iter()
             .map(|frame| Line {
-                function_id: self.function(frame.name, frame.file),
-                line: frame.line.map_or(0, i64::from),
+                function_id: self.function(frame.name(), frame.file().map(str::to_owned)),
+                line: frame.line().map_or(0, i64::from),
             })
             .collect();
         let mapping_id = self

@@ -24,7 +24,12 @@ impl Session<'_> {
         if self.tracked.contains_key(&pid) {
             return;
         }
-        let tracked = Tracked::new(pid, maps, self.options.collector.clone());
+        let tracked = Tracked::new(
+            pid,
+            maps,
+            self.options.sample_interval,
+            self.options.collector.clone(),
+        );
         self.tracked.insert(pid, tracked);
         if !matches!(self.options.targets, Targets::Launch(_)) {
             watch_exit(pid, self.exits.clone());

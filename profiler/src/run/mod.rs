@@ -93,7 +93,7 @@ pub async fn run(options: SessionOptions, status: &mut dyn Write) -> Result<Summ
     let output = OutputDir::new(&options.output_dir);
     output.prepare()?;
     output.remove_stale_temporaries();
-    let probes = KernelProbes::load(&options.kernel)?;
+    let probes = KernelProbes::load(&options.kernel, options.sample_interval)?;
     let (exits, exit_rx) = mpsc::unbounded_channel();
     let mut session = Session {
         writer: SnapshotWriter::start(output.clone()),

@@ -1,7 +1,11 @@
 //! What a run is told to do.
 use std::{ffi::OsString, path::PathBuf, time::Duration};
 
-use crate::{collect::CollectorOptions, kernel::KernelOptions, output::Format};
+use crate::{
+    collect::{CollectorOptions, sampling::DEFAULT_SAMPLE_INTERVAL},
+    kernel::KernelOptions,
+    output::Format,
+};
 
 /// Which processes to profile.
 #[derive(Clone, Debug)]
@@ -24,6 +28,9 @@ pub struct SessionOptions {
     pub duration: Option<Duration>,
     /// Default: the current directory.
     pub output_dir: PathBuf,
+    /// Mean bytes between samples, for the kernel's countdown and the
+    /// estimates' weights alike. Default: 512 KiB, as jemalloc.
+    pub sample_interval: u64,
     pub kernel: KernelOptions,
     pub collector: CollectorOptions,
     /// Say what was attached where.
@@ -60,6 +67,7 @@ impl Default for SessionOptions {
             targets: Targets::Pids(Vec::new()),
             duration: None,
             output_dir: PathBuf::from("."),
+            sample_interval: DEFAULT_SAMPLE_INTERVAL,
             kernel: KernelOptions::default(),
             collector: CollectorOptions::default(),
             verbose: false,

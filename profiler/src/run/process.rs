@@ -37,12 +37,12 @@ pub(super) struct Tracked {
 }
 
 impl Tracked {
-    pub fn new(pid: u32, maps: String, collector: CollectorOptions) -> Self {
+    pub fn new(pid: u32, maps: String, sample_interval: u64, collector: CollectorOptions) -> Self {
         let mut tracked = Self {
             pid,
             command: command_name(pid),
             container_pid: namespace_pid(pid),
-            heap: ProcessHeap::new(pid, collector),
+            heap: ProcessHeap::new(pid, sample_interval, collector),
             maps: String::new(),
             ranges: Vec::new(),
             stacks: ProcessStacks::default(),

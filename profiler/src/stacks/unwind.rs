@@ -343,7 +343,10 @@ mod tests {
         unwinder.unwind(&regs, &stack, &mut frames);
         let text = std::fs::read_to_string("/proc/self/maps").unwrap();
         let mut namer = crate::symbolize::Namer::for_process(pid, &text);
-        let names: Vec<String> = frames.iter().map(|&f| namer.name(f - 1)).collect();
+        let names: Vec<String> = frames
+            .iter()
+            .map(|&f| namer.frames(f - 1)[0].name())
+            .collect();
         let at = |function: &str| names.iter().position(|n| n.ends_with(function));
         let (m, o) = (at("tests::middle"), at("tests::outer"));
         assert!(matches!((m, o), (Some(0), Some(1))), "{names:?}");

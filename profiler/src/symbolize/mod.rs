@@ -16,21 +16,55 @@ use crate::{
     symbolize::debug_files::DebugFile,
 };
 
-/// One function at an address: its name and, where debug info says, the
-/// source line the address is at within it.
+/// What is at an address: a function (with the source line the address is
+/// at within it, where debug info says), or nothing anyone could name,
+/// which is data too: written as the address.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Frame {
-    pub name: String,
-    pub file: Option<String>,
-    pub line: Option<u32>,
+pub enum Frame {
+    Function {
+        name: String,
+        file: Option<String>,
+        line: Option<u32>,
+    },
+    Unknown(u64),
 }
 
 impl Frame {
     fn named(name: String) -> Self {
-        Self {
+        Self::Function {
             name,
             file: None,
             line: None,
+        }
+    }
+
+    /// A name from a self-symbolized profile: unknown ones were written as
+    /// their address.
+    fn from_written(name: &str) -> Self {
+        name.strip_prefix("0x")
+            .and_then(|hex| u64::from_str_radix(hex, 16).ok())
+            .map_or_else(|| Self::named(name.into()), Self::Unknown)
+    }
+
+    /// The name as written in every output.
+    pub fn name(&self) -> String {
+        match self {
+            Self::Function { name, .. } => name.clone(),
+            Self::Unknown(address) => format!("{address:#x}"),
+        }
+    }
+
+    pub fn file(&self) -> Option<&str> {
+        match self {
+            Self::Function { file, .. } => file.as_deref(),
+            Self::Unknown(_) => None,
+        }
+    }
+
+    pub fn line(&self) -> Option<u32> {
+        match self {
+            Self::Function { line, .. } => *line,
+            Self::Unknown(_) => None,
         }
     }
 }
@@ -88,26 +122,17 @@ impl Namer {
     pub fn with_symbols(mut self, symbols: &HashMap<u64, String>) -> Self {
         // jeprof's form: "outer--inlined--innermost".
         self.cache.extend(symbols.iter().map(|(a, n)| {
-            let mut frames: Vec<Frame> = n.split("--").map(|n| Frame::named(n.into())).collect();
+            let mut frames: Vec<Frame> = n.split("--").map(Frame::from_written).collect();
             frames.reverse();
             (*a, frames)
         }));
         self
     }
 
-    /// The innermost function at `address`; unknown addresses stay hex
-    /// (data, not errors).
-    pub fn name(&mut self, address: u64) -> String {
-        self.names(address)
-            .first()
-            .cloned()
-            .unwrap_or_else(|| format!("{address:#x}"))
-    }
-
     /// The functions at `address`, innermost inlined one first, the
     /// function that holds the code last.
     pub fn names(&mut self, address: u64) -> Vec<String> {
-        self.frames(address).into_iter().map(|f| f.name).collect()
+        self.frames(address).iter().map(Frame::name).collect()
     }
 
     /// As [`names`](Self::names), with source lines where debug info has
@@ -118,7 +143,7 @@ impl Namer {
         }
         let frames = self
             .lookup(address)
-            .unwrap_or_else(|| vec![Frame::named(format!("{address:#x}"))]);
+            .unwrap_or_else(|| vec![Frame::Unknown(address)]);
         self.cache.insert(address, frames.clone());
         frames
     }
@@ -181,24 +206,28 @@ impl Namer {
     /// Names of a stack of return addresses, leaf first, each looked up at
     /// its call instruction (return address - 1), allocator frames cut off.
     pub fn stack(&mut self, frames: &[u64]) -> Vec<String> {
-        let named: Vec<(u64, String)> = frames
+        let named: Vec<(u64, Frame)> = frames
             .iter()
             .flat_map(|&f| {
                 let address = f.saturating_sub(1);
-                self.names(address).into_iter().map(move |n| (address, n))
+                self.frames(address).into_iter().map(move |n| (address, n))
             })
             .collect();
         let skip = named
             .iter()
-            .take_while(|(address, name)| self.is_allocator_frame(*address, name))
+            .take_while(|(address, frame)| self.is_allocator_frame(*address, frame))
             .count();
         let skip = if skip == named.len() { 0 } else { skip };
-        named.into_iter().skip(skip).map(|(_, name)| name).collect()
+        named
+            .into_iter()
+            .skip(skip)
+            .map(|(_, f)| f.name())
+            .collect()
     }
 
     /// A frame of the allocator itself: named as one of its functions, or
     /// unnamed inside a file that holds jemalloc.
-    fn is_allocator_frame(&mut self, address: u64, name: &str) -> bool {
+    fn is_allocator_frame(&mut self, address: u64, frame: &Frame) -> bool {
         const INTERNAL: [&str; 6] = [
             "je_",
             "_rjem_",
@@ -207,16 +236,18 @@ impl Namer {
             "malloc_default",
             "ialloc",
         ];
+        let Frame::Function { name, .. } = frame else {
+            return self.in_allocator_file(address);
+        };
         let entry_point = C_ENTRY_POINTS.iter().any(|(n, _)| *n == name)
             || CXX_ENTRY_POINTS.iter().any(|(n, _)| *n == name)
             || name.starts_with("operator new")
             || name.starts_with("operator delete");
-        if entry_point || INTERNAL.iter().any(|p| name.starts_with(p)) {
-            return true;
-        }
-        if !name.starts_with("0x") {
-            return false;
-        }
+        entry_point || INTERNAL.iter().any(|p| name.starts_with(p))
+    }
+
+    /// Whether `address` is in a file that holds a copy of jemalloc.
+    fn in_allocator_file(&mut self, address: u64) -> bool {
         let Some(path) = self
             .mappings
             .iter()
@@ -251,9 +282,31 @@ fn symbolize(symbolizer: &Symbolizer, path: &Path, input: Input<u64>) -> Option<
 }
 
 fn frame(name: &str, code: Option<&CodeInfo<'_>>) -> Frame {
-    Frame {
+    Frame::Function {
         name: name.to_owned(),
         file: code.map(|c| c.to_path().display().to_string()),
         line: code.and_then(|c| c.line),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_addresses_are_data_written_as_the_address() {
+        let symbols = HashMap::from([
+            (0x2000, "0x2000".to_owned()),
+            (0x3000, "outer--inner".to_owned()),
+        ]);
+        let mut namer = Namer::new("", None).with_symbols(&symbols);
+        assert_eq!(namer.frames(0x1000), vec![Frame::Unknown(0x1000)]);
+        assert_eq!(namer.frames(0x2000), vec![Frame::Unknown(0x2000)]);
+        assert_eq!(namer.names(0x3000), vec!["inner", "outer"]);
+        // Looked up at the call instruction: return address - 1.
+        assert_eq!(
+            namer.stack(&[0x1001, 0x3001]),
+            vec!["0x1000", "inner", "outer"]
+        );
     }
 }
