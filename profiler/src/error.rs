@@ -1,4 +1,5 @@
-//! The library's errors. Each message says what is wrong and what to do.
+//! The library's errors, typed: no message strings where a cause fits.
+//! Each message says what is wrong and what to do.
 //! An underlying error is its `#[source]` and is not repeated in the
 //! message: the binary prints the chain (`{:#}`), and [`chain`] does the
 //! same inside the library.
@@ -50,8 +51,19 @@ pub enum Error {
     #[error("cannot parse {} as ELF: {message}", path.display())]
     Elf { path: PathBuf, message: String },
 
-    #[error("loading the eBPF programs into the kernel failed: {0}")]
-    Load(String),
+    #[error("loading {what} into the kernel failed")]
+    Load {
+        /// The object, a map or a program.
+        what: String,
+        #[source]
+        cause: Box<dyn std::error::Error + Send + Sync>,
+    },
+
+    #[error("uprobe sessions (Linux 6.13+) were asked for: use --return-probes uretprobes here")]
+    SessionsRefused(#[source] crate::kernel::uprobe_session::SessionError),
+
+    #[error("more than 65535 allocator copies to probe")]
+    TooManyCopies,
 
     #[error("attaching {entry_point} in {} of pid {pid} failed: {message}", path.display())]
     Attach {
@@ -79,11 +91,25 @@ pub enum Error {
     )]
     NoSnapshots(PathBuf),
 
-    #[error("cannot launch {0}")]
-    Launch(String),
+    #[error("no command given after --: write the command to run after `--`")]
+    NoCommand,
 
-    #[error("reading kernel events failed: {0}")]
-    Events(String),
+    #[error("cannot launch {}: command not found in PATH", .0.display())]
+    CommandNotFound(PathBuf),
+
+    #[error("cannot launch {}", program.display())]
+    Launch {
+        program: PathBuf,
+        #[source]
+        cause: io::Error,
+    },
+
+    #[error("{what} failed")]
+    Events {
+        what: &'static str,
+        #[source]
+        cause: Box<dyn std::error::Error + Send + Sync>,
+    },
 
     #[error("writing {}", path.display())]
     Write {

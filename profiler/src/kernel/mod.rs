@@ -19,7 +19,6 @@ use crate::{
     collect::sampling,
     discover::placement::Placement,
     error::{Error, Result},
-    kernel::features::KernelFeature,
     kernel::uprobe_session::SessionPrograms,
 };
 
@@ -140,8 +139,11 @@ pub struct KernelProbes {
     frame_pointer_fast_path: bool,
 }
 
-fn load_error(what: &str, error: impl std::fmt::Display) -> Error {
-    Error::Load(format!("{what}: {error}"))
+fn load_error(what: &str, cause: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Error {
+    Error::Load {
+        what: what.to_owned(),
+        cause: cause.into(),
+    }
 }
 
 impl KernelProbes {
@@ -185,10 +187,7 @@ impl KernelProbes {
             wanted => match SessionPrograms::load(&ebpf, OBJECT, &programs::session::ALL) {
                 Ok(sessions) => (Some(sessions), None),
                 Err(e) if wanted == ReturnProbes::Sessions => {
-                    return Err(Error::Load(format!(
-                        "{}: {e}; use --return-probes uretprobes",
-                        KernelFeature::UprobeSessions
-                    )));
+                    return Err(Error::SessionsRefused(e));
                 }
                 Err(e) => (None, Some(e.to_string())),
             },
@@ -233,8 +232,14 @@ impl KernelProbes {
         let map = self
             .ebpf
             .take_map(maps::EVENTS)
-            .ok_or_else(|| Error::Events("ring buffer already taken".into()))?;
-        RingBuf::try_from(map).map_err(|e| Error::Events(e.to_string()))
+            .ok_or_else(|| Error::Events {
+                what: "taking the ring buffer",
+                cause: "it was taken already".into(),
+            })?;
+        RingBuf::try_from(map).map_err(|e| Error::Events {
+            what: "opening the ring buffer",
+            cause: e.into(),
+        })
     }
 
     /// Hits of each attached entry point, summed over CPUs, in the order of

@@ -13,9 +13,7 @@ use crate::{
 impl Session<'_> {
     fn instance(&mut self) -> Result<u16> {
         let instance = self.next_instance;
-        self.next_instance = instance
-            .checked_add(1)
-            .ok_or_else(|| Error::Load("more than 65535 jemalloc copies".into()))?;
+        self.next_instance = instance.checked_add(1).ok_or(Error::TooManyCopies)?;
         Ok(instance)
     }
 

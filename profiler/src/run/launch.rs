@@ -66,10 +66,11 @@ fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
 /// Forks `command`; the child waits before `exec` until released. If the
 /// returned value is dropped unreleased, the child exits without running.
 pub fn spawn_gated(command: &[OsString]) -> Result<Launched> {
-    let (program, args) = command
-        .split_first()
-        .ok_or_else(|| Error::Launch("no command given after --".into()))?;
-    let launch_error = |e: std::io::Error| Error::Launch(format!("{}: {e}", program.display()));
+    let (program, args) = command.split_first().ok_or(Error::NoCommand)?;
+    let launch_error = |cause| Error::Launch {
+        program: program.into(),
+        cause,
+    };
     let (pid_read, pid_write) = pipe().map_err(launch_error)?;
     let (gate_read, gate_write) = pipe().map_err(launch_error)?;
     let mut cmd = Command::new(program);
@@ -101,7 +102,7 @@ pub fn spawn_gated(command: &[OsString]) -> Result<Launched> {
     let mut pid = [0u8; 4];
     File::from(pid_read)
         .read_exact(&mut pid)
-        .map_err(|e| Error::Launch(format!("{}: fork failed: {e}", program.display())))?;
+        .map_err(launch_error)?;
     Ok(Launched {
         pid: i32::from_ne_bytes(pid) as u32,
         gate: File::from(gate_write),
@@ -130,7 +131,7 @@ pub fn resolve_program(program: &OsString) -> Result<PathBuf> {
                 .metadata()
                 .is_ok_and(|m| m.is_file() && m.mode() & 0o111 != 0)
         })
-        .ok_or_else(|| Error::Launch(format!("{}: command not found in PATH", path.display())))
+        .ok_or_else(|| Error::CommandNotFound(path.to_owned()))
 }
 
 /// The executable and the libraries its loader will map at start.
@@ -150,7 +151,10 @@ pub fn predict_files(executable: &Path) -> Result<Vec<PredictedFile>> {
             .arg("--list")
             .arg(executable)
             .output()
-            .map_err(|e| Error::Launch(format!("{}: {e}", interpreter.display())))?;
+            .map_err(|cause| Error::Launch {
+                program: interpreter.clone(),
+                cause,
+            })?;
         paths.extend(parse_loader_list(&String::from_utf8_lossy(&output.stdout)));
     }
     Ok(paths

@@ -117,7 +117,7 @@ pub async fn run(options: SessionOptions, status: &mut dyn Write) -> Result<Summ
     let mut ring = unsafe {
         AsyncFd::register_with_interest(session.probes.take_events()?, Interest::READABLE)
     }
-    .map_err(|e| Error::Events(e.to_string()))?;
+    .map_err(|e| events_error("watching the ring buffer", e.into_parts().1))?;
     let (stop, exit_status) = session
         .collect(&mut ring, launched.as_mut(), exit_rx)
         .await?;
@@ -137,9 +137,7 @@ fn check_targets(targets: &Targets, cache: &mut AllocatorCache) -> Result<Checke
             Checked::Pids(initial)
         }
         Targets::Launch(command) => {
-            let program = command
-                .first()
-                .ok_or_else(|| Error::Launch("no command given after --".into()))?;
+            let program = command.first().ok_or(Error::NoCommand)?;
             let executable = launch::resolve_program(program)?;
             Checked::Launch(command.clone(), launch::predict_files(&executable)?)
         }
@@ -156,7 +154,7 @@ struct Signals {
 
 impl Signals {
     fn new() -> Result<Self> {
-        let listen = |kind| signal(kind).map_err(|e| Error::Events(e.to_string()));
+        let listen = |kind| signal(kind).map_err(|e| events_error("listening for signals", e));
         Ok(Self {
             interrupt: listen(SignalKind::interrupt())?,
             terminate: listen(SignalKind::terminate())?,
@@ -227,7 +225,7 @@ impl Session<'_> {
         loop {
             tokio::select! {
                 readable = ring.readable_mut() => {
-                    let mut guard = readable.map_err(|e| Error::Events(e.to_string()))?;
+                    let mut guard = readable.map_err(|e| events_error("reading the ring buffer", e))?;
                     self.drain(guard.get_inner_mut());
                     guard.clear_ready();
                 }
@@ -333,7 +331,12 @@ impl Session<'_> {
         }
         let exit_code = match exit_status {
             Some(Ok(status)) => Some(exit_code_of(status)),
-            Some(Err(e)) => return Err(Error::Launch(e.to_string())),
+            Some(Err(cause)) => {
+                return Err(Error::Launch {
+                    program: options.targets.command_program(),
+                    cause,
+                });
+            }
             None => None,
         };
         Ok(Summary {
@@ -383,6 +386,16 @@ impl Session<'_> {
             }
             t.heap.apply(event);
         }
+    }
+}
+
+fn events_error(
+    what: &'static str,
+    cause: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+) -> Error {
+    Error::Events {
+        what,
+        cause: cause.into(),
     }
 }
 

@@ -54,6 +54,16 @@ pub struct SessionOptions {
     pub java_perfmap: bool,
 }
 
+impl Targets {
+    /// The launched command's program, for messages.
+    pub fn command_program(&self) -> std::path::PathBuf {
+        match self {
+            Targets::Launch(command) => command.first().map(Into::into).unwrap_or_default(),
+            _ => std::path::PathBuf::new(),
+        }
+    }
+}
+
 /// `--dump-on-growth SIZE[/WINDOW]`: growth of `size` bytes within `window`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct GrowthTrigger {

@@ -180,3 +180,16 @@ fn offline_commands_reject_bad_input_in_one_line() {
         assert_one_line_error(&stderr, status, &[needle]);
     }
 }
+
+#[test]
+fn launching_a_command_that_does_not_exist() {
+    let (status, stderr) = run_memprobe(&["--", "memprobe-no-such-command"], &[]);
+    assert_one_line_error(
+        &stderr,
+        status,
+        &[
+            "cannot launch memprobe-no-such-command",
+            "not found in PATH",
+        ],
+    );
+}
