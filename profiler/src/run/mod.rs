@@ -351,6 +351,8 @@ impl Session<'_> {
             exit_code,
             probe_costs,
             return_probes,
+            output_dir: options.output_dir.clone(),
+            verbose: options.verbose,
         })
     }
 

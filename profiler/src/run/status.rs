@@ -61,6 +61,9 @@ pub struct Summary {
     pub probe_costs: Vec<ProbeCost>,
     /// How calls got their return half, and why.
     pub return_probes: String,
+    /// Where the files went, and whether to list each one.
+    pub output_dir: PathBuf,
+    pub verbose: bool,
 }
 
 impl Session<'_> {
@@ -178,6 +181,29 @@ impl Session<'_> {
     }
 }
 
+/// "wrote 6 snapshots to DIR (6 heap, 6 pb.gz, ...)": the folder and a
+/// count per format; `--verbose` lists the files.
+fn files_written(files: &[PathBuf], dir: &std::path::Path) -> String {
+    let mut per_format: Vec<(String, usize)> = Vec::new();
+    for file in files {
+        let name = file.file_name().unwrap_or_default().to_string_lossy();
+        // memprobe.<pid>.<seq>.<ext>, where ext may hold dots (pb.gz).
+        let ext = name.splitn(4, '.').nth(3).unwrap_or("").to_owned();
+        match per_format.iter_mut().find(|(e, _)| *e == ext) {
+            Some((_, n)) => *n += 1,
+            None => per_format.push((ext, 1)),
+        }
+    }
+    let snapshots = per_format.iter().map(|(_, n)| *n).max().unwrap_or(0);
+    let counts: Vec<String> = per_format.iter().map(|(e, n)| format!("{n} {e}")).collect();
+    format!(
+        "wrote {snapshots} snapshot{} to {} ({})",
+        if snapshots == 1 { "" } else { "s" },
+        dir.display(),
+        counts.join(", ")
+    )
+}
+
 /// Lines summarising a run, for the end of the run.
 pub fn summary_lines(summary: &Summary) -> Vec<String> {
     let mut lines = Vec::new();
@@ -213,7 +239,6 @@ pub fn summary_lines(summary: &Summary) -> Vec<String> {
         lines.push(format!("memprobe: kernel drops: {}", dropped.join(", ")));
     }
     for p in &summary.processes {
-        let files: Vec<String> = p.files.iter().map(|f| f.display().to_string()).collect();
         let d = p.drops;
         let drops = d.live_table_full + d.untracked_in_kernel + d.stack_table_full;
         let container = p
@@ -221,7 +246,7 @@ pub fn summary_lines(summary: &Summary) -> Vec<String> {
             .map(|c| format!(", pid {c} in its container"))
             .unwrap_or_default();
         lines.push(format!(
-            "memprobe: pid {} ({}{container}){}: {} samples, ~{} in use, {} dropped{}; wrote {}",
+            "memprobe: pid {} ({}{container}){}: {} samples, ~{} in use, {} dropped{}; {}",
             p.pid,
             p.command,
             if p.exited { ", exited" } else { "" },
@@ -232,8 +257,15 @@ pub fn summary_lines(summary: &Summary) -> Vec<String> {
                 0 => String::new(),
                 n => format!(", {n} interval snapshots skipped while earlier ones were written"),
             },
-            files.join(", ")
+            files_written(&p.files, &summary.output_dir)
         ));
+        if summary.verbose {
+            lines.extend(
+                p.files
+                    .iter()
+                    .map(|f| format!("memprobe:   {}", f.display())),
+            );
+        }
     }
     let hits: u64 = summary.probe_costs.iter().map(|c| c.hits).sum();
     let added: Duration = summary.probe_costs.iter().map(|c| c.added).sum();
@@ -256,4 +288,23 @@ pub fn summary_lines(summary: &Summary) -> Vec<String> {
         lines.push(format!("memprobe: the command exited with code {code}"));
     }
     lines
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn files_are_counted_by_format_in_their_folder() {
+        let files: Vec<PathBuf> = ["heap", "pb.gz", "sym.heap"]
+            .iter()
+            .flat_map(|ext| {
+                (0..2).map(move |seq| PathBuf::from(format!("/o/memprobe.7.{seq}.{ext}")))
+            })
+            .collect();
+        assert_eq!(
+            files_written(&files, std::path::Path::new("/o")),
+            "wrote 2 snapshots to /o (2 heap, 2 pb.gz, 2 sym.heap)"
+        );
+    }
 }

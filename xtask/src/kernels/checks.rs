@@ -107,7 +107,9 @@ fn exit_status(lines: &[String]) -> Option<i32> {
 fn run_check(name: &'static str, lines: &[String]) -> Check {
     let status = exit_status(lines);
     let attached = lines.iter().any(|l| l.starts_with("memprobe: attached "));
-    let wrote = lines.iter().any(|l| l.contains(".heap"));
+    let wrote = lines
+        .iter()
+        .any(|l| l.contains(".heap") || l.contains("; wrote "));
     Check {
         name,
         passed: status == Some(0) && attached && wrote,
