@@ -22,6 +22,11 @@ pub fn open_in_root_following(root: &Path, path: &Path) -> io::Result<File> {
     open(root, path, 0)
 }
 
+/// Opens the directory `path` inside `root` (see [`open_in_root`]).
+pub fn open_dir_in_root(root: &Path, path: &Path) -> io::Result<File> {
+    open(root, path, libc::O_DIRECTORY | libc::O_NOFOLLOW)
+}
+
 fn open(root: &Path, path: &Path, last: libc::c_int) -> io::Result<File> {
     let root = CString::new(root.as_os_str().as_bytes())?;
     let relative = path.strip_prefix("/").unwrap_or(path);

@@ -15,7 +15,10 @@ use crate::{
     error::{Error, Result},
     output::{self, Format, files::OutputDir, files::file_name},
     profile::HeapProfile,
-    symbolize::{Namer, perfmap},
+    symbolize::{
+        Namer,
+        perfmap::{self, RequestedPerfMap},
+    },
 };
 
 /// Snapshots of one process that may wait for the writer; past them,
@@ -69,17 +72,18 @@ impl SnapshotWriter {
         let thread = std::thread::Builder::new()
             .name("memprobe-writer".into())
             .spawn(move || {
-                let mut namers: HashMap<u32, (String, Namer)> = HashMap::new();
+                let mut state = WriterState::default();
                 for job in job_rx {
                     let (pid, last) = (job.pid, job.last);
-                    let done = write(&output, &mut namers, job);
+                    let done = write(&output, &mut state, job);
                     if last {
-                        namers.remove(&pid);
+                        state.forget(pid);
                     }
                     if done_tx.send(done).is_err() {
                         break;
                     }
                 }
+                state.forget_all();
             })
             .ok();
         Self {
@@ -134,7 +138,33 @@ impl SnapshotWriter {
     }
 }
 
-fn write(output: &OutputDir, namers: &mut HashMap<u32, (String, Namer)>, job: Job) -> Done {
+/// What the writer keeps per process between its snapshots.
+#[derive(Default)]
+struct WriterState {
+    /// Each process's namer, with the maps it was built from.
+    namers: HashMap<u32, (String, Namer)>,
+    /// JVMs' perf maps, to remove where memprobe made them.
+    perf_maps: HashMap<u32, RequestedPerfMap>,
+}
+
+impl WriterState {
+    /// The process's last snapshot is written: drop what was kept for it.
+    fn forget(&mut self, pid: u32) {
+        self.namers.remove(&pid);
+        if let Some(map) = self.perf_maps.remove(&pid) {
+            map.remove();
+        }
+    }
+
+    fn forget_all(&mut self) {
+        let pids: Vec<u32> = self.perf_maps.keys().copied().collect();
+        for pid in pids {
+            self.forget(pid);
+        }
+    }
+}
+
+fn write(output: &OutputDir, state: &mut WriterState, job: Job) -> Done {
     let Job {
         pid,
         seq,
@@ -146,12 +176,18 @@ fn write(output: &OutputDir, namers: &mut HashMap<u32, (String, Namer)>, job: Jo
     } = job;
     let maps = &profile.mapped_libraries;
     let symbolized = formats.iter().any(|f| *f != Format::Heap);
+    let namers = &mut state.namers;
     if symbolized && namers.get(&pid).is_none_or(|(known, _)| known != maps) {
         namers.insert(pid, (maps.clone(), Namer::for_process(pid, maps)));
     }
     let mut namer = namers.get_mut(&pid).map(|(_, n)| n);
     // A JVM's JIT code is anonymous memory: its names come from HotSpot.
     if let (Some(inner_pid), Some(namer)) = (jvm_perfmap, namer.as_deref_mut()) {
+        if !state.perf_maps.contains_key(&pid)
+            && let Some(map) = RequestedPerfMap::before_request(pid, inner_pid)
+        {
+            state.perf_maps.insert(pid, map);
+        }
         perfmap::request_from_hotspot(pid, Duration::from_secs(10));
         namer.set_jit(perfmap::read_for_process(pid, inner_pid));
     }

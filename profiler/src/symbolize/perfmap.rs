@@ -58,6 +58,57 @@ pub fn read_for_process(pid: u32, namespace_pid: u32) -> Vec<JitSymbol> {
     parse(&text)
 }
 
+/// A perf map memprobe is about to have a JVM write: if none was there
+/// before, memprobe made it and removes it once done with the process, in
+/// the `/tmp` of the process's root that it opened while the process lived
+/// (so a container's file goes too, even after the process exited; a link
+/// planted there is removed as a link, never followed).
+pub struct RequestedPerfMap {
+    tmp: std::fs::File,
+    name: std::ffi::CString,
+    made_by_us: bool,
+}
+
+impl RequestedPerfMap {
+    /// Notes, before the first request, whether the map exists.
+    pub fn before_request(pid: u32, namespace_pid: u32) -> Option<Self> {
+        let root = crate::proc::proc_path(pid, "root");
+        let tmp = crate::proc::rootfs::open_dir_in_root(&root, Path::new("/tmp")).ok()?;
+        let name = std::ffi::CString::new(format!("perf-{namespace_pid}.map")).ok()?;
+        // SAFETY: a zeroed stat is valid; fstatat writes into it.
+        let mut stat: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: a valid directory fd and NUL-terminated name.
+        let exists = unsafe {
+            libc::fstatat(
+                std::os::fd::AsRawFd::as_raw_fd(&tmp),
+                name.as_ptr(),
+                &mut stat,
+                libc::AT_SYMLINK_NOFOLLOW,
+            )
+        } == 0;
+        Some(Self {
+            tmp,
+            name,
+            made_by_us: !exists,
+        })
+    }
+
+    /// Removes the map if memprobe made it.
+    pub fn remove(self) {
+        if self.made_by_us {
+            // SAFETY: a valid directory fd and NUL-terminated name; unlinkat
+            // removes a symlink itself, never its target.
+            unsafe {
+                libc::unlinkat(
+                    std::os::fd::AsRawFd::as_raw_fd(&self.tmp),
+                    self.name.as_ptr(),
+                    0,
+                )
+            };
+        }
+    }
+}
+
 /// Asks a running HotSpot JVM to write its perf map (`jcmd PID
 /// Compiler.perfmap`), waiting at most `timeout`. False if it could not.
 pub fn request_from_hotspot(pid: u32, timeout: Duration) -> bool {

@@ -401,4 +401,28 @@ fn jit_compiled_java_frames_are_named() {
         "no named Java frame of HotAlloc.allocate:\n{folded}\n{stderr}"
     );
     assert!(folded.contains("Unsafe_AllocateMemory0"), "{folded}");
+    // The perf map memprobe asked for is gone from the host.
+    let perf_map = std::path::PathBuf::from(format!("/tmp/perf-{}.map", fixture.pid));
+    assert!(!perf_map.exists(), "{} left behind", perf_map.display());
+}
+
+/// A perf map that was there before memprobe asked for one is the JVM's
+/// own: it stays.
+#[test]
+fn a_jvms_own_perf_map_is_left_alone() {
+    let _guard = shared();
+    let out = output_dir("jvm_own_perfmap");
+    let mut command = java_command("HotAlloc");
+    command.env("LD_PRELOAD", "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2");
+    let mut fixture = Fixture::start_command(command);
+    let perf_map = std::path::PathBuf::from(format!("/tmp/perf-{}.map", fixture.pid));
+    let jcmd = Command::new(format!("{JAVA_HOME}/bin/jcmd"))
+        .arg(fixture.pid.to_string())
+        .arg("Compiler.perfmap")
+        .output()
+        .unwrap();
+    assert!(jcmd.status.success() && perf_map.exists());
+    profile_workload(&mut fixture, &out, &["--format", "heap,folded"]);
+    assert!(perf_map.exists(), "the JVM's own perf map was removed");
+    std::fs::remove_file(&perf_map).unwrap();
 }
