@@ -6,7 +6,7 @@ use clap::{ArgGroup, Parser, ValueEnum};
 use profiler::{
     collect::{CollectorOptions, sampling::DEFAULT_SAMPLE_INTERVAL},
     kernel::{KernelOptions, PlacementMode, ReturnProbes},
-    offline::report::Measure,
+    offline::{Binaries, report::Measure},
     output::Format,
     run::{GrowthTrigger, SessionOptions, Targets},
 };
@@ -174,9 +174,8 @@ pub enum Offline {
         /// Keep only sites whose oldest live allocation is older than DUR.
         #[arg(long, value_name = "DUR", value_parser = parse_duration)]
         min_age: Option<Duration>,
-        /// Look for the binaries under this folder (as jeprof's --lib_prefix).
-        #[arg(long, value_name = "DIR")]
-        lib_prefix: Option<PathBuf>,
+        #[command(flatten)]
+        binaries: BinariesArgs,
     },
     /// An SVG flame graph of the bytes in use of a .heap file (memprobe's or
     /// jemalloc's); with --base, a differential one: red grew, blue shrank.
@@ -191,9 +190,8 @@ pub enum Offline {
         /// Where to write the SVG.
         #[arg(long, short = 'o', value_name = "OUT.svg")]
         output: PathBuf,
-        /// Look for the binaries under this folder (as jeprof's --lib_prefix).
-        #[arg(long, value_name = "DIR")]
-        lib_prefix: Option<PathBuf>,
+        #[command(flatten)]
+        binaries: BinariesArgs,
     },
     /// The top functions of a .heap file (memprobe's, or jemalloc's own
     /// dumps) like `jeprof --text`, with the same numbers, without addr2line.
@@ -212,9 +210,8 @@ pub enum Offline {
         /// How many functions to list.
         #[arg(long, default_value_t = 30)]
         top: usize,
-        /// Look for the binaries under this folder (as jeprof's --lib_prefix).
-        #[arg(long, value_name = "DIR")]
-        lib_prefix: Option<PathBuf>,
+        #[command(flatten)]
+        binaries: BinariesArgs,
     },
     /// Convert a .heap file to pprof (symbolized .pb.gz) or folded stacks.
     #[command(
@@ -228,9 +225,8 @@ pub enum Offline {
         /// Where to write.
         #[arg(long, short = 'o', value_name = "OUT")]
         output: PathBuf,
-        /// Look for the binaries under this folder (as jeprof's --lib_prefix).
-        #[arg(long, value_name = "DIR")]
-        lib_prefix: Option<PathBuf>,
+        #[command(flatten)]
+        binaries: BinariesArgs,
     },
     /// Growth in bytes in use per site from OLD to NEW (memprobe's or
     /// jemalloc's own .heap files of one process).
@@ -238,9 +234,8 @@ pub enum Offline {
     Diff {
         old: PathBuf,
         new: PathBuf,
-        /// Look for the binaries under this folder (as jeprof's --lib_prefix).
-        #[arg(long, value_name = "DIR")]
-        lib_prefix: Option<PathBuf>,
+        #[command(flatten)]
+        binaries: BinariesArgs,
     },
 }
 
@@ -290,6 +285,28 @@ impl Cli {
                 self.format.clone()
             },
             ..SessionOptions::default()
+        }
+    }
+}
+
+/// Where offline commands find the profiled binaries and their debug files.
+#[derive(Debug, clap::Args)]
+pub struct BinariesArgs {
+    /// Look for the binaries under this folder (as jeprof's --lib_prefix).
+    #[arg(long, value_name = "DIR")]
+    lib_prefix: Option<PathBuf>,
+    /// Look for debug files here first, by build ID (DIR/.build-id/xx/rest.debug)
+    /// or by the binary's debuglink name (DIR/NAME), to name frames of stripped
+    /// binaries; /usr/lib/debug is searched too.
+    #[arg(long, value_name = "DIR")]
+    debug_dir: Option<PathBuf>,
+}
+
+impl From<BinariesArgs> for Binaries {
+    fn from(args: BinariesArgs) -> Self {
+        Binaries {
+            lib_prefix: args.lib_prefix,
+            debug_dir: args.debug_dir,
         }
     }
 }

@@ -49,30 +49,28 @@ fn offline(command: cli::Offline) -> anyhow::Result<ExitCode> {
             dir,
             pid,
             min_age,
-            lib_prefix,
+            binaries,
         } => offline::leaks(
             &dir,
             pid,
             &LeakOptions { min_age },
-            lib_prefix.as_deref(),
+            &binaries.into(),
             stdout,
         )?,
-        cli::Offline::Diff {
-            old,
-            new,
-            lib_prefix,
-        } => offline::diff_files(&old, &new, lib_prefix.as_deref(), stdout)?,
+        cli::Offline::Diff { old, new, binaries } => {
+            offline::diff_files(&old, &new, &binaries.into(), stdout)?
+        }
         cli::Offline::Report {
             file,
             base,
             measure,
             top,
-            lib_prefix,
+            binaries,
         } => offline::report(
             &file,
             base.as_deref(),
             measure.into(),
-            lib_prefix.as_deref(),
+            &binaries.into(),
             top,
             stdout,
         )?,
@@ -80,20 +78,20 @@ fn offline(command: cli::Offline) -> anyhow::Result<ExitCode> {
             file,
             to,
             output,
-            lib_prefix,
+            binaries,
         } => {
             let out = std::fs::File::create(&output)
                 .map(std::io::BufWriter::new)
                 .with_context(|| format!("creating {}", output.display()))?;
-            offline::convert(&file, to.into(), lib_prefix.as_deref(), out)
+            offline::convert(&file, to.into(), &binaries.into(), out)
                 .with_context(|| format!("converting to {}", output.display()))?;
         }
         cli::Offline::Flamegraph {
             file,
             base,
             output,
-            lib_prefix,
-        } => offline::flamegraph_file(&file, base.as_deref(), lib_prefix.as_deref(), &output)?,
+            binaries,
+        } => offline::flamegraph_file(&file, base.as_deref(), &binaries.into(), &output)?,
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -103,7 +101,9 @@ fn leak_summary(summary: &profiler::run::Summary) {
     for process in summary.processes.iter().filter(|p| p.heaps.len() >= 3) {
         let mut table = Vec::new();
         let options = profiler::offline::analysis::LeakOptions::default();
-        if profiler::offline::leaks_of(&process.heaps, &options, None, 3, &mut table).is_ok() {
+        if profiler::offline::leaks_of(&process.heaps, &options, &Default::default(), 3, &mut table)
+            .is_ok()
+        {
             eprintln!(
                 "memprobe: pid {} over {} snapshots:",
                 process.pid,

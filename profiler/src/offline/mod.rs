@@ -63,7 +63,7 @@ pub fn snapshots_by_pid(dir: &Path) -> Result<BTreeMap<u32, Vec<PathBuf>>> {
 pub fn leaks_of<W: Write>(
     files: &[PathBuf],
     options: &LeakOptions,
-    lib_prefix: Option<&Path>,
+    binaries: &Binaries,
     most: usize,
     out: W,
 ) -> Result<()> {
@@ -80,7 +80,7 @@ pub fn leaks_of<W: Write>(
         .last()
         .map(|s| s.symbols.clone())
         .unwrap_or_default();
-    let mut namer = Namer::new(maps, lib_prefix.map(Path::to_owned)).with_symbols(&symbols);
+    let mut namer = binaries.namer(maps).with_symbols(&symbols);
     write_leak_report(&sites, most, |f| namer.site(f, SITE_DEPTH), out).map_err(Error::Output)
 }
 
@@ -89,7 +89,7 @@ pub fn leaks<W: Write>(
     dir: &Path,
     pid: Option<u32>,
     options: &LeakOptions,
-    lib_prefix: Option<&Path>,
+    binaries: &Binaries,
     mut out: W,
 ) -> Result<()> {
     let runs = snapshots_by_pid(dir)?;
@@ -102,15 +102,35 @@ pub fn leaks<W: Write>(
     }
     for (pid, files) in runs {
         writeln!(out, "pid {pid}: {} snapshots", files.len()).map_err(Error::Output)?;
-        leaks_of(&files, options, lib_prefix, 20, &mut out)?;
+        leaks_of(&files, options, binaries, 20, &mut out)?;
         writeln!(out).map_err(Error::Output)?;
     }
     Ok(())
 }
 
 /// A namer for a parsed profile: its own symbols first, then its binaries.
-fn namer_for(heap: &ParsedHeap, lib_prefix: Option<&Path>) -> Namer {
-    Namer::new(&heap.mapped_libraries, lib_prefix.map(Path::to_owned)).with_symbols(&heap.symbols)
+/// Where an offline command looks for the binaries of a profile and for
+/// their debug files.
+#[derive(Clone, Debug, Default)]
+pub struct Binaries {
+    /// Look for the binaries under this folder instead of `/` (jeprof's
+    /// `--lib_prefix`).
+    pub lib_prefix: Option<PathBuf>,
+    /// Debug files here too: `.build-id/xx/rest.debug` by build ID, or by
+    /// the binary's debuglink name.
+    pub debug_dir: Option<PathBuf>,
+}
+
+impl Binaries {
+    fn namer(&self, mapped_libraries: &str) -> Namer {
+        Namer::new(mapped_libraries, self.lib_prefix.clone()).with_debug_dir(self.debug_dir.clone())
+    }
+}
+
+fn namer_for(heap: &ParsedHeap, binaries: &Binaries) -> Namer {
+    binaries
+        .namer(&heap.mapped_libraries)
+        .with_symbols(&heap.symbols)
 }
 
 /// `memprobe report FILE`: jeprof --text's table, computed here.
@@ -118,7 +138,7 @@ pub fn report<W: Write>(
     file: &Path,
     base: Option<&Path>,
     measure: crate::offline::report::Measure,
-    lib_prefix: Option<&Path>,
+    binaries: &Binaries,
     most: usize,
     out: W,
 ) -> Result<()> {
@@ -127,7 +147,7 @@ pub fn report<W: Write>(
         Some(base) => crate::offline::report::subtract(&heap, &read_heap(base)?),
         None => heap,
     };
-    let mut namer = namer_for(&heap, lib_prefix);
+    let mut namer = namer_for(&heap, binaries);
     let (rows, total) = crate::offline::report::rows(&heap, measure, |frames| namer.stack(frames));
     crate::offline::report::write(&rows, total, measure, most, out).map_err(Error::Output)
 }
@@ -136,7 +156,7 @@ pub fn report<W: Write>(
 pub fn convert<W: Write>(
     file: &Path,
     to: crate::output::Format,
-    lib_prefix: Option<&Path>,
+    binaries: &Binaries,
     out: W,
 ) -> Result<()> {
     use crate::{
@@ -144,7 +164,7 @@ pub fn convert<W: Write>(
         profile::HeapProfile,
     };
     let heap = read_heap(file)?;
-    let mut namer = namer_for(&heap, lib_prefix);
+    let mut namer = namer_for(&heap, binaries);
     let profile = HeapProfile {
         pid: 0,
         sample_interval: heap.sample_interval,
@@ -166,15 +186,10 @@ pub fn convert<W: Write>(
 }
 
 /// `memprobe diff OLD NEW`: growth per site, in text.
-pub fn diff_files<W: Write>(
-    old: &Path,
-    new: &Path,
-    lib_prefix: Option<&Path>,
-    out: W,
-) -> Result<()> {
+pub fn diff_files<W: Write>(old: &Path, new: &Path, binaries: &Binaries, out: W) -> Result<()> {
     let (before, after) = (read_heap(old)?, read_heap(new)?);
     let rows = diff(&before, &after);
-    let mut namer = namer_for(&after, lib_prefix);
+    let mut namer = namer_for(&after, binaries);
     write_diff(&rows, 30, |f| namer.site(f, SITE_DEPTH), out).map_err(Error::Output)
 }
 
@@ -201,11 +216,11 @@ fn folded_inuse(heap: &ParsedHeap, namer: &mut Namer) -> Vec<String> {
 pub fn flamegraph_file(
     file: &Path,
     base: Option<&Path>,
-    lib_prefix: Option<&Path>,
+    binaries: &Binaries,
     output: &Path,
 ) -> Result<()> {
     let after = read_heap(file)?;
-    let mut namer = namer_for(&after, lib_prefix);
+    let mut namer = namer_for(&after, binaries);
     let after_lines = folded_inuse(&after, &mut namer);
     let mut svg = Vec::new();
     let written = match base {

@@ -9,7 +9,11 @@ use std::{
 use flate2::{Compression, write::GzEncoder};
 use prost::Message;
 
-use crate::{proc::parse_maps, profile::HeapProfile, symbolize::Namer};
+use crate::{
+    proc::parse_maps,
+    profile::HeapProfile,
+    symbolize::{Frame, Namer},
+};
 
 #[derive(Clone, PartialEq, Message)]
 struct Profile {
@@ -231,19 +235,30 @@ impl Tables {
         if let Some(&id) = self.location_ids.get(&address) {
             return id;
         }
-        let line = namer
-            .frames(address)
-            .into_iter()
-            .map(|frame| Line {
-                function_id: self.function(frame.name(), frame.file().map(str::to_owned)),
-                line: frame.line().map_or(0, i64::from),
-            })
-            .collect();
-        let mapping_id = self
+        let frames = namer.frames(address);
+        let mapping = self
             .mappings
-            .iter()
-            .find(|m| address >= m.memory_start && address < m.memory_limit)
-            .map_or(0, |m| m.id);
+            .iter_mut()
+            .find(|m| address >= m.memory_start && address < m.memory_limit);
+        let mapping_id = mapping.as_ref().map_or(0, |m| m.id);
+        // Code nothing could name stays a mapping and an address, which
+        // `go tool pprof -symbolize` can name later from a debug file; its
+        // mapping then no longer claims to have all its functions.
+        let in_a_file = frames.iter().all(Frame::is_unknown) && mapping_id != 0;
+        if in_a_file && let Some(mapping) = mapping {
+            mapping.has_functions = false;
+        }
+        let line = if in_a_file {
+            Vec::new()
+        } else {
+            frames
+                .into_iter()
+                .map(|frame| Line {
+                    function_id: self.function(frame.name(), frame.file().map(str::to_owned)),
+                    line: frame.line().map_or(0, i64::from),
+                })
+                .collect()
+        };
         let id = self.locations.len() as u64 + 1;
         self.locations.push(Location {
             id,

@@ -28,8 +28,9 @@ pub struct DebugFile {
 
 impl DebugFile {
     /// Finds the debug file of `binary` (readable at `binary`, named `name`
-    /// in the process's root `root`). None when it has no separate one.
-    pub fn find(binary: &Path, name: &Path, root: &Path) -> Option<Self> {
+    /// in the process's root `root`), first in `extra_dir` (`--debug-dir`,
+    /// a folder the user named) if given. None when it has no separate one.
+    pub fn find(binary: &Path, name: &Path, root: &Path, extra_dir: Option<&Path>) -> Option<Self> {
         let file = File::open(binary).ok()?;
         // SAFETY: read-only private mapping of a file the target maps.
         let data = unsafe { Mmap::map(&file) }.ok()?;
@@ -41,9 +42,19 @@ impl DebugFile {
             .ok()
             .flatten()
             .map(|(name, crc)| (String::from_utf8_lossy(name).into_owned(), crc));
-        let found = build_id
-            .as_deref()
-            .and_then(|id| by_build_id(id, root))
+        let in_extra = extra_dir.and_then(|dir| {
+            let by_id = build_id.as_deref().and_then(|id| by_build_id(id, dir, ""));
+            by_id.or_else(|| {
+                let (link, crc) = debuglink.as_ref()?;
+                by_name_in(dir, link, *crc)
+            })
+        });
+        let found = in_extra
+            .or_else(|| {
+                build_id
+                    .as_deref()
+                    .and_then(|id| by_build_id(id, root, DEBUG_ROOT))
+            })
             .or_else(|| {
                 let (link, crc) = debuglink?;
                 by_debuglink(&link, crc, name, root)
@@ -65,17 +76,29 @@ impl DebugFile {
     }
 }
 
-fn by_build_id(id: &[u8], root: &Path) -> Option<File> {
+/// `<base>/.build-id/xx/rest.debug` inside `root`, checked by build ID.
+fn by_build_id(id: &[u8], root: &Path, base: &str) -> Option<File> {
     let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
     if hex.len() < 3 {
         return None;
     }
-    let path = format!("{DEBUG_ROOT}/.build-id/{}/{}.debug", &hex[..2], &hex[2..]);
+    let path = format!("{base}/.build-id/{}/{}.debug", &hex[..2], &hex[2..]);
     let file = open_in_root_following(root, Path::new(&path)).ok()?;
     // SAFETY: read-only private mapping.
     let data = unsafe { Mmap::map(&file) }.ok()?;
     let elf = object::File::parse(&data[..]).ok()?;
     (elf.build_id().ok().flatten() == Some(id)).then_some(file)
+}
+
+/// The debuglink name directly in `dir`, checked by CRC.
+fn by_name_in(dir: &Path, link: &str, crc: u32) -> Option<File> {
+    if link.is_empty() || link.contains('/') {
+        return None;
+    }
+    let file = open_in_root_following(dir, Path::new(link)).ok()?;
+    // SAFETY: read-only private mapping.
+    let data = unsafe { Mmap::map(&file) }.ok()?;
+    (crc32fast::hash(&data) == crc).then_some(file)
 }
 
 fn by_debuglink(link: &str, crc: u32, binary: &Path, root: &Path) -> Option<File> {

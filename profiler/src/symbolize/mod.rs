@@ -18,7 +18,9 @@ use crate::{
 
 /// What is at an address: a function (with the source line the address is
 /// at within it, where debug info says), or nothing anyone could name,
-/// which is data too: written as the address.
+/// which is data too: written as `file+0xOFFSET` (the file offset, as
+/// `perf` and pprof's mappings place code), or as the bare address outside
+/// mapped files.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Frame {
     Function {
@@ -26,7 +28,11 @@ pub enum Frame {
         file: Option<String>,
         line: Option<u32>,
     },
-    Unknown(u64),
+    Unknown {
+        address: u64,
+        /// The mapped file's name and the address's offset in it.
+        place: Option<(String, u64)>,
+    },
 }
 
 impl Frame {
@@ -43,29 +49,43 @@ impl Frame {
     fn from_written(name: &str) -> Self {
         name.strip_prefix("0x")
             .and_then(|hex| u64::from_str_radix(hex, 16).ok())
-            .map_or_else(|| Self::named(name.into()), Self::Unknown)
+            .map_or_else(
+                || Self::named(name.into()),
+                |address| Self::Unknown {
+                    address,
+                    place: None,
+                },
+            )
     }
 
     /// The name as written in every output.
     pub fn name(&self) -> String {
         match self {
             Self::Function { name, .. } => name.clone(),
-            Self::Unknown(address) => format!("{address:#x}"),
+            Self::Unknown {
+                place: Some((file, offset)),
+                ..
+            } => format!("{file}+{offset:#x}"),
+            Self::Unknown { address, .. } => format!("{address:#x}"),
         }
     }
 
     pub fn file(&self) -> Option<&str> {
         match self {
             Self::Function { file, .. } => file.as_deref(),
-            Self::Unknown(_) => None,
+            Self::Unknown { .. } => None,
         }
     }
 
     pub fn line(&self) -> Option<u32> {
         match self {
             Self::Function { line, .. } => *line,
-            Self::Unknown(_) => None,
+            Self::Unknown { .. } => None,
         }
+    }
+
+    pub fn is_unknown(&self) -> bool {
+        matches!(self, Self::Unknown { .. })
     }
 }
 
@@ -85,6 +105,8 @@ pub struct Namer {
     holds_jemalloc: HashMap<String, bool>,
     /// Per file: its separate debug file, if it has one.
     debug_files: HashMap<String, Option<DebugFile>>,
+    /// A folder of debug files to look in first (`--debug-dir`).
+    debug_dir: Option<PathBuf>,
 }
 
 impl Namer {
@@ -114,7 +136,14 @@ impl Namer {
             jit: Vec::new(),
             holds_jemalloc: HashMap::new(),
             debug_files: HashMap::new(),
+            debug_dir: None,
         }
+    }
+
+    /// Looks for debug files in `dir` first (`--debug-dir`).
+    pub fn with_debug_dir(mut self, dir: Option<PathBuf>) -> Self {
+        self.debug_dir = dir;
+        self
     }
 
     /// Names known beforehand (a self-symbolized profile's), keyed by the
@@ -143,9 +172,25 @@ impl Namer {
         }
         let frames = self
             .lookup(address)
-            .unwrap_or_else(|| vec![Frame::Unknown(address)]);
+            .unwrap_or_else(|| vec![self.unknown(address)]);
         self.cache.insert(address, frames.clone());
         frames
+    }
+
+    /// An address nothing names, placed in its mapped file if it has one.
+    fn unknown(&self, address: u64) -> Frame {
+        let place = self
+            .mappings
+            .iter()
+            .find(|m| m.range().contains(address))
+            .and_then(|m| {
+                let name = Path::new(m.path.as_deref()?).file_name()?;
+                Some((
+                    name.to_string_lossy().into_owned(),
+                    address - m.start + m.offset,
+                ))
+            });
+        Frame::Unknown { address, place }
     }
 
     /// Names JIT code from a perf map; forgets names made before.
@@ -180,10 +225,9 @@ impl Namer {
             (None, Some(prefix)) => prefix.clone(),
             (None, None) => PathBuf::from("/"),
         };
-        let debug = self
-            .debug_files
-            .entry(name.clone())
-            .or_insert_with(|| DebugFile::find(&path, Path::new(&name), &root));
+        let debug = self.debug_files.entry(name.clone()).or_insert_with(|| {
+            DebugFile::find(&path, Path::new(&name), &root, self.debug_dir.as_deref())
+        });
         if let Some(debug) = debug
             && let Some(address) = debug.address_of(offset)
             && let Some(names) =
@@ -300,13 +344,28 @@ mod tests {
             (0x3000, "outer--inner".to_owned()),
         ]);
         let mut namer = Namer::new("", None).with_symbols(&symbols);
-        assert_eq!(namer.frames(0x1000), vec![Frame::Unknown(0x1000)]);
-        assert_eq!(namer.frames(0x2000), vec![Frame::Unknown(0x2000)]);
+        let unknown = |address| Frame::Unknown {
+            address,
+            place: None,
+        };
+        assert_eq!(namer.frames(0x1000), vec![unknown(0x1000)]);
+        assert_eq!(namer.frames(0x2000), vec![unknown(0x2000)]);
         assert_eq!(namer.names(0x3000), vec!["inner", "outer"]);
         // Looked up at the call instruction: return address - 1.
         assert_eq!(
             namer.stack(&[0x1001, 0x3001]),
             vec!["0x1000", "inner", "outer"]
         );
+    }
+
+    #[test]
+    fn unknown_code_in_a_mapped_file_is_placed_by_file_offset() {
+        let maps = "7f0000000000-7f0000010000 r-xp 00001000 08:01 12  /nonexistent/libz.so.1\n";
+        let mut namer = Namer::new(maps, None);
+        let frame = &namer.frames(0x7f0000000200)[0];
+        assert!(frame.is_unknown());
+        assert_eq!(frame.name(), "libz.so.1+0x1200");
+        // Outside every mapping (JIT code without a perf map): the address.
+        assert_eq!(namer.frames(0x1000)[0].name(), "0x1000");
     }
 }

@@ -188,6 +188,43 @@ fn stripped_with_debuglink(dir: &std::path::Path) -> std::path::PathBuf {
     app
 }
 
+/// Without its debug file a stripped binary's frames are `app+0xOFFSET`
+/// (the file offset) in memprobe's outputs and a mapping and address in
+/// pprof's; `report --debug-dir` names them afterwards.
+#[test]
+fn unknown_frames_are_placed_by_file_offset_and_named_later() {
+    let _guard = shared();
+    let out = output_dir("unknown_frames");
+    let app = stripped_with_debuglink(&out);
+    let debug_dir = out.join("debug");
+    std::fs::create_dir_all(&debug_dir).unwrap();
+    std::fs::rename(out.join("app.debug"), debug_dir.join("app.debug")).unwrap();
+    let run = output_dir("unknown_frames_run");
+    let mut fixture = Fixture::start(&app, &[]);
+    let (heap, _) = profile_workload(&mut fixture, &run, &["--format", "heap,folded,pb.gz"]);
+    let folded = std::fs::read_to_string(heap.with_extension("folded")).unwrap();
+    assert!(folded.contains(";app+0x"), "{folded}");
+    assert!(!folded.contains("inner"), "{folded}");
+    // pprof keeps them as addresses in the app's mapping, which it shows
+    // as the file until a debug file names them.
+    let top = pprof_top(&heap.with_extension("pb.gz"), "inuse_space", &[]);
+    assert_within("[app]", pprof_flat(&top, "[app]"), 2000.0 * 4096.0, 0.1);
+    let heap_arg = heap.to_str().unwrap();
+    let (status, unnamed) = memprobe_stdout(&["report", heap_arg]);
+    assert!(status.success(), "{unnamed}");
+    assert!(unnamed.contains(" app+0x"), "{unnamed}");
+    let (status, named) = memprobe_stdout(&[
+        "report",
+        heap_arg,
+        "--debug-dir",
+        debug_dir.to_str().unwrap(),
+    ]);
+    assert!(status.success(), "{named}");
+    let rows = parse_jeprof_rows(&named);
+    assert_within("inner", row(&rows, "inner").flat * MIB, 2000.0 * 4096.0, 0.1);
+    assert!(!named.contains("app+0x"), "{named}");
+}
+
 /// A stripped binary named from its separate debug file: live, by the
 /// `.gnu_debuglink` next to it (its CRC checked); offline, by build ID
 /// under `/usr/lib/debug/.build-id` inside `--lib-prefix`.
