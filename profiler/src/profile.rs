@@ -29,6 +29,10 @@ pub struct HeapProfile {
     /// `key: value` facts about the run (drops, reason for the dump), written
     /// where each format keeps comments.
     pub notes: Vec<(String, String)>,
+    /// Names of JIT-compiled code in the stacks (a JVM's perf map is gone by
+    /// the time anyone reads the profile), keyed by the address as looked
+    /// up (return address - 1).
+    pub jit_symbols: Vec<(u64, String)>,
 }
 
 impl HeapProfile {

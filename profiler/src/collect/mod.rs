@@ -252,6 +252,7 @@ impl ProcessHeap {
             }
         }
         HeapProfile {
+            jit_symbols: Vec::new(),
             pid: self.pid,
             sample_interval: self.sample_interval,
             stacks: self

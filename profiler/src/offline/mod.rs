@@ -171,6 +171,7 @@ pub fn convert<W: Write>(
         stacks: heap.stacks.clone(),
         mapped_libraries: heap.mapped_libraries.clone(),
         notes: heap.notes.clone().into_iter().collect(),
+        jit_symbols: Vec::new(),
     };
     let written = match to {
         Format::Pprof => pprof::write(&profile, &mut namer, out),

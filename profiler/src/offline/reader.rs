@@ -134,6 +134,17 @@ pub fn parse(text: &str) -> Result<ParsedHeap, ParseError> {
                 (stack.inuse_objects, stack.inuse_bytes) = jeprof_decode(n1, s1, sample_interval);
                 (stack.alloc_objects, stack.alloc_bytes) = jeprof_decode(n2, s2, sample_interval);
             }
+        } else if let Some(jit) = line
+            .strip_prefix("# ")
+            .and_then(|l| l.strip_prefix(crate::output::heap_v2::JIT_SYMBOL))
+        {
+            // "# jit_symbol 0xADDRESS name": names memprobe had for JIT code.
+            let mut parts = jit.trim().splitn(2, ' ');
+            if let (Some(address), Some(name)) = (parts.next(), parts.next())
+                && let Ok(address) = u64::from_str_radix(address.trim_start_matches("0x"), 16)
+            {
+                heap.symbols.insert(address, name.to_owned());
+            }
         } else if let Some(note) = line.strip_prefix("# ") {
             let Some((key, value)) = note.split_once(": ") else {
                 continue;

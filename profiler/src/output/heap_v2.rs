@@ -7,6 +7,9 @@ use std::io::{self, Write};
 
 use crate::{collect::sampling::jeprof_encode, profile::HeapProfile};
 
+/// The comment lines naming JIT code: `# jit_symbol 0xADDRESS name`.
+pub const JIT_SYMBOL: &str = "jit_symbol";
+
 /// Writes `profile` in `heap_v2` format.
 pub fn write<W: Write>(profile: &HeapProfile, mut out: W) -> io::Result<()> {
     let interval = profile.sample_interval;
@@ -39,6 +42,9 @@ pub fn write<W: Write>(profile: &HeapProfile, mut out: W) -> io::Result<()> {
     // jeprof skips lines it does not know; these carry what it cannot.
     for (key, value) in &profile.notes {
         writeln!(out, "# {key}: {value}")?;
+    }
+    for (address, name) in &profile.jit_symbols {
+        writeln!(out, "# {JIT_SYMBOL} 0x{address:x} {name}")?;
     }
     for (stack, inuse, alloc) in encoded {
         write!(out, "@")?;
@@ -95,8 +101,24 @@ mod tests {
         );
     }
 
+    /// JIT names travel in comment lines jeprof skips, and come back as
+    /// the profile's symbols.
+    #[test]
+    fn jit_names_are_written_and_read_back() {
+        let mut profile = example();
+        profile.jit_symbols = vec![(0x7f00deadbeef, "void HotAlloc.run(int)".into())];
+        let mut text = Vec::new();
+        write(&profile, &mut text).unwrap();
+        let text = String::from_utf8(text).unwrap();
+        assert!(text.contains("# jit_symbol 0x7f00deadbeef void HotAlloc.run(int)\n"));
+        let parsed = crate::offline::reader::parse(&text).unwrap();
+        assert_eq!(parsed.symbols[&0x7f00deadbeef], "void HotAlloc.run(int)");
+        assert!(!parsed.notes.keys().any(|k| k.contains("jit")));
+    }
+
     fn example() -> HeapProfile {
         HeapProfile {
+            jit_symbols: Vec::new(),
             pid: 42,
             sample_interval: 524_288,
             stacks: vec![

@@ -297,6 +297,7 @@ mod tests {
     #[test]
     fn decodes_back_with_four_sample_types_and_names() {
         let profile = HeapProfile {
+            jit_symbols: Vec::new(),
             pid: 1,
             sample_interval: 4096,
             stacks: vec![StackEstimate {

@@ -168,7 +168,7 @@ fn write(output: &OutputDir, state: &mut WriterState, job: Job) -> Done {
     let Job {
         pid,
         seq,
-        profile,
+        mut profile,
         formats,
         jvm_perfmap,
         announce,
@@ -190,6 +190,8 @@ fn write(output: &OutputDir, state: &mut WriterState, job: Job) -> Done {
         }
         perfmap::request_from_hotspot(pid, Duration::from_secs(10));
         namer.set_jit(perfmap::read_for_process(pid, inner_pid));
+        let addresses = profile.stacks.iter().flat_map(|s| &s.frames);
+        profile.jit_symbols = namer.jit_names(addresses.map(|f| f.saturating_sub(1)));
     }
     let mut files = Vec::new();
     for format in formats {

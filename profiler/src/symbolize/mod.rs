@@ -193,6 +193,25 @@ impl Namer {
         Frame::Unknown { address, place }
     }
 
+    /// The names of the JIT code among `addresses` (as looked up), to keep
+    /// with the profile.
+    pub fn jit_names(&self, addresses: impl Iterator<Item = u64>) -> Vec<(u64, String)> {
+        let mut names: Vec<(u64, String)> = addresses
+            .filter(|&a| !self.mappings.iter().any(|m| m.range().contains(a)))
+            .filter_map(|a| {
+                Some((
+                    a,
+                    crate::symbolize::perfmap::lookup(&self.jit, a)?
+                        .name
+                        .clone(),
+                ))
+            })
+            .collect();
+        names.sort();
+        names.dedup();
+        names
+    }
+
     /// Names JIT code from a perf map; forgets names made before.
     pub fn set_jit(&mut self, symbols: Vec<crate::symbolize::perfmap::JitSymbol>) {
         self.jit = symbols;

@@ -401,6 +401,11 @@ fn jit_compiled_java_frames_are_named() {
         "no named Java frame of HotAlloc.allocate:\n{folded}\n{stderr}"
     );
     assert!(folded.contains("Unsafe_AllocateMemory0"), "{folded}");
+    // The names travel in the .heap: its plain report names the Java frames
+    // with the perf map gone.
+    let (status, report) = memprobe_stdout(&["report", heap.to_str().unwrap(), "--top", "200"]);
+    assert!(status.success(), "{report}");
+    assert!(report.contains("HotAlloc.allocate"), "{report}");
     // The perf map memprobe asked for is gone from the host.
     let perf_map = std::path::PathBuf::from(format!("/tmp/perf-{}.map", fixture.pid));
     assert!(!perf_map.exists(), "{} left behind", perf_map.display());

@@ -221,7 +221,12 @@ fn unknown_frames_are_placed_by_file_offset_and_named_later() {
     ]);
     assert!(status.success(), "{named}");
     let rows = parse_jeprof_rows(&named);
-    assert_within("inner", row(&rows, "inner").flat * MIB, 2000.0 * 4096.0, 0.1);
+    assert_within(
+        "inner",
+        row(&rows, "inner").flat * MIB,
+        2000.0 * 4096.0,
+        0.1,
+    );
     assert!(!named.contains("app+0x"), "{named}");
 }
 
