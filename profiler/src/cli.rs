@@ -121,6 +121,13 @@ pub struct Cli {
     #[arg(long, value_name = "FORMATS", value_delimiter = ',', value_parser = parse_format)]
     pub format: Vec<Format>,
 
+    /// Look for debug files here first, by build ID (DIR/.build-id/xx/rest.debug)
+    /// or by debuglink name (DIR/NAME): a stripped binary with jemalloc linked
+    /// in is probed through its debug file's symbols, and frames are named
+    /// from it. /usr/lib/debug inside each process's root is searched too.
+    #[arg(long, value_name = "DIR")]
+    pub debug_dir: Option<PathBuf>,
+
     /// Do not ask JVMs for a perf map (jcmd PID Compiler.perfmap) before
     /// each snapshot; JIT-compiled Java frames then stay unnamed.
     #[arg(long)]
@@ -279,6 +286,7 @@ impl Cli {
             dump_on_growth: self.dump_on_growth,
             min_dump_gap: self.min_dump_gap,
             java_perfmap: !self.no_java_perfmap,
+            debug_dir: self.debug_dir.clone(),
             formats: if self.format.is_empty() {
                 Format::ALL.to_vec()
             } else {

@@ -19,6 +19,29 @@ pub struct Function {
     pub file_offset: u64,
 }
 
+/// Adds the defined function symbols of `file` (`.dynsym`, then `.symtab`)
+/// that `segments` place in the file; the first of a name wins.
+fn add_functions(
+    functions: &mut HashMap<String, Function>,
+    segments: &[Segment],
+    file: &object::File<'_>,
+) {
+    let to_offset = |address: u64| segments.iter().find_map(|s| s.offset_of(address));
+    for symbol in file.dynamic_symbols().chain(file.symbols()) {
+        if symbol.kind() != SymbolKind::Text || symbol.is_undefined() || symbol.address() == 0 {
+            continue;
+        }
+        let (Ok(name), Some(file_offset)) = (symbol.name(), to_offset(symbol.address())) else {
+            continue;
+        };
+        functions.entry(name.to_owned()).or_insert(Function {
+            address: symbol.address(),
+            size: symbol.size(),
+            file_offset,
+        });
+    }
+}
+
 /// A loadable segment: where its bytes are in the file and in memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Segment {
@@ -73,21 +96,8 @@ impl FunctionSymbols {
     pub fn parse(data: &[u8]) -> Result<Self, String> {
         let file = object::File::parse(data).map_err(|e| e.to_string())?;
         let segments = Segment::all(&file);
-        let to_offset = |address: u64| segments.iter().find_map(|s| s.offset_of(address));
         let mut functions = HashMap::new();
-        for symbol in file.dynamic_symbols().chain(file.symbols()) {
-            if symbol.kind() != SymbolKind::Text || symbol.is_undefined() || symbol.address() == 0 {
-                continue;
-            }
-            let (Ok(name), Some(file_offset)) = (symbol.name(), to_offset(symbol.address())) else {
-                continue;
-            };
-            functions.entry(name.to_owned()).or_insert(Function {
-                address: symbol.address(),
-                size: symbol.size(),
-                file_offset,
-            });
-        }
+        add_functions(&mut functions, &segments, &file);
         let plt_ranges = file
             .sections()
             .filter(|s| matches!(s.name(), Ok(".plt" | ".plt.sec" | ".plt.got")))
@@ -118,6 +128,19 @@ impl FunctionSymbols {
             got_symbols,
             has_symbol_table,
         })
+    }
+
+    /// Takes the function symbols of the file's separate debug file (its
+    /// `.symtab`, which a stripped file lacks), placed by this file's
+    /// segments: the debug file's own hold no code.
+    pub fn adopt_debug_symbols(&mut self, debug_data: &[u8]) -> Result<(), String> {
+        let debug = object::File::parse(debug_data).map_err(|e| e.to_string())?;
+        let before = self.functions.len();
+        add_functions(&mut self.functions, &self.segments, &debug);
+        if self.functions.len() > before {
+            self.has_symbol_table = true;
+        }
+        Ok(())
     }
 
     pub fn function(&self, name: &str) -> Option<Function> {

@@ -18,6 +18,7 @@ use crate::{
     discover::placement::Placement,
     error::{Error, Result},
     proc::{FileId, Mapping, proc_path},
+    symbolize::debug_files::DebugFile,
 };
 
 /// A copy of jemalloc inside one file.
@@ -63,19 +64,33 @@ pub struct Found {
 /// What each file holds, read once per file.
 pub struct AllocatorCache {
     files: HashMap<FileId, FileFacts>,
+    /// Debug files here too, for stripped files (`--debug-dir`).
+    debug_dir: Option<PathBuf>,
 }
 
 impl AllocatorCache {
+    pub fn new(debug_dir: Option<PathBuf>) -> Self {
+        Self {
+            files: HashMap::new(),
+            debug_dir,
+        }
+    }
+
     /// Every jemalloc copy mapped in `pid`, per its `maps`.
     pub fn find(&mut self, pid: u32, maps: &[Mapping]) -> Vec<Found> {
         executable_files(maps)
             .into_iter()
             .filter_map(|mapping| {
                 let open_path = map_file(pid, &mapping);
+                let debug = DebugLookup {
+                    name: Path::new(mapping.path.as_deref().unwrap_or_default()),
+                    root: proc_path(pid, "root"),
+                    extra_dir: self.debug_dir.as_deref(),
+                };
                 let facts = self
                     .files
                     .entry(mapping.file)
-                    .or_insert_with(|| read_facts(&open_path));
+                    .or_insert_with(|| read_facts(&open_path, &debug));
                 let allocator = facts.allocator.clone()?;
                 Some(Found {
                     file: mapping.file,
@@ -118,7 +133,10 @@ impl AllocatorCache {
         {
             return format!(
                 "{} contains jemalloc but exports none of its entry points (stripped, or \
-                 built with hidden symbols); profile a build that keeps its symbol table",
+                 built with hidden symbols) and no debug file of it was found: install its debug \
+                 file (by build ID under /usr/lib/debug/.build-id, or by its debuglink name next \
+                 to it), give its folder with --debug-dir, or profile a build that keeps its \
+                 symbol table",
                 name(hidden)
             );
         }
@@ -168,17 +186,36 @@ fn executable_files(maps: &[Mapping]) -> Vec<Mapping> {
         .collect()
 }
 
-fn read_facts(path: &Path) -> FileFacts {
+/// Where a stripped file's debug file is looked for.
+struct DebugLookup<'a> {
+    /// The file as the process names it.
+    name: &'a Path,
+    /// The process's root: debug files are looked up inside it.
+    root: PathBuf,
+    /// `--debug-dir`.
+    extra_dir: Option<&'a Path>,
+}
+
+fn read_facts(path: &Path, debug: &DebugLookup<'_>) -> FileFacts {
     let Ok(data) = std::fs::read(path) else {
         return FileFacts::default();
     };
     let mentions_jemalloc = memchr::memmem::find(&data, b"<jemalloc>").is_some();
-    let Ok(symbols) = FunctionSymbols::parse(&data) else {
+    let Ok(mut symbols) = FunctionSymbols::parse(&data) else {
         return FileFacts {
             mentions_jemalloc,
             ..FileFacts::default()
         };
     };
+    // A stripped file with jemalloc linked in: its debug file has the names.
+    if mentions_jemalloc
+        && !symbols.has_symbol_table
+        && find_entry_points(&symbols).is_none()
+        && let Some(debug_file) = DebugFile::find(path, debug.name, &debug.root, debug.extra_dir)
+        && let Ok(debug_data) = debug_file.read()
+    {
+        let _ = symbols.adopt_debug_symbols(&debug_data);
+    }
     FileFacts {
         allocator: find_entry_points(&symbols).map(|(prefix, entry_points)| {
             let (mut entry_points, wrappers) = split_wrappers(&symbols, &data, entry_points);
@@ -249,8 +286,13 @@ fn place_probe(symbols: &FunctionSymbols, data: &[u8], entry: &EntryPoint) -> Pl
 }
 
 /// jemalloc copies in a file that is not mapped yet (launch mode).
-pub fn allocator_in_file(path: &Path) -> Option<Arc<Allocator>> {
-    read_facts(path).allocator
+pub fn allocator_in_file(path: &Path, debug_dir: Option<&Path>) -> Option<Arc<Allocator>> {
+    let debug = DebugLookup {
+        name: path,
+        root: PathBuf::from("/"),
+        extra_dir: debug_dir,
+    };
+    read_facts(path, &debug).allocator
 }
 
 #[cfg(test)]
@@ -260,7 +302,11 @@ mod tests {
     #[test]
     fn wrappers_of_debians_libjemalloc_are_not_probed() {
         let path = Path::new("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2");
-        let allocator = read_facts(path).allocator.expect("jemalloc found");
+        if !path.exists() {
+            eprintln!("skipped: {} is not installed", path.display());
+            return;
+        }
+        let allocator = allocator_in_file(path, None).expect("jemalloc found");
         let wrappers: HashMap<&str, &str> = allocator
             .wrappers
             .iter()

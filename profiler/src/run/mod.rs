@@ -88,7 +88,7 @@ struct LaunchedCommand {
 pub async fn run(options: SessionOptions, status: &mut dyn Write) -> Result<Summary> {
     features::require_root()?;
     features::require_kernel_support()?;
-    let mut cache = AllocatorCache::default();
+    let mut cache = AllocatorCache::new(options.debug_dir.clone());
     let checked = check_targets(&options.targets, &mut cache)?;
     let output = OutputDir::new(&options.output_dir);
     output.prepare()?;
@@ -96,7 +96,7 @@ pub async fn run(options: SessionOptions, status: &mut dyn Write) -> Result<Summ
     let probes = KernelProbes::load(&options.kernel, options.sample_interval)?;
     let (exits, exit_rx) = mpsc::unbounded_channel();
     let mut session = Session {
-        writer: SnapshotWriter::start(output.clone()),
+        writer: SnapshotWriter::start(output.clone(), options.debug_dir.clone()),
         output,
         options,
         status,
@@ -184,7 +184,9 @@ impl Session<'_> {
                     t.command = launch::command_name(&command[0]);
                 }
                 for file in &predicted {
-                    let Some(allocator) = allocator_in_file(&file.path) else {
+                    let Some(allocator) =
+                        allocator_in_file(&file.path, self.options.debug_dir.as_deref())
+                    else {
                         continue;
                     };
                     let path = file.path.to_string_lossy().into_owned();

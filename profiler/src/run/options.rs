@@ -49,6 +49,11 @@ pub struct SessionOptions {
     pub min_dump_gap: Duration,
     /// The files each snapshot is written as. Default: all formats.
     pub formats: Vec<Format>,
+    /// A folder of debug files to look in first (by build ID or debuglink
+    /// name), for stripped binaries: to find their allocator's entry points
+    /// and to name their frames. Default: none (`/usr/lib/debug` in each
+    /// process's root is always searched).
+    pub debug_dir: Option<PathBuf>,
     /// Ask JVMs for a perf map (`jcmd PID Compiler.perfmap`) before each
     /// snapshot, to name JIT-compiled Java frames. Default: yes.
     pub java_perfmap: bool,
@@ -88,6 +93,7 @@ impl Default for SessionOptions {
             min_dump_gap: Duration::from_secs(10),
             formats: Format::ALL.to_vec(),
             java_perfmap: true,
+            debug_dir: None,
         }
     }
 }

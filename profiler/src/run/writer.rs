@@ -66,13 +66,17 @@ pub(super) struct SnapshotWriter {
 }
 
 impl SnapshotWriter {
-    pub fn start(output: OutputDir) -> Self {
+    /// Starts the thread; namers also look for debug files in `debug_dir`.
+    pub fn start(output: OutputDir, debug_dir: Option<PathBuf>) -> Self {
         let (jobs, job_rx) = mpsc::channel::<Job>();
         let (done_tx, done) = mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("memprobe-writer".into())
             .spawn(move || {
-                let mut state = WriterState::default();
+                let mut state = WriterState {
+                    debug_dir,
+                    ..WriterState::default()
+                };
                 for job in job_rx {
                     let (pid, last) = (job.pid, job.last);
                     let done = write(&output, &mut state, job);
@@ -145,6 +149,8 @@ struct WriterState {
     namers: HashMap<u32, (String, Namer)>,
     /// JVMs' perf maps, to remove where memprobe made them.
     perf_maps: HashMap<u32, RequestedPerfMap>,
+    /// `--debug-dir`.
+    debug_dir: Option<PathBuf>,
 }
 
 impl WriterState {
@@ -178,7 +184,8 @@ fn write(output: &OutputDir, state: &mut WriterState, job: Job) -> Done {
     let symbolized = formats.iter().any(|f| *f != Format::Heap);
     let namers = &mut state.namers;
     if symbolized && namers.get(&pid).is_none_or(|(known, _)| known != maps) {
-        namers.insert(pid, (maps.clone(), Namer::for_process(pid, maps)));
+        let namer = Namer::for_process(pid, maps).with_debug_dir(state.debug_dir.clone());
+        namers.insert(pid, (maps.clone(), namer));
     }
     let mut namer = namers.get_mut(&pid).map(|(_, n)| n);
     // A JVM's JIT code is anonymous memory: its names come from HotSpot.

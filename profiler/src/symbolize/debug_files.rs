@@ -65,6 +65,16 @@ impl DebugFile {
         })
     }
 
+    /// The debug file's bytes.
+    pub fn read(&self) -> std::io::Result<Vec<u8>> {
+        use std::io::{Read, Seek};
+        let mut file = &self.file;
+        file.rewind()?;
+        let mut data = Vec::new();
+        file.read_to_end(&mut data)?;
+        Ok(data)
+    }
+
     /// The path blazesym opens.
     pub fn path(&self) -> PathBuf {
         PathBuf::from(format!("/proc/self/fd/{}", self.file.as_raw_fd()))

@@ -322,7 +322,7 @@ impl Namer {
         *self
             .holds_jemalloc
             .entry(path.clone())
-            .or_insert_with(|| allocator_in_file(Path::new(&path)).is_some())
+            .or_insert_with(|| allocator_in_file(Path::new(&path), None).is_some())
     }
 }
 

@@ -154,7 +154,8 @@ fn stripped_static_jemalloc_is_named_not_attached() {
         status,
         &[
             "sites_static_stripped contains jemalloc but exports none of its entry points",
-            "symbol table",
+            "no debug file",
+            "--debug-dir",
         ],
     );
 }

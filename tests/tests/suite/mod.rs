@@ -7,4 +7,5 @@ mod outputs;
 mod over_time;
 mod overhead;
 mod stacks;
+mod stripped;
 mod trends;
