@@ -72,6 +72,13 @@ fn interval_snapshots_show_each_trend() {
         };
         assert_eq!(notes["reason"], expected, "{}", heap.display());
     }
+    // The summary names the folder and counts the files by format.
+    let n = heaps.len();
+    let written = format!(
+        "wrote {n} snapshots to {} ({n} heap, {n} pb.gz, {n} folded, {n} svg, {n} sym.heap)",
+        run.out.display()
+    );
+    assert!(stderr.contains(&written), "{written}\n{stderr}");
     eprintln!("(leak, working set, burst) MiB per snapshot: {series:?}");
     let last = series.last().unwrap();
     // The leak grows from snapshot to snapshot and ends near 15 MiB.
