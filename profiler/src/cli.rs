@@ -8,7 +8,7 @@ use profiler::{
     kernel::{KernelOptions, PlacementMode, ReturnProbes},
     offline::{Binaries, report::Measure},
     output::Format,
-    run::{GrowthTrigger, SessionOptions, Targets},
+    run::{GrowthTrigger, Retention, SessionOptions, Targets},
 };
 
 const EXAMPLES: &str = "\
@@ -29,6 +29,10 @@ Examples:
 
   Every process that uses jemalloc, including those started during the run:
     sudo memprobe --all --duration 5m
+
+  As a host agent that Parca, Pyroscope (through Alloy) or Prometheus scrape:
+    sudo memprobe --all --listen 127.0.0.1:6060 --keep 10
+    go tool pprof -top 'http://127.0.0.1:6060/debug/pprof/heap?pid=1234'
 
   Read the result with the jeprof you know:
     jeprof --text /path/to/binary memprobe.1234.0.heap
@@ -120,6 +124,25 @@ pub struct Cli {
     /// with the symbols inside: needs no binary). Default: all of them.
     #[arg(long, value_name = "FORMATS", value_delimiter = ',', value_parser = parse_format)]
     pub format: Vec<Format>,
+
+    /// Keep at most N snapshots per process on disk, removing the oldest
+    /// (never the newest); counted in the summary.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub keep: Option<u64>,
+
+    /// Keep at most SIZE of snapshot files per process (e.g. 500MiB),
+    /// removing the oldest snapshots first, never the newest.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub max_disk: Option<u64>,
+
+    /// Serve, while the run goes on, GET /debug/pprof/heap?pid=PID[&seconds=N]
+    /// (gzipped pprof, as Go serves heap profiles), /debug/pprof/ (the
+    /// profiled processes; ?format=json) and /metrics (Prometheus) on this
+    /// address only, e.g. 127.0.0.1:6060. Profiles show a program's
+    /// structure: keep the address on loopback or behind an authenticating
+    /// proxy.
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub listen: Option<std::net::SocketAddr>,
 
     /// Look for debug files here first, by build ID (DIR/.build-id/xx/rest.debug)
     /// or by debuglink name (DIR/NAME): a stripped binary with jemalloc linked
@@ -287,6 +310,11 @@ impl Cli {
             min_dump_gap: self.min_dump_gap,
             java_perfmap: !self.no_java_perfmap,
             debug_dir: self.debug_dir.clone(),
+            listen: self.listen,
+            retention: Retention {
+                keep: self.keep.map(|n| n as usize),
+                max_disk: self.max_disk,
+            },
             formats: if self.format.is_empty() {
                 Format::ALL.to_vec()
             } else {

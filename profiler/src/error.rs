@@ -104,6 +104,16 @@ pub enum Error {
         cause: io::Error,
     },
 
+    #[error(
+        "cannot listen on {address}: give a free address and port you may bind, such as \
+         127.0.0.1:6060"
+    )]
+    Listen {
+        address: std::net::SocketAddr,
+        #[source]
+        cause: io::Error,
+    },
+
     #[error("{what} failed")]
     Events {
         what: &'static str,

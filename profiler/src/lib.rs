@@ -6,8 +6,9 @@
 //! where to probe them, [`kernel`] loads and attaches the eBPF programs and
 //! decodes their events, [`stacks`] unwinds sampled stacks, [`collect`]
 //! keeps live samples and per-stack estimates, [`symbolize`] names frames,
-//! [`output`] writes profiles, and [`run`] ties them together. [`offline`]
-//! reads written profiles back (report, diff, leaks, convert).
+//! [`output`] writes profiles, and [`run`] ties them together; [`serve`]
+//! answers scrapers while a run goes on (`--listen`). [`offline`] reads
+//! written profiles back (report, diff, leaks, convert).
 pub mod collect;
 pub(crate) mod discover;
 mod error;
@@ -17,6 +18,7 @@ pub mod output;
 pub(crate) mod proc;
 pub(crate) mod profile;
 pub mod run;
+pub(crate) mod serve;
 pub(crate) mod stacks;
 pub(crate) mod symbolize;
 pub(crate) mod units;

@@ -775,3 +775,46 @@ pub fn start_in_container(files: &[&Path], dir: &Path) -> (Fixture, PathBuf) {
     fixture.pid = host_pid_of(&executable);
     (fixture, executable)
 }
+
+/// `GET path` from `address` over plain HTTP/1.1; the status code and body.
+pub fn http_get(address: &str, path: &str) -> (u16, String) {
+    use std::io::Read;
+    let mut stream = std::net::TcpStream::connect(address).expect("connecting");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).unwrap();
+    let text = String::from_utf8_lossy(&response).into_owned();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+impl Memprobe {
+    /// The `ADDR:PORT` memprobe said it serves on (`--listen`).
+    pub fn listening_on(&self) -> String {
+        for _ in 0..100 {
+            if let Some(address) = self.stderr_text().lines().find_map(|l| {
+                let rest = l.strip_prefix("memprobe: serving http://")?;
+                Some(rest.split('/').next()?.to_owned())
+            }) {
+                return address;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("memprobe said nowhere it serves:\n{}", self.stderr_text());
+    }
+}

@@ -7,7 +7,8 @@ use crate::run_command;
 
 /// Debian packages: jemalloc (library, headers, jeprof, static archive),
 /// binutils for jeprof and strip, C and C++ compilers, Go (go tool pprof) and a JDK for the
-/// fixtures, util-linux for setpriv and unshare.
+/// fixtures, util-linux for setpriv and unshare, prometheus (and promtool) for
+/// the metrics endpoint.
 const PACKAGES: &[&str] = &[
     "libjemalloc2",
     "libjemalloc-dev",
@@ -20,6 +21,7 @@ const PACKAGES: &[&str] = &[
     "libc6-dev",
     "openjdk-17-jdk-headless",
     "perl",
+    "prometheus",
     "util-linux",
 ];
 

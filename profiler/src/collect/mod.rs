@@ -217,6 +217,11 @@ impl ProcessHeap {
         self.stacks.iter().map(|s| s.inuse_bytes).sum()
     }
 
+    /// Estimated bytes allocated since the probes were attached.
+    pub fn alloc_bytes(&self) -> f64 {
+        self.stacks.iter().map(|s| s.alloc_bytes).sum()
+    }
+
     pub fn live_samples(&self) -> usize {
         self.live.len()
     }

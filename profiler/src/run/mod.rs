@@ -7,6 +7,8 @@ mod growth;
 pub mod launch;
 mod options;
 mod process;
+mod publish;
+mod retention;
 mod snapshot;
 mod status;
 mod writer;
@@ -16,6 +18,7 @@ use std::{
     io::Write,
     os::fd::{FromRawFd, OwnedFd},
     process::ExitStatus,
+    sync::{Arc, Mutex},
     time::Instant,
 };
 
@@ -27,6 +30,7 @@ use tokio::{
 };
 
 pub use options::{GrowthTrigger, SessionOptions, Targets};
+pub use retention::Retention;
 pub use status::{ProcessSummary, Summary, summary_lines};
 
 use crate::{
@@ -39,6 +43,7 @@ use crate::{
         cost::CostModel, launch::PredictedFile, process::Tracked, snapshot::SnapshotKind,
         writer::SnapshotWriter,
     },
+    serve::{Endpoints, Published, SnapshotRequest},
 };
 
 /// Why the run stopped.
@@ -67,6 +72,9 @@ struct Session<'a> {
     /// Whether the run was announced: attach failures after that are
     /// warnings.
     announced: bool,
+    /// What `--listen`'s endpoints show, and their requests for profiles.
+    published: Option<Arc<Mutex<Published>>>,
+    snapshot_requests: Option<mpsc::Receiver<SnapshotRequest>>,
 }
 
 /// The targets as checked before anything is loaded.
@@ -90,6 +98,8 @@ pub async fn run(options: SessionOptions, status: &mut dyn Write) -> Result<Summ
     features::require_kernel_support()?;
     let mut cache = AllocatorCache::new(options.debug_dir.clone());
     let checked = check_targets(&options.targets, &mut cache)?;
+    // Bound before anything is attached: a bad address undoes nothing.
+    let endpoints = options.listen.map(Endpoints::bind).transpose()?;
     let output = OutputDir::new(&options.output_dir);
     output.prepare()?;
     output.remove_stale_temporaries();
@@ -108,8 +118,13 @@ pub async fn run(options: SessionOptions, status: &mut dyn Write) -> Result<Summ
         exits,
         started: Instant::now(),
         announced: false,
+        published: None,
+        snapshot_requests: None,
     };
     let mut launched = session.attach_targets(checked)?;
+    if let Some(endpoints) = endpoints {
+        session.serve(endpoints);
+    }
     session.announce();
     session.started = Instant::now();
     // SAFETY: the ring buffer owns its fd and keeps it open while it lives,
@@ -257,6 +272,10 @@ impl Session<'_> {
                         return Ok((Stop::AllExited, None));
                     }
                 }
+                Some(request) = next_request(&mut self.snapshot_requests) => {
+                    self.drain(ring.get_mut());
+                    self.answer(request);
+                }
                 _ = ticker.tick() => {
                     self.drain(ring.get_mut());
                     self.tick(&mut ticks, &mut last_hits)?;
@@ -270,6 +289,7 @@ impl Session<'_> {
     fn tick(&mut self, ticks: &mut u64, last_hits: &mut Vec<u64>) -> Result<()> {
         self.rescan()?;
         self.check_growth();
+        self.publish();
         self.record_written()?;
         *ticks += 1;
         if self.options.verbose && ticks.is_multiple_of(10) {
@@ -326,7 +346,12 @@ impl Session<'_> {
             let _ = writeln!(status, "memprobe: detached; writing the last snapshots");
         }
         for done in writer.finish() {
-            snapshot::record(done, &mut tracked, status, options.progress)?;
+            snapshot::record(
+                done,
+                &mut tracked,
+                status,
+                (options.progress, options.retention),
+            )?;
         }
         if let Some(launched) = launched {
             exit_status = Some(wait_for_command(launched, &stop, exit_status, status).await);
@@ -443,6 +468,15 @@ async fn wait_launched(launched: Option<&mut LaunchedCommand>) -> std::io::Resul
         Some(receiver) => receiver
             .await
             .unwrap_or_else(|_| Err(std::io::Error::other("lost the launched command"))),
+        None => std::future::pending().await,
+    }
+}
+
+async fn next_request(
+    requests: &mut Option<mpsc::Receiver<SnapshotRequest>>,
+) -> Option<SnapshotRequest> {
+    match requests {
+        Some(requests) => requests.recv().await,
         None => std::future::pending().await,
     }
 }

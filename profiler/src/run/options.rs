@@ -49,6 +49,12 @@ pub struct SessionOptions {
     pub min_dump_gap: Duration,
     /// The files each snapshot is written as. Default: all formats.
     pub formats: Vec<Format>,
+    /// Snapshots kept per process on disk (`--keep`, `--max-disk`).
+    /// Default: all.
+    pub retention: crate::run::Retention,
+    /// Serve `/debug/pprof/` and `/metrics` here while the run goes on.
+    /// Default: nowhere.
+    pub listen: Option<std::net::SocketAddr>,
     /// A folder of debug files to look in first (by build ID or debuglink
     /// name), for stripped binaries: to find their allocator's entry points
     /// and to name their frames. Default: none (`/usr/lib/debug` in each
@@ -94,6 +100,8 @@ impl Default for SessionOptions {
             formats: Format::ALL.to_vec(),
             java_perfmap: true,
             debug_dir: None,
+            listen: None,
+            retention: crate::run::Retention::default(),
         }
     }
 }

@@ -5,7 +5,7 @@ use crate::{
     collect::{CollectorOptions, ProcessHeap},
     kernel::events::Event,
     proc::{AddressRange, FileId, command_name, namespace_pid, parse_maps},
-    run::growth::GrowthWindow,
+    run::{growth::GrowthWindow, retention::KeptSnapshots},
     stacks::ProcessStacks,
 };
 
@@ -34,6 +34,8 @@ pub(super) struct Tracked {
     pub snapshots: u64,
     pub skipped_snapshots: u64,
     pub growth: GrowthWindow,
+    /// Snapshots on disk, for `--keep` and `--max-disk`.
+    pub kept: KeptSnapshots,
 }
 
 impl Tracked {
@@ -53,6 +55,7 @@ impl Tracked {
             snapshots: 0,
             skipped_snapshots: 0,
             growth: GrowthWindow::default(),
+            kept: KeptSnapshots::default(),
         };
         tracked.set_maps(Some(maps));
         tracked

@@ -9,6 +9,7 @@ use crate::{
     run::{
         Session,
         process::Tracked,
+        retention::Retention,
         writer::{Announce, Done, Job},
     },
 };
@@ -118,9 +119,9 @@ impl Session<'_> {
 
     /// Records the snapshots the writer finished since the last look.
     pub(super) fn record_written(&mut self) -> Result<()> {
-        let progress = self.options.progress;
+        let options = (self.options.progress, self.options.retention);
         for done in self.writer.finished() {
-            record(done, &mut self.tracked, self.status, progress)?;
+            record(done, &mut self.tracked, self.status, options)?;
         }
         Ok(())
     }
@@ -132,8 +133,9 @@ pub(super) fn record(
     done: Done,
     tracked: &mut BTreeMap<u32, Tracked>,
     status: &mut dyn Write,
-    progress: bool,
+    options: (bool, Retention),
 ) -> Result<()> {
+    let (progress, retention) = options;
     let files = done.files?;
     let Some(t) = tracked.get_mut(&done.pid) else {
         return Ok(());
@@ -144,6 +146,11 @@ pub(super) fn record(
         }
         t.files.push(path.clone());
     }
+    let removed = t
+        .kept
+        .add(files.iter().map(|(_, p)| p.clone()).collect(), retention);
+    t.files.retain(|f| !removed.contains(f));
+    t.heaps.retain(|f| !removed.contains(f));
     let Some((_, first)) = files.first() else {
         return Ok(());
     };

@@ -30,6 +30,8 @@ pub struct ProcessSummary {
     /// `--interval` snapshots skipped while earlier ones were still to be
     /// written.
     pub skipped_snapshots: u64,
+    /// Old snapshots removed for `--keep` or `--max-disk`.
+    pub removed_snapshots: u64,
 }
 
 impl ProcessSummary {
@@ -45,6 +47,7 @@ impl ProcessSummary {
             drops: t.heap.drops,
             exited: t.exited,
             skipped_snapshots: t.skipped_snapshots,
+            removed_snapshots: t.kept.removed,
         }
     }
 }
@@ -183,7 +186,7 @@ impl Session<'_> {
 
 /// "wrote 6 snapshots to DIR (6 heap, 6 pb.gz, ...)": the folder and a
 /// count per format; `--verbose` lists the files.
-fn files_written(files: &[PathBuf], dir: &std::path::Path) -> String {
+fn files_written(files: &[PathBuf], dir: &std::path::Path, removed: u64) -> String {
     let mut per_format: Vec<(String, usize)> = Vec::new();
     for file in files {
         let name = file.file_name().unwrap_or_default().to_string_lossy();
@@ -196,8 +199,13 @@ fn files_written(files: &[PathBuf], dir: &std::path::Path) -> String {
     }
     let snapshots = per_format.iter().map(|(_, n)| *n).max().unwrap_or(0);
     let counts: Vec<String> = per_format.iter().map(|(e, n)| format!("{n} {e}")).collect();
+    let removed = match removed {
+        0 => String::new(),
+        n => format!("; removed {n} older ones (--keep, --max-disk)"),
+    };
     format!(
-        "wrote {snapshots} snapshot{} to {} ({})",
+        "wrote {} snapshot{} to {} ({}){removed}",
+        snapshots,
         if snapshots == 1 { "" } else { "s" },
         dir.display(),
         counts.join(", ")
@@ -257,7 +265,7 @@ pub fn summary_lines(summary: &Summary) -> Vec<String> {
                 0 => String::new(),
                 n => format!(", {n} interval snapshots skipped while earlier ones were written"),
             },
-            files_written(&p.files, &summary.output_dir)
+            files_written(&p.files, &summary.output_dir, p.removed_snapshots)
         ));
         if summary.verbose {
             lines.extend(
@@ -303,7 +311,7 @@ mod tests {
             })
             .collect();
         assert_eq!(
-            files_written(&files, std::path::Path::new("/o")),
+            files_written(&files, std::path::Path::new("/o"), 0),
             "wrote 2 snapshots to /o (2 heap, 2 pb.gz, 2 sym.heap)"
         );
     }

@@ -194,3 +194,27 @@ fn launching_a_command_that_does_not_exist() {
         ],
     );
 }
+
+#[test]
+fn listening_where_it_cannot_bind() {
+    let _guard = shared();
+    let fixture = Fixture::start(&sites_fixture(), &[]);
+    let pid = fixture.pid.to_string();
+    // An address of no interface here: nothing is attached.
+    let (status, stderr) = run_memprobe(
+        &[
+            "--pid",
+            &pid,
+            "--duration",
+            "1s",
+            "--listen",
+            "192.0.2.1:6060",
+        ],
+        &[],
+    );
+    assert_one_line_error(
+        &stderr,
+        status,
+        &["cannot listen on 192.0.2.1:6060", "127.0.0.1"],
+    );
+}

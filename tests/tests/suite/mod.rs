@@ -1,3 +1,4 @@
+mod endpoints;
 mod errors;
 mod heap_profile;
 mod intake;

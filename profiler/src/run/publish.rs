@@ -1,0 +1,95 @@
+//! The figures the endpoints show (`--listen`), published once a tick, and
+//! the profiles they ask for, answered from the loop with a copy.
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+};
+
+use tokio::sync::mpsc;
+
+use crate::{
+    kernel::Scope,
+    run::{Session, cost::CostModel},
+    serve::{Endpoints, MAX_IN_FLIGHT, ProcessStatus, Published, RunHandle, SnapshotRequest},
+};
+
+impl Session<'_> {
+    /// Starts serving the endpoints from this run.
+    pub(super) fn serve(&mut self, endpoints: Endpoints) {
+        let published = Arc::new(Mutex::new(Published::default()));
+        let (snapshots, requests) = mpsc::channel(MAX_IN_FLIGHT);
+        if let Some(address) = endpoints.local_addr() {
+            let _ = writeln!(
+                self.status,
+                "memprobe: serving http://{address}/debug/pprof/ and /metrics"
+            );
+        }
+        endpoints.serve(RunHandle {
+            published: published.clone(),
+            snapshots,
+        });
+        self.published = Some(published);
+        self.snapshot_requests = Some(requests);
+        self.publish();
+    }
+
+    /// Refreshes what the endpoints show. Cheap: sums, no profile copies.
+    pub(super) fn publish(&mut self) {
+        let Some(published) = &self.published else {
+            return;
+        };
+        let hits = self.probes.probe_hits();
+        let mut per_pid: HashMap<u32, (u64, f64, Vec<String>)> = HashMap::new();
+        let mut system_wide_hits = 0;
+        let costs = CostModel::default();
+        for (probe, &hits) in self.probes.attached.iter().zip(&hits) {
+            match probe.scope {
+                Scope::Process(pid) => {
+                    let entry = per_pid.entry(pid).or_default();
+                    entry.0 += hits;
+                    entry.1 += costs.per_hit(probe).as_secs_f64() * hits as f64;
+                    if !entry.2.contains(&probe.path) {
+                        entry.2.push(probe.path.clone());
+                    }
+                }
+                Scope::AllProcesses => system_wide_hits += hits,
+            }
+        }
+        let processes = self
+            .tracked
+            .values()
+            .map(|t| {
+                let (probe_hits, added_seconds, allocators) =
+                    per_pid.remove(&t.pid).unwrap_or_default();
+                let d = t.heap.drops;
+                ProcessStatus {
+                    pid: t.pid,
+                    command: t.command.clone(),
+                    allocators,
+                    inuse_bytes: t.heap.inuse_bytes(),
+                    allocated_bytes: t.heap.alloc_bytes(),
+                    samples: t.heap.samples,
+                    dropped_samples: d.live_table_full + d.untracked_in_kernel + d.stack_table_full,
+                    probe_hits,
+                    added_seconds,
+                    exited: t.exited,
+                }
+            })
+            .collect();
+        if let Ok(mut published) = published.lock() {
+            *published = Published {
+                processes,
+                system_wide_hits,
+            };
+        }
+    }
+
+    /// A profile an endpoint asked for: the current estimates, copied.
+    pub(super) fn answer(&mut self, request: SnapshotRequest) {
+        let profile = self
+            .tracked
+            .get(&request.pid)
+            .map(|t| t.heap.snapshot(t.maps.clone()));
+        let _ = request.reply.send(profile);
+    }
+}

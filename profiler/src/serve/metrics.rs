@@ -1,0 +1,141 @@
+//! `GET /metrics`: Prometheus' text exposition, one series per profiled
+//! process (labels `pid`, `comm`), and memprobe's own resident memory.
+use std::fmt::Write as _;
+
+use axum::{extract::State, http::header, response::IntoResponse, response::Response};
+
+use super::{AppState, Published};
+
+pub(super) async fn metrics(State(state): State<AppState>) -> Response {
+    let _permit = match state.admit() {
+        Ok(permit) => permit,
+        Err(refused) => return refused.into_response(),
+    };
+    let text = {
+        let published = state.run.published.lock();
+        match published {
+            Ok(published) => exposition(&published, own_resident_bytes()),
+            Err(_) => String::new(),
+        }
+    };
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
+}
+
+/// The metrics of one process, by name, type and help text.
+const PER_PROCESS: [(&str, &str, &str); 6] = [
+    (
+        "memprobe_inuse_bytes",
+        "gauge",
+        "Estimated bytes the process has allocated and not freed.",
+    ),
+    (
+        "memprobe_allocated_bytes_total",
+        "counter",
+        "Estimated bytes the process allocated since memprobe attached.",
+    ),
+    (
+        "memprobe_samples_total",
+        "counter",
+        "Allocations memprobe sampled in the process.",
+    ),
+    (
+        "memprobe_dropped_samples_total",
+        "counter",
+        "Samples lost to a full table; estimates are short by them.",
+    ),
+    (
+        "memprobe_probe_hits_total",
+        "counter",
+        "Allocator calls that trapped into memprobe's probes.",
+    ),
+    (
+        "memprobe_added_seconds_total",
+        "counter",
+        "Time memprobe's probes added to the process, from per-hit costs.",
+    ),
+];
+
+fn exposition(published: &Published, resident_bytes: Option<u64>) -> String {
+    let mut text = String::new();
+    for (index, (name, kind, help)) in PER_PROCESS.iter().enumerate() {
+        let _ = writeln!(text, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for p in &published.processes {
+            let value = match index {
+                0 => p.inuse_bytes,
+                1 => p.allocated_bytes,
+                2 => p.samples as f64,
+                3 => p.dropped_samples as f64,
+                4 => p.probe_hits as f64,
+                _ => p.added_seconds,
+            };
+            let _ = writeln!(
+                text,
+                "{name}{{pid=\"{}\",comm=\"{}\"}} {}",
+                p.pid,
+                label_value(&p.command),
+                value.max(0.0).round()
+            );
+        }
+    }
+    let _ = writeln!(
+        text,
+        "# HELP memprobe_system_wide_probe_hits_total Calls that trapped into system-wide \
+         probes (--all), of any process.\n# TYPE memprobe_system_wide_probe_hits_total counter\n\
+         memprobe_system_wide_probe_hits_total {}",
+        published.system_wide_hits
+    );
+    if let Some(bytes) = resident_bytes {
+        let _ = writeln!(
+            text,
+            "# HELP process_resident_memory_bytes Resident memory of memprobe itself.\n\
+             # TYPE process_resident_memory_bytes gauge\nprocess_resident_memory_bytes {bytes}"
+        );
+    }
+    text
+}
+
+/// A label value with `\`, `"` and newlines escaped, as the format asks.
+fn label_value(text: &str) -> String {
+    text.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+fn own_resident_bytes() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    Some(pages * page.max(1) as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::serve::ProcessStatus;
+
+    #[test]
+    fn one_series_per_process_with_escaped_labels() {
+        let published = Published {
+            processes: vec![ProcessStatus {
+                pid: 42,
+                command: "we\"ird".into(),
+                inuse_bytes: 1024.4,
+                samples: 3,
+                ..ProcessStatus::default()
+            }],
+            system_wide_hits: 0,
+        };
+        let text = exposition(&published, Some(4096));
+        assert!(text.contains("memprobe_inuse_bytes{pid=\"42\",comm=\"we\\\"ird\"} 1024\n"));
+        assert!(text.contains("# TYPE memprobe_samples_total counter\n"));
+        assert!(text.contains("process_resident_memory_bytes 4096\n"));
+    }
+}

@@ -1,0 +1,171 @@
+//! `--listen ADDR:PORT`: what continuous-profiling systems and Prometheus
+//! scrape, in their own conventions: Go's `/debug/pprof/heap` (gzipped
+//! pprof), an index of the profiled processes, and `/metrics`.
+//!
+//! Requests never hold up the event intake: the run publishes each
+//! process's figures once a tick, a profile is a copy of the estimates the
+//! loop hands over on request, and naming and encoding run on blocking
+//! threads. At most [`MAX_IN_FLIGHT`] requests are served at once; more get
+//! a 503. Bad queries get a 4xx with a one-line reason.
+mod index;
+mod metrics;
+mod pprof;
+
+use std::{
+    net::SocketAddr,
+    sync::{Arc, Mutex},
+};
+
+use axum::{
+    Router,
+    http::{StatusCode, header},
+    response::{IntoResponse, Response},
+    routing::get,
+};
+use serde::Serialize;
+use tokio::sync::{Semaphore, mpsc, oneshot};
+
+use crate::{
+    error::{Error, Result},
+    profile::HeapProfile,
+};
+
+/// Requests served at once; more are refused with 503.
+pub const MAX_IN_FLIGHT: usize = 8;
+
+/// Longest `?seconds=` a delta profile may take.
+pub const MAX_DELTA_SECONDS: u64 = 3600;
+
+/// One profiled process as the endpoints show it.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ProcessStatus {
+    pub pid: u32,
+    pub command: String,
+    /// The allocator files probed for it.
+    pub allocators: Vec<String>,
+    pub inuse_bytes: f64,
+    pub allocated_bytes: f64,
+    pub samples: u64,
+    pub dropped_samples: u64,
+    pub probe_hits: u64,
+    /// Time the probes added to the process, estimated from per-hit costs.
+    pub added_seconds: f64,
+    pub exited: bool,
+}
+
+/// What the run publishes once a tick.
+#[derive(Debug, Default)]
+pub struct Published {
+    pub processes: Vec<ProcessStatus>,
+    /// Probe hits of system-wide probes (`--all`), not of one process.
+    pub system_wide_hits: u64,
+}
+
+/// A profile asked of the run: the current estimates of `pid`.
+pub struct SnapshotRequest {
+    pub pid: u32,
+    pub reply: oneshot::Sender<Option<HeapProfile>>,
+}
+
+/// The endpoints' side of the run.
+#[derive(Clone)]
+pub struct RunHandle {
+    pub published: Arc<Mutex<Published>>,
+    pub snapshots: mpsc::Sender<SnapshotRequest>,
+}
+
+/// A bound listener, made before anything is attached so that a bad
+/// address is an error with nothing to undo.
+pub struct Endpoints {
+    listener: tokio::net::TcpListener,
+}
+
+#[derive(Clone)]
+struct AppState {
+    run: RunHandle,
+    in_flight: Arc<Semaphore>,
+}
+
+impl Endpoints {
+    pub fn bind(address: SocketAddr) -> Result<Self> {
+        let bind_error = |cause| Error::Listen { address, cause };
+        let listener = std::net::TcpListener::bind(address).map_err(bind_error)?;
+        listener.set_nonblocking(true).map_err(bind_error)?;
+        let listener = tokio::net::TcpListener::from_std(listener).map_err(bind_error)?;
+        Ok(Self { listener })
+    }
+
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.listener.local_addr().ok()
+    }
+
+    /// Serves until the run ends (the task is dropped with the runtime).
+    pub fn serve(self, run: RunHandle) {
+        let state = AppState {
+            run,
+            in_flight: Arc::new(Semaphore::new(MAX_IN_FLIGHT)),
+        };
+        let router = Router::new()
+            .route("/debug/pprof/heap", get(pprof::heap))
+            .route("/debug/pprof/", get(index::index))
+            .route("/debug/pprof", get(index::index))
+            .route("/metrics", get(metrics::metrics))
+            .fallback(not_found)
+            .with_state(state);
+        tokio::spawn(async move {
+            let _ = axum::serve(self.listener, router).await;
+        });
+    }
+}
+
+async fn not_found() -> Response {
+    refuse(
+        StatusCode::NOT_FOUND,
+        "no such endpoint: try /debug/pprof/, /debug/pprof/heap or /metrics",
+    )
+    .into_response()
+}
+
+/// A 4xx or 5xx with a one-line reason.
+struct Refusal {
+    status: StatusCode,
+    reason: String,
+}
+
+fn refuse(status: StatusCode, reason: &str) -> Refusal {
+    Refusal {
+        status,
+        reason: reason.to_owned(),
+    }
+}
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        (
+            self.status,
+            [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+            format!("{}\n", self.reason),
+        )
+            .into_response()
+    }
+}
+
+impl AppState {
+    /// A slot among [`MAX_IN_FLIGHT`], or the 503 to answer with.
+    fn admit(&self) -> std::result::Result<tokio::sync::OwnedSemaphorePermit, Refusal> {
+        self.in_flight.clone().try_acquire_owned().map_err(|_| {
+            refuse(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "too many requests in flight: retry shortly",
+            )
+        })
+    }
+
+    fn processes(&self) -> Vec<ProcessStatus> {
+        self.run
+            .published
+            .lock()
+            .map(|p| p.processes.clone())
+            .unwrap_or_default()
+    }
+}

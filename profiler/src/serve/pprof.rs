@@ -1,0 +1,209 @@
+//! `GET /debug/pprof/heap?pid=PID[&seconds=N]`, as Go's `net/http/pprof`
+//! serves heap profiles: gzipped pprof with alloc_objects, alloc_space,
+//! inuse_objects and inuse_space; with `seconds`, the difference over the
+//! next N seconds.
+use std::{collections::HashMap, time::Duration};
+
+use axum::{
+    extract::{Query, State},
+    http::{StatusCode, header},
+    response::{IntoResponse, Response},
+};
+use tokio::sync::oneshot;
+
+use super::{AppState, MAX_DELTA_SECONDS, Refusal, SnapshotRequest, refuse};
+use crate::{
+    output,
+    profile::{HeapProfile, StackEstimate},
+    symbolize::Namer,
+};
+
+pub(super) async fn heap(
+    State(state): State<AppState>,
+    Query(query): Query<HashMap<String, String>>,
+) -> Response {
+    let _permit = match state.admit() {
+        Ok(permit) => permit,
+        Err(refused) => return refused.into_response(),
+    };
+    match profile_of(&state, &query).await {
+        Ok(bytes) => (
+            [
+                (header::CONTENT_TYPE, "application/octet-stream"),
+                (header::CONTENT_DISPOSITION, "attachment; filename=\"heap\""),
+            ],
+            bytes,
+        )
+            .into_response(),
+        Err(refused) => refused.into_response(),
+    }
+}
+
+async fn profile_of(state: &AppState, query: &HashMap<String, String>) -> Result<Vec<u8>, Refusal> {
+    if let Some(unknown) = query
+        .keys()
+        .find(|k| !matches!(k.as_str(), "pid" | "seconds" | "gc"))
+    {
+        let reason = format!("unknown parameter '{unknown}': use pid and seconds");
+        return Err(refuse(StatusCode::BAD_REQUEST, &reason));
+    }
+    let pid = pid_of(state, query.get("pid"))?;
+    let seconds = match query.get("seconds") {
+        None => None,
+        Some(text) => Some(
+            text.parse::<u64>()
+                .ok()
+                .filter(|s| (1..=MAX_DELTA_SECONDS).contains(s))
+                .ok_or_else(|| {
+                    let reason = format!("seconds must be 1 to {MAX_DELTA_SECONDS}, not '{text}'");
+                    refuse(StatusCode::BAD_REQUEST, &reason)
+                })?,
+        ),
+    };
+    let mut profile = snapshot(state, pid).await?;
+    if let Some(seconds) = seconds {
+        tokio::time::sleep(Duration::from_secs(seconds)).await;
+        let after = snapshot(state, pid).await?;
+        profile = delta(&profile, after, seconds);
+    }
+    let encoded = tokio::task::spawn_blocking(move || {
+        let mut namer = Namer::for_process(pid, &profile.mapped_libraries);
+        let mut bytes = Vec::new();
+        output::pprof::write(&profile, &mut namer, &mut bytes).map(|()| bytes)
+    })
+    .await;
+    match encoded {
+        Ok(Ok(bytes)) => Ok(bytes),
+        _ => Err(refuse(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "encoding the profile failed",
+        )),
+    }
+}
+
+/// The pid asked for; may be left out when one process is profiled.
+fn pid_of(state: &AppState, pid: Option<&String>) -> Result<u32, Refusal> {
+    let processes = state.processes();
+    let Some(text) = pid else {
+        return match processes.as_slice() {
+            [only] => Ok(only.pid),
+            _ => {
+                let reason = format!(
+                    "{} processes are profiled: say which with ?pid= (see /debug/pprof/)",
+                    processes.len()
+                );
+                Err(refuse(StatusCode::BAD_REQUEST, &reason))
+            }
+        };
+    };
+    let pid: u32 = text.parse().map_err(|_| {
+        refuse(
+            StatusCode::BAD_REQUEST,
+            &format!("pid must be a number, not '{text}'"),
+        )
+    })?;
+    if !processes.iter().any(|p| p.pid == pid) {
+        let reason = format!("pid {pid} is not profiled (see /debug/pprof/)");
+        return Err(refuse(StatusCode::NOT_FOUND, &reason));
+    }
+    Ok(pid)
+}
+
+/// The run's current estimates of `pid`.
+async fn snapshot(state: &AppState, pid: u32) -> Result<HeapProfile, Refusal> {
+    let (reply, answer) = oneshot::channel();
+    let gone = || {
+        let reason = format!("pid {pid} is no longer profiled");
+        refuse(StatusCode::NOT_FOUND, &reason)
+    };
+    let unavailable = || refuse(StatusCode::SERVICE_UNAVAILABLE, "the run is ending");
+    state
+        .run
+        .snapshots
+        .send(SnapshotRequest { pid, reply })
+        .await
+        .map_err(|_| unavailable())?;
+    answer.await.map_err(|_| unavailable())?.ok_or_else(gone)
+}
+
+/// `after` less `before`, per identical stack: what changed in between.
+fn delta(before: &HeapProfile, mut after: HeapProfile, seconds: u64) -> HeapProfile {
+    let mut earlier: HashMap<&[u64], &StackEstimate> = before
+        .stacks
+        .iter()
+        .map(|s| (s.frames.as_slice(), s))
+        .collect();
+    for stack in &mut after.stacks {
+        if let Some(old) = earlier.remove(stack.frames.as_slice()) {
+            stack.inuse_objects -= old.inuse_objects;
+            stack.inuse_bytes -= old.inuse_bytes;
+            stack.alloc_objects -= old.alloc_objects;
+            stack.alloc_bytes -= old.alloc_bytes;
+        }
+    }
+    // Stacks gone since: all of theirs was freed.
+    after
+        .stacks
+        .extend(earlier.into_values().map(|old| StackEstimate {
+            frames: old.frames.clone(),
+            inuse_objects: -old.inuse_objects,
+            inuse_bytes: -old.inuse_bytes,
+            alloc_objects: 0.0,
+            alloc_bytes: 0.0,
+            oldest_live_s: None,
+        }));
+    after.stacks.retain(|s| {
+        s.inuse_objects != 0.0
+            || s.inuse_bytes != 0.0
+            || s.alloc_objects != 0.0
+            || s.alloc_bytes != 0.0
+    });
+    after
+        .notes
+        .push(("delta_seconds".into(), seconds.to_string()));
+    after
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stack(frames: &[u64], inuse: f64, alloc: f64) -> StackEstimate {
+        StackEstimate {
+            frames: frames.to_vec(),
+            inuse_objects: inuse,
+            inuse_bytes: inuse * 64.0,
+            alloc_objects: alloc,
+            alloc_bytes: alloc * 64.0,
+            oldest_live_s: None,
+        }
+    }
+
+    #[test]
+    fn delta_is_the_change_per_stack() {
+        let before = HeapProfile {
+            stacks: vec![stack(&[1, 2], 10.0, 10.0), stack(&[3], 5.0, 5.0)],
+            ..HeapProfile::default()
+        };
+        let after = HeapProfile {
+            stacks: vec![stack(&[1, 2], 12.0, 20.0), stack(&[4], 1.0, 1.0)],
+            ..HeapProfile::default()
+        };
+        let change = delta(&before, after, 30);
+        let of = |frames: &[u64]| change.stacks.iter().find(|s| s.frames == frames).unwrap();
+        assert_eq!(
+            (of(&[1, 2]).inuse_objects, of(&[1, 2]).alloc_objects),
+            (2.0, 10.0)
+        );
+        assert_eq!(
+            (of(&[3]).inuse_objects, of(&[3]).alloc_objects),
+            (-5.0, 0.0)
+        );
+        assert_eq!(of(&[4]).inuse_objects, 1.0);
+        assert!(
+            change
+                .notes
+                .contains(&("delta_seconds".into(), "30".into()))
+        );
+    }
+}

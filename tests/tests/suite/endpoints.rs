@@ -1,0 +1,271 @@
+//! `--listen`: the pprof endpoint read by `go tool pprof` over HTTP, the
+//! index, metrics checked by promtool and scraped by a real Prometheus,
+//! one-line 4xx for bad queries, and `--keep` bounding the disk.
+use std::{
+    io::Write,
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use tests::*;
+
+/// memprobe on the sites fixture, serving on a free loopback port.
+fn serving(out: &std::path::Path, extra: &[&str]) -> (Fixture, Memprobe, String) {
+    let fixture = Fixture::start(&sites_fixture(), &[]);
+    let mut args = vec!["--sample-interval", "4096", "--listen", "127.0.0.1:0"];
+    args.extend_from_slice(extra);
+    let memprobe = Memprobe::attach(&fixture, out, &args);
+    let address = memprobe.listening_on();
+    (fixture, memprobe, address)
+}
+
+#[test]
+fn go_tool_pprof_reads_the_heap_endpoint_and_its_delta() {
+    let _guard = shared();
+    let out = output_dir("endpoint_pprof");
+    let (mut fixture, memprobe, address) = serving(&out, &[]);
+    // A 3 s delta taken across the workload holds its allocations.
+    let delta_url = format!("http://{address}/debug/pprof/heap?seconds=3");
+    let delta = std::thread::spawn(move || pprof_url_top(&delta_url, "inuse_space"));
+    std::thread::sleep(Duration::from_millis(500));
+    fixture.run_workload();
+    let delta = delta.join().unwrap();
+    assert_within(
+        "delta keep_1m",
+        pprof_flat(&delta, "keep_1m"),
+        16.0 * MIB,
+        0.1,
+    );
+    // The whole profile, with the pid given and left out (one process).
+    for url in [
+        format!("http://{address}/debug/pprof/heap"),
+        format!("http://{address}/debug/pprof/heap?pid={}", fixture.pid),
+    ] {
+        let top = pprof_url_top(&url, "inuse_space");
+        assert_within("keep_4k", pprof_flat(&top, "keep_4k"), 2000.0 * 4096.0, 0.1);
+        let objects = pprof_url_top(&url, "inuse_objects");
+        assert_within(
+            "keep_1m objects",
+            pprof_flat(&objects, "keep_1m"),
+            16.0,
+            0.1,
+        );
+    }
+    memprobe.stop();
+}
+
+/// `go tool pprof -top` of a profile fetched over HTTP.
+fn pprof_url_top(url: &str, sample_type: &str) -> String {
+    let out = Command::new("go")
+        .args(["tool", "pprof", "-top"])
+        .arg(format!("-sample_index={sample_type}"))
+        .arg(url)
+        .env("PPROF_TMPDIR", std::env::temp_dir())
+        .output()
+        .expect("running go tool pprof");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{url}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
+
+#[test]
+fn index_lists_the_processes_and_bad_queries_get_one_line_4xx() {
+    let _guard = shared();
+    let out = output_dir("endpoint_index");
+    let (mut fixture, memprobe, address) = serving(&out, &[]);
+    fixture.run_workload();
+    let pid = fixture.pid;
+    let (status, json) = http_get(&address, "/debug/pprof/?format=json");
+    assert_eq!(status, 200, "{json}");
+    assert!(json.contains(&format!("\"pid\":{pid}")), "{json}");
+    assert!(json.contains("\"command\":\"sites\""), "{json}");
+    assert!(json.contains("libjemalloc.so.2"), "{json}");
+    let (status, html) = http_get(&address, "/debug/pprof/");
+    assert_eq!(status, 200);
+    assert!(html.contains(&format!("heap?pid={pid}")), "{html}");
+    for (path, expected) in [
+        ("/debug/pprof/heap?pid=abc", 400),
+        ("/debug/pprof/heap?pid=999999999", 404),
+        ("/debug/pprof/heap?seconds=0", 400),
+        ("/debug/pprof/heap?seconds=soon", 400),
+        ("/debug/pprof/heap?what=1", 400),
+        ("/debug/pprof/?format=xml", 400),
+        ("/nowhere", 404),
+    ] {
+        let (status, body) = http_get(&address, path);
+        assert_eq!(status, expected, "{path}: {body}");
+        assert_eq!(body.trim_end().lines().count(), 1, "{path}: {body}");
+    }
+    memprobe.stop();
+}
+
+#[test]
+fn metrics_pass_promtool_and_a_real_prometheus_scrapes_them() {
+    let _guard = shared();
+    let out = output_dir("endpoint_metrics");
+    let (mut fixture, memprobe, address) = serving(&out, &[]);
+    fixture.run_workload();
+    // Published once a tick.
+    std::thread::sleep(Duration::from_millis(1500));
+    let (status, metrics) = http_get(&address, "/metrics");
+    assert_eq!(status, 200);
+    let pid = fixture.pid;
+    let inuse = metrics
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(&format!(
+                "memprobe_inuse_bytes{{pid=\"{pid}\",comm=\"sites\"}} "
+            ))
+        })
+        .unwrap_or_else(|| panic!("{metrics}"));
+    let expected = 2000.0 * 4096.0 + 16.0 * MIB;
+    assert_within(
+        "memprobe_inuse_bytes",
+        inuse.parse().unwrap(),
+        expected,
+        0.1,
+    );
+    let mut promtool = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("running promtool");
+    promtool
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(metrics.as_bytes())
+        .unwrap();
+    let checked = promtool.wait_with_output().unwrap();
+    assert!(
+        checked.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&checked.stdout),
+        String::from_utf8_lossy(&checked.stderr)
+    );
+    let value = scraped_by_prometheus(&out, &address, pid);
+    assert_within("scraped memprobe_inuse_bytes", value, expected, 0.1);
+    memprobe.stop();
+}
+
+/// Runs Prometheus scraping `target` every second and queries what it
+/// stored for `pid`'s memprobe_inuse_bytes.
+fn scraped_by_prometheus(dir: &std::path::Path, target: &str, pid: u32) -> f64 {
+    let web = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let web_address = web.local_addr().unwrap().to_string();
+    drop(web);
+    let config = dir.join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: memprobe\n    \
+             static_configs:\n      - targets: ['{target}']\n"
+        ),
+    )
+    .unwrap();
+    let mut prometheus = Command::new("prometheus")
+        .arg(format!("--config.file={}", config.display()))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            dir.join("tsdb").display()
+        ))
+        .arg(format!("--web.listen-address={web_address}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("starting prometheus");
+    let query = format!("/api/v1/query?query=memprobe_inuse_bytes%7Bpid%3D%22{pid}%22%7D");
+    let started = Instant::now();
+    let found = loop {
+        let answer = std::net::TcpStream::connect(&web_address)
+            .is_ok()
+            .then(|| http_get(&web_address, &query).1);
+        if let Some(value) = answer.as_deref().and_then(|a| {
+            let at = a.find("\"value\":[")?;
+            a[at..].split('"').nth(3)?.parse::<f64>().ok()
+        }) {
+            break Some(value);
+        }
+        if started.elapsed() > Duration::from_secs(30) {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    let _ = prometheus.kill();
+    let _ = prometheus.wait();
+    found.expect("prometheus stored no memprobe_inuse_bytes within 30 s")
+}
+
+#[test]
+fn keep_bounds_the_snapshots_on_disk() {
+    let _guard = shared();
+    let out = output_dir("keep");
+    let mut fixture = Fixture::start(&sites_fixture(), &[]);
+    let memprobe = Memprobe::attach(&fixture, &out, &["--interval", "1s", "--keep", "2"]);
+    fixture.run_workload();
+    std::thread::sleep(Duration::from_millis(4500));
+    let stderr = memprobe.stop();
+    let heaps = heap_files(&out);
+    assert_eq!(heaps.len(), 2, "{heaps:?}\n{stderr}");
+    assert!(
+        stderr.contains("older ones (--keep, --max-disk)"),
+        "{stderr}"
+    );
+    // The newest is the end of run's.
+    assert_eq!(heap_notes(heaps.last().unwrap())["reason"], "end of run");
+}
+
+/// The command lines of the systemd unit and the container recipe, as
+/// shipped, run and serve (on a free port, writing under the test folder).
+#[test]
+fn the_shipped_agent_command_lines_run() {
+    let _guard = exclusive();
+    let root = workspace_root().join("deploy");
+    let unit = std::fs::read_to_string(root.join("memprobe.service")).unwrap();
+    let exec = unit
+        .lines()
+        .find_map(|l| l.strip_prefix("ExecStart="))
+        .expect("ExecStart");
+    let unit_args: Vec<String> = exec.split_whitespace().skip(1).map(str::to_owned).collect();
+    let recipe = std::fs::read_to_string(root.join("Containerfile")).unwrap();
+    let entry = recipe
+        .lines()
+        .find_map(|l| l.strip_prefix("ENTRYPOINT "))
+        .expect("ENTRYPOINT");
+    let entry_args: Vec<String> = entry
+        .trim_matches(|c| c == '[' || c == ']')
+        .split(", ")
+        .skip(1)
+        .map(|a| a.trim_matches('"').to_owned())
+        .collect();
+    for (name, args) in [("unit", unit_args), ("container", entry_args)] {
+        let out = output_dir(&format!("agent_{name}"));
+        let args: Vec<String> = args
+            .iter()
+            .map(|a| {
+                if a.ends_with(":6060") {
+                    "127.0.0.1:0".to_owned()
+                } else if a == "/var/lib/memprobe" {
+                    out.to_string_lossy().into_owned()
+                } else {
+                    a.clone()
+                }
+            })
+            .collect();
+        let mut all: Vec<&str> = args.iter().map(String::as_str).collect();
+        all.extend(["--duration", "3s"]);
+        let memprobe = Memprobe::start(&all);
+        let address = memprobe.listening_on();
+        let (status, json) = http_get(&address, "/debug/pprof/?format=json");
+        assert_eq!(status, 200, "{name}: {json}");
+        let (status, stderr) = memprobe.wait();
+        assert!(status.success(), "{name}: {stderr}");
+        assert!(stderr.contains("system-wide"), "{name}: {stderr}");
+    }
+}
