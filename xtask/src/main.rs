@@ -4,6 +4,7 @@ mod bench;
 mod demo;
 mod kernels;
 mod setup;
+mod soak;
 
 use std::{
     path::{Path, PathBuf},
@@ -48,6 +49,15 @@ enum Task {
     /// host's kernel and on Debian's 6.1 and 6.12 kernels booted under qemu
     /// (part of `test`); writes target/vm/results.md.
     Kernels,
+    /// Set up, build, and run memprobe as a host agent for a long run
+    /// (--all, 4 KiB interval, --listen scraped, --keep) next to a busy
+    /// allocator, reading its memory; fails if it keeps growing. Writes
+    /// target/soak/results.md.
+    Soak {
+        /// How long.
+        #[arg(long, default_value = "10m")]
+        duration: String,
+    },
 }
 
 fn main() -> Result<()> {
@@ -72,6 +82,12 @@ fn main() -> Result<()> {
             setup::install_cargo_fuzz()?;
             kernels::install()?;
             test(filter.as_deref())
+        }
+        Task::Soak { duration } => {
+            setup::install()?;
+            build_release()?;
+            let duration = humantime::parse_duration(&duration).context("--duration")?;
+            soak::soak(duration, &release_binary())
         }
         Task::Kernels => {
             setup::install()?;
