@@ -137,6 +137,8 @@ pub fn bench() -> Result<()> {
     let uretprobes = &["--return-probes", "uretprobes"];
     let memprobe_uretprobes = loop_ns(memprobe_loop(uretprobes, "500000"), 3)?;
     let memprobe_emulated = loop_ns(memprobe_loop(&[], "500000"), 3)?;
+    let allocations_only = &["--track", "allocations"];
+    let memprobe_allocations = loop_ns(memprobe_loop(allocations_only, "500000"), 3)?;
     // What a sampled call's stack walk costs: at 16 KiB about one call in
     // 170 is sampled; with and without the stack copy for DWARF.
     eprintln!("bench: stack walks of sampled calls");
@@ -186,6 +188,11 @@ pub fn bench() -> Result<()> {
     table.push_str(&format!(
         "| memprobe (default: emulated placement, uprobe sessions) | {memprobe_emulated:.0} | {added_emulated:.0} | {:.1}x less |\n",
         added_memleak / added_emulated
+    ));
+    table.push_str(&format!(
+        "| memprobe `--track allocations` (no free probe, no return half) | {memprobe_allocations:.0} | {:.0} | {:.1}x less |\n",
+        memprobe_allocations - none,
+        added_memleak / (memprobe_allocations - none)
     ));
     table.push_str(&format!(
         "\n| sampled calls' stacks, `--sample-interval 16KiB` (about 1 call in 170 sampled) | ns per pair |\n|---|---|\n\

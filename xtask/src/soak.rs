@@ -36,7 +36,13 @@ pub fn soak(duration: Duration, memprobe: &std::path::Path) -> Result<()> {
         .stdout(Stdio::null())
         .spawn()?;
     let mut agent = Command::new(memprobe)
-        .args(["--all", "--sample-interval", "4096", "--listen", "127.0.0.1:0"])
+        .args([
+            "--all",
+            "--sample-interval",
+            "4096",
+            "--listen",
+            "127.0.0.1:0",
+        ])
         .args(["--interval", "30s", "--keep", "3", "--output"])
         .arg(dir.join("out"))
         .arg("--duration")
@@ -81,7 +87,10 @@ fn report(readings: &[(u64, u64)], duration: Duration, dir: &std::path::Path) ->
         duration.as_secs() / 60
     );
     for (seconds, kib) in readings {
-        table.push_str(&format!("| {seconds} s | {:.1} MiB |\n", *kib as f64 / 1024.0));
+        table.push_str(&format!(
+            "| {seconds} s | {:.1} MiB |\n",
+            *kib as f64 / 1024.0
+        ));
     }
     table.push_str(&format!(
         "\nPeak of the first half {:.1} MiB, of the second {:.1} MiB.\n",
@@ -112,7 +121,9 @@ fn listening_address(stderr: &mut impl BufRead) -> Result<String> {
 /// The body of `GET path`, if the answer was 200.
 fn scrape(address: &str, path: &str) -> Option<String> {
     let mut stream = TcpStream::connect(address).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(30))).ok()?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .ok()?;
     write!(
         stream,
         "GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"

@@ -16,6 +16,9 @@ use crate::{
 /// Caps of the userspace tables.
 #[derive(Clone, Debug)]
 pub struct CollectorOptions {
+    /// `--track allocations`: a sampled call counts when it is made, and
+    /// nothing is ever freed (in use = allocated). Default: no.
+    pub allocations_only: bool,
     /// Live sampled allocations kept per process. Default: 1,000,000.
     pub max_live: usize,
     /// Distinct call stacks kept per process. Default: 200,000.
@@ -25,6 +28,7 @@ pub struct CollectorOptions {
 impl Default for CollectorOptions {
     fn default() -> Self {
         Self {
+            allocations_only: false,
             max_live: 1_000_000,
             max_stacks: 200_000,
         }
@@ -119,6 +123,10 @@ impl ProcessHeap {
                     self.drops.stack_errors += 1;
                 }
                 let stack = self.stack_id(frames);
+                if self.options.allocations_only {
+                    self.count_allocation(stack, size, align);
+                    return;
+                }
                 // A call whose return never came is replaced by the next one.
                 self.pending
                     .insert(header.tid, PendingSample { stack, size, align });
@@ -178,6 +186,18 @@ impl ProcessHeap {
                 }
             }
         }
+    }
+
+    /// An allocation that is never matched with a free: in use for good.
+    fn count_allocation(&mut self, stack: u32, size: u64, align: u64) {
+        self.samples += 1;
+        let weight = sample_weight(size, self.sample_interval);
+        let usable = usable_size_aligned(size, align) as f64;
+        let stats = &mut self.stacks[stack as usize];
+        stats.alloc_objects += weight;
+        stats.alloc_bytes += weight * usable;
+        stats.inuse_objects += weight;
+        stats.inuse_bytes += weight * usable;
     }
 
     fn release(&mut self, allocation: LiveAllocation) {
@@ -327,10 +347,28 @@ mod tests {
             1,
             4096,
             CollectorOptions {
+                allocations_only: false,
                 max_live,
                 max_stacks: 10,
             },
         )
+    }
+
+    #[test]
+    fn allocations_only_counts_at_the_call_and_never_frees() {
+        let mut heap = ProcessHeap::new(
+            1,
+            4096,
+            CollectorOptions {
+                allocations_only: true,
+                ..CollectorOptions::default()
+            },
+        );
+        heap.apply(sampled(7, 4096, &[0x10]));
+        let w = sample_weight(4096, 4096);
+        assert_eq!(heap.samples, 1);
+        assert!((heap.inuse_bytes() - w * 4096.0).abs() < 1e-6);
+        assert!((heap.alloc_bytes() - heap.inuse_bytes()).abs() < 1e-6);
     }
 
     #[test]

@@ -85,7 +85,15 @@ impl KernelProbes {
         let mut made = Vec::new();
         let attached_before = self.attached.len();
         let session_links_before = self.session_links.len();
-        for entry in &allocator.entry_points {
+        // `--track allocations`: frees and resizes are not probed at all.
+        let allocations_only = self.allocations_only;
+        let entries = allocator
+            .entry_points
+            .iter()
+            .filter(|e| !allocations_only || e.shape.allocates());
+        let mut count = 0;
+        for entry in entries {
+            count += 1;
             if let Err(error) = self.attach_entry(&target, entry, instance, &mut made) {
                 for (program, link) in made {
                     if let Some(Ok(program)) =
@@ -103,7 +111,7 @@ impl KernelProbes {
                 });
             }
         }
-        Ok(allocator.entry_points.len())
+        Ok(count)
     }
 
     /// Attaches one entry point: its entry program, and its return half as
@@ -125,7 +133,9 @@ impl KernelProbes {
         let offset = entry.file_offset + placement.offset;
         let error = |message: String| target.error(&entry.symbol, message);
         let mut return_half = ReturnHalf::None;
-        if let Some(program) = entry.shape.session_program() {
+        if let Some(program) = entry.shape.session_program()
+            && !self.allocations_only
+        {
             return_half = match self.link_session(program, target, offset, cookie) {
                 Ok(()) => ReturnHalf::Session,
                 Err(SessionLink::Unavailable) => ReturnHalf::Uretprobe,

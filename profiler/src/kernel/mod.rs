@@ -42,6 +42,9 @@ pub struct KernelOptions {
     /// Let processes whose frame-pointer walks proved right skip most
     /// copies ([`KernelProbes::trust_frame_pointers`]). Default: yes.
     pub frame_pointer_fast_path: bool,
+    /// `--track allocations`: probe allocating entry points only, at their
+    /// entry: no free probes and no return halves. Default: no.
+    pub allocations_only: bool,
 }
 
 impl Default for KernelOptions {
@@ -53,6 +56,7 @@ impl Default for KernelOptions {
             return_probes: ReturnProbes::Auto,
             copy_stack: true,
             frame_pointer_fast_path: true,
+            allocations_only: false,
         }
     }
 }
@@ -137,6 +141,7 @@ pub struct KernelProbes {
     /// is an error, not a missing feature.
     sessions_linked: bool,
     frame_pointer_fast_path: bool,
+    allocations_only: bool,
 }
 
 fn load_error(what: &str, cause: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Error {
@@ -202,6 +207,7 @@ impl KernelProbes {
             session_links: Vec::new(),
             sessions_linked: false,
             frame_pointer_fast_path: options.copy_stack && options.frame_pointer_fast_path,
+            allocations_only: options.allocations_only,
         })
     }
 

@@ -7,7 +7,7 @@ use crate::{
     error::{Error, Result},
     kernel::{ReturnHalf, Scope},
     proc::{all_pids, parse_maps, read_maps},
-    run::{Session, Targets, process::Tracked, watch_exit},
+    run::{Session, Targets, process::Tracked, waits::watch_exit},
 };
 
 impl Session<'_> {

@@ -11,12 +11,12 @@ mod publish;
 mod retention;
 mod snapshot;
 mod status;
+mod waits;
 mod writer;
 
 use std::{
     collections::{BTreeMap, HashSet},
     io::Write,
-    os::fd::{FromRawFd, OwnedFd},
     process::ExitStatus,
     sync::{Arc, Mutex},
     time::Instant,
@@ -25,7 +25,6 @@ use std::{
 use aya::maps::{MapData, RingBuf};
 use tokio::{
     io::{Interest, unix::AsyncFd},
-    signal::unix::{Signal, SignalKind, signal},
     sync::{mpsc, oneshot},
 };
 
@@ -40,7 +39,14 @@ use crate::{
     output::files::OutputDir,
     proc::{FileId, command_name, parse_maps, read_maps},
     run::{
-        cost::CostModel, launch::PredictedFile, process::Tracked, snapshot::SnapshotKind,
+        cost::CostModel,
+        launch::PredictedFile,
+        process::Tracked,
+        snapshot::SnapshotKind,
+        waits::{
+            Signals, exit_code_of, next_request, sleep_until, tick_of, wait_for_command,
+            wait_launched,
+        },
         writer::SnapshotWriter,
     },
     serve::{Endpoints, Published, SnapshotRequest},
@@ -158,24 +164,6 @@ fn check_targets(targets: &Targets, cache: &mut AllocatorCache) -> Result<Checke
         }
         Targets::All => Checked::All,
     })
-}
-
-/// The signals that end a run or ask for a snapshot.
-struct Signals {
-    interrupt: Signal,
-    terminate: Signal,
-    snapshot: Signal,
-}
-
-impl Signals {
-    fn new() -> Result<Self> {
-        let listen = |kind| signal(kind).map_err(|e| events_error("listening for signals", e));
-        Ok(Self {
-            interrupt: listen(SignalKind::interrupt())?,
-            terminate: listen(SignalKind::terminate())?,
-            snapshot: listen(SignalKind::user_defined1())?,
-        })
-    }
 }
 
 impl Session<'_> {
@@ -426,93 +414,4 @@ fn events_error(
         what,
         cause: cause.into(),
     }
-}
-
-/// A launched command is waited for, as a wrapper would: a signal that
-/// stopped memprobe is passed on to it.
-async fn wait_for_command(
-    launched: LaunchedCommand,
-    stop: &Stop,
-    exit_status: Option<std::io::Result<ExitStatus>>,
-    status: &mut dyn Write,
-) -> std::io::Result<ExitStatus> {
-    if let Stop::Signal(signal) = stop {
-        // SAFETY: signalling our own child.
-        unsafe { libc::kill(launched.pid as i32, *signal) };
-    }
-    if let Some(exit_status) = exit_status {
-        return exit_status;
-    }
-    let _ = writeln!(
-        status,
-        "memprobe: detached; waiting for pid {} to exit",
-        launched.pid
-    );
-    match launched.exit {
-        Some(exit) => exit
-            .await
-            .unwrap_or_else(|_| Err(std::io::Error::other("lost"))),
-        None => Err(std::io::Error::other("lost")),
-    }
-}
-
-fn exit_code_of(status: ExitStatus) -> i32 {
-    use std::os::unix::process::ExitStatusExt;
-    status
-        .code()
-        .unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
-}
-
-async fn wait_launched(launched: Option<&mut LaunchedCommand>) -> std::io::Result<ExitStatus> {
-    match launched.and_then(|l| l.exit.as_mut()) {
-        Some(receiver) => receiver
-            .await
-            .unwrap_or_else(|_| Err(std::io::Error::other("lost the launched command"))),
-        None => std::future::pending().await,
-    }
-}
-
-async fn next_request(
-    requests: &mut Option<mpsc::Receiver<SnapshotRequest>>,
-) -> Option<SnapshotRequest> {
-    match requests {
-        Some(requests) => requests.recv().await,
-        None => std::future::pending().await,
-    }
-}
-
-async fn tick_of(timer: &mut Option<tokio::time::Interval>) {
-    match timer {
-        Some(timer) => {
-            timer.tick().await;
-        }
-        None => std::future::pending().await,
-    }
-}
-
-async fn sleep_until(deadline: Option<tokio::time::Instant>) {
-    match deadline {
-        Some(deadline) => tokio::time::sleep_until(deadline).await,
-        None => std::future::pending().await,
-    }
-}
-
-/// Sends `pid` on `exits` when the process ends (pidfd: no polling, no pid reuse).
-fn watch_exit(pid: u32, exits: mpsc::UnboundedSender<u32>) {
-    // SAFETY: pidfd_open takes a pid and flags; the result is a new fd or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
-    if fd < 0 {
-        return;
-    }
-    // SAFETY: the fd was just returned to us and is owned by nobody else.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
-    // SAFETY: the AsyncFd owns the OwnedFd, which stays open until dropped.
-    let Ok(fd) = (unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }) else {
-        return;
-    };
-    tokio::spawn(async move {
-        if fd.readable().await.is_ok() {
-            let _ = exits.send(pid);
-        }
-    });
 }

@@ -97,6 +97,12 @@ impl Session<'_> {
         if let Some(inner) = t.container_pid {
             head.push(("container_pid".into(), inner.to_string()));
         }
+        if self.options.collector.allocations_only {
+            head.push((
+                "tracking".into(),
+                "allocations only (--track allocations): in use = allocated".into(),
+            ));
+        }
         if t.skipped_snapshots > 0 {
             head.push(("skipped_snapshots".into(), t.skipped_snapshots.to_string()));
         }

@@ -212,6 +212,26 @@ fn files_written(files: &[PathBuf], dir: &std::path::Path, removed: u64) -> Stri
     )
 }
 
+/// "memprobe: kernel drops: ..." when the kernel dropped anything.
+fn kernel_drops_line(counters: &KernelCounters) -> Option<String> {
+    let kernel_drops = [
+        (Counter::RingBufferFull, "ring buffer full"),
+        (Counter::SampledSetFull, "kernel pointer set full"),
+        (Counter::PendingFull, "pending table full"),
+        (Counter::StackErrors, "stack unreadable"),
+        (
+            Counter::StackCopiesSkipped,
+            "sent without a stack copy (ring buffer over half full; frame pointers only)",
+        ),
+    ];
+    let dropped: Vec<String> = kernel_drops
+        .iter()
+        .filter(|(c, _)| counters.get(*c) > 0)
+        .map(|(c, what)| format!("{} {what}", counters.get(*c)))
+        .collect();
+    (!dropped.is_empty()).then(|| format!("memprobe: kernel drops: {}", dropped.join(", ")))
+}
+
 /// Lines summarising a run, for the end of the run.
 pub fn summary_lines(summary: &Summary) -> Vec<String> {
     let mut lines = Vec::new();
@@ -228,24 +248,7 @@ pub fn summary_lines(summary: &Summary) -> Vec<String> {
         counters.get(Counter::FreeCalls),
         counters.get(Counter::ReturnHalves),
     ));
-    let kernel_drops = [
-        (Counter::RingBufferFull, "ring buffer full"),
-        (Counter::SampledSetFull, "kernel pointer set full"),
-        (Counter::PendingFull, "pending table full"),
-        (Counter::StackErrors, "stack unreadable"),
-        (
-            Counter::StackCopiesSkipped,
-            "sent without a stack copy (ring buffer over half full; frame pointers only)",
-        ),
-    ];
-    let dropped: Vec<String> = kernel_drops
-        .iter()
-        .filter(|(c, _)| counters.get(*c) > 0)
-        .map(|(c, what)| format!("{} {what}", counters.get(*c)))
-        .collect();
-    if !dropped.is_empty() {
-        lines.push(format!("memprobe: kernel drops: {}", dropped.join(", ")));
-    }
+    lines.extend(kernel_drops_line(counters));
     for p in &summary.processes {
         let d = p.drops;
         let drops = d.live_table_full + d.untracked_in_kernel + d.stack_table_full;

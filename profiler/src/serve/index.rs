@@ -15,10 +15,6 @@ pub(super) async fn index(
     State(state): State<AppState>,
     Query(query): Query<HashMap<String, String>>,
 ) -> Response {
-    let _permit = match state.admit() {
-        Ok(permit) => permit,
-        Err(refused) => return refused.into_response(),
-    };
     let processes = state.processes();
     match query.get("format").map(String::as_str) {
         None | Some("html") => (

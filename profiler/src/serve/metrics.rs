@@ -7,10 +7,6 @@ use axum::{extract::State, http::header, response::IntoResponse, response::Respo
 use super::{AppState, Published};
 
 pub(super) async fn metrics(State(state): State<AppState>) -> Response {
-    let _permit = match state.admit() {
-        Ok(permit) => permit,
-        Err(refused) => return refused.into_response(),
-    };
     let text = {
         let published = state.run.published.lock();
         match published {

@@ -111,6 +111,7 @@ impl Endpoints {
             .route("/debug/pprof", get(index::index))
             .route("/metrics", get(metrics::metrics))
             .fallback(not_found)
+            .layer(axum::middleware::from_fn_with_state(state.clone(), admit))
             .with_state(state);
         tokio::spawn(async move {
             let _ = axum::serve(self.listener, router).await;
@@ -150,17 +151,24 @@ impl IntoResponse for Refusal {
     }
 }
 
-impl AppState {
-    /// A slot among [`MAX_IN_FLIGHT`], or the 503 to answer with.
-    fn admit(&self) -> std::result::Result<tokio::sync::OwnedSemaphorePermit, Refusal> {
-        self.in_flight.clone().try_acquire_owned().map_err(|_| {
-            refuse(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "too many requests in flight: retry shortly",
-            )
-        })
-    }
+/// Every request holds a slot among [`MAX_IN_FLIGHT`] while it is served;
+/// without a free one it gets a 503.
+async fn admit(
+    axum::extract::State(state): axum::extract::State<AppState>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let Ok(_slot) = state.in_flight.clone().try_acquire_owned() else {
+        return refuse(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too many requests in flight: retry shortly",
+        )
+        .into_response();
+    };
+    next.run(request).await
+}
 
+impl AppState {
     fn processes(&self) -> Vec<ProcessStatus> {
         self.run
             .published

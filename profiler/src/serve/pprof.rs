@@ -22,10 +22,6 @@ pub(super) async fn heap(
     State(state): State<AppState>,
     Query(query): Query<HashMap<String, String>>,
 ) -> Response {
-    let _permit = match state.admit() {
-        Ok(permit) => permit,
-        Err(refused) => return refused.into_response(),
-    };
     match profile_of(&state, &query).await {
         Ok(bytes) => (
             [

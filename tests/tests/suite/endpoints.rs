@@ -42,6 +42,13 @@ fn go_tool_pprof_reads_the_heap_endpoint_and_its_delta() {
         format!("http://{address}/debug/pprof/heap?pid={}", fixture.pid),
     ] {
         let top = pprof_url_top(&url, "inuse_space");
+        // The kept sites, in order, with the fixture's numbers.
+        let at = |site: &str| top.find(&format!(" {site}\n")).unwrap_or(usize::MAX);
+        assert!(
+            at("keep_1m") < at("keep_4k") && at("keep_4k") < usize::MAX,
+            "{top}"
+        );
+        assert_within("keep_1m", pprof_flat(&top, "keep_1m"), 16.0 * MIB, 0.1);
         assert_within("keep_4k", pprof_flat(&top, "keep_4k"), 2000.0 * 4096.0, 0.1);
         let objects = pprof_url_top(&url, "inuse_objects");
         assert_within(
@@ -51,7 +58,71 @@ fn go_tool_pprof_reads_the_heap_endpoint_and_its_delta() {
             0.1,
         );
     }
+    // A window in which nothing was allocated shows nothing that grew.
+    let quiet = pprof_url_top(
+        &format!("http://{address}/debug/pprof/heap?seconds=1"),
+        "inuse_space",
+    );
+    assert!(
+        !quiet.contains("keep_1m") && !quiet.contains("keep_4k"),
+        "{quiet}"
+    );
     memprobe.stop();
+}
+
+/// Scrapers hammering the endpoints while a busy process allocates a
+/// million times a second: the event intake loses nothing.
+#[test]
+fn concurrent_requests_during_a_busy_run_drop_no_events() {
+    let _guard = exclusive();
+    let out = output_dir("endpoint_busy");
+    let mut busy = Command::new(malloc_loop_fixture())
+        .args(["0", "30"])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = busy.id().to_string();
+    let memprobe = Memprobe::start(&[
+        "--pid",
+        &pid,
+        "--sample-interval",
+        "4096",
+        "--unwind",
+        "fp",
+        "--listen",
+        "127.0.0.1:0",
+        "--duration",
+        "8s",
+        "--output",
+        out.to_str().unwrap(),
+    ]);
+    let address = memprobe.listening_on();
+    let scrapers: Vec<_> = (0..6)
+        .map(|i| {
+            let address = address.clone();
+            std::thread::spawn(move || {
+                let paths = ["/debug/pprof/heap", "/metrics", "/debug/pprof/?format=json"];
+                let (mut served, mut refused) = (0, 0);
+                let started = Instant::now();
+                while started.elapsed() < Duration::from_secs(6) {
+                    match http_get(&address, paths[i % paths.len()]).0 {
+                        200 => served += 1,
+                        503 => refused += 1,
+                        other => panic!("status {other}"),
+                    }
+                }
+                (served, refused)
+            })
+        })
+        .collect();
+    let served: u32 = scrapers.into_iter().map(|s| s.join().unwrap().0).sum();
+    let (status, stderr) = memprobe.wait();
+    let _ = busy.kill();
+    let _ = busy.wait();
+    assert!(status.success(), "{stderr}");
+    assert!(served > 20, "{served} requests served");
+    assert!(!stderr.contains("kernel drops:"), "{stderr}");
+    assert!(stderr.contains(" 0 dropped"), "{stderr}");
 }
 
 /// `go tool pprof -top` of a profile fetched over HTTP.

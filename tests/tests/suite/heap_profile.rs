@@ -247,3 +247,41 @@ fn no_probe_is_left_behind_after_exit_sigterm_or_sigkill() {
         drop(fixture);
     }
 }
+
+/// `--track allocations`: no free probe and no return half, one trap per
+/// allocating call; the profile counts what was allocated, in use included.
+#[test]
+fn track_allocations_probes_no_frees_and_counts_what_was_allocated() {
+    let _guard = shared();
+    let binary = sites_fixture();
+    let out = output_dir("track_allocations");
+    let mut fixture = Fixture::start(&binary, &[]);
+    let (heap, stderr) =
+        profile_workload(&mut fixture, &out, &["--track", "allocations", "--verbose"]);
+    assert!(!stderr.contains(": free at "), "{stderr}");
+    assert!(
+        stderr.contains("(entry)") && !stderr.contains("(entry and return"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(" 0 free calls, 0 return probe runs"),
+        "{stderr}"
+    );
+    assert!(heap_notes(&heap)["tracking"].starts_with("allocations only"));
+    let truth = 50_000.0 * 512.0;
+    let allocated = jeprof_text(&binary, &heap, "--alloc_space");
+    assert_within(
+        "churn_512 allocated",
+        allocated["churn_512"] * MIB,
+        truth,
+        0.1,
+    );
+    let inuse = jeprof_text(&binary, &heap, "--inuse_space");
+    assert_within(
+        "churn_512 counted in use",
+        inuse["churn_512"] * MIB,
+        truth,
+        0.1,
+    );
+    assert_within("keep_1m", inuse["keep_1m"] * MIB, 16.0 * MIB, 0.1);
+}

@@ -1,0 +1,184 @@
+//! The flags' values: clap's value types, what they turn into in the
+//! library, and the parsers of sizes, durations and growth triggers.
+use std::{path::PathBuf, time::Duration};
+
+use clap::ValueEnum;
+use profiler::{
+    offline::{Binaries, report::Measure},
+    output::Format,
+    run::GrowthTrigger,
+};
+
+/// Where offline commands find the profiled binaries and their debug files.
+#[derive(Debug, clap::Args)]
+pub struct BinariesArgs {
+    /// Look for the binaries under this folder (as jeprof's --lib_prefix).
+    #[arg(long, value_name = "DIR")]
+    lib_prefix: Option<PathBuf>,
+    /// Look for debug files here first, by build ID (DIR/.build-id/xx/rest.debug)
+    /// or by the binary's debuglink name (DIR/NAME), to name frames of stripped
+    /// binaries; /usr/lib/debug is searched too.
+    #[arg(long, value_name = "DIR")]
+    debug_dir: Option<PathBuf>,
+}
+
+impl From<BinariesArgs> for Binaries {
+    fn from(args: BinariesArgs) -> Self {
+        Binaries {
+            lib_prefix: args.lib_prefix,
+            debug_dir: args.debug_dir,
+        }
+    }
+}
+
+/// `--placement`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum PlacementArg {
+    Emulated,
+    Entry,
+}
+
+/// `--return-probes`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ReturnProbesArg {
+    Auto,
+    Sessions,
+    Uretprobes,
+}
+
+/// `--track`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum TrackArg {
+    All,
+    Allocations,
+}
+
+/// `--unwind`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum UnwindArg {
+    Auto,
+    Dwarf,
+    Fp,
+}
+
+/// `report --measure`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum MeasureArg {
+    InuseSpace,
+    InuseObjects,
+    AllocSpace,
+    AllocObjects,
+}
+
+impl From<MeasureArg> for Measure {
+    fn from(arg: MeasureArg) -> Self {
+        match arg {
+            MeasureArg::InuseSpace => Measure::InuseSpace,
+            MeasureArg::InuseObjects => Measure::InuseObjects,
+            MeasureArg::AllocSpace => Measure::AllocSpace,
+            MeasureArg::AllocObjects => Measure::AllocObjects,
+        }
+    }
+}
+
+/// `convert --to`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ConvertTo {
+    Pprof,
+    Folded,
+}
+
+impl From<ConvertTo> for Format {
+    fn from(to: ConvertTo) -> Self {
+        match to {
+            ConvertTo::Pprof => Format::Pprof,
+            ConvertTo::Folded => Format::Folded,
+        }
+    }
+}
+
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let duration = humantime::parse_duration(text)
+        .map_err(|e| format!("{e} (use a duration such as 30s, 10m or 1h)"))?;
+    if duration.is_zero() {
+        return Err("the duration must be longer than zero".into());
+    }
+    Ok(duration)
+}
+
+pub fn parse_format(text: &str) -> Result<Format, String> {
+    Format::from_extension(text.trim()).ok_or_else(|| {
+        format!("unknown format '{text}' (use heap, pb.gz, folded, svg or sym.heap)")
+    })
+}
+
+pub fn parse_growth(text: &str) -> Result<GrowthTrigger, String> {
+    let (size, window) = match text.split_once('/') {
+        Some((size, window)) => (size, parse_duration(window)?),
+        None => (text, Duration::from_secs(600)),
+    };
+    Ok(GrowthTrigger {
+        size: parse_size(size)?,
+        window,
+    })
+}
+
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: u64 = number
+        .parse()
+        .map_err(|_| format!("'{text}' is not a size (use bytes such as 4096, 64KiB or 1MiB)"))?;
+    let multiplier: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "K" | "KB" | "KiB" | "k" => 1 << 10,
+        "M" | "MB" | "MiB" => 1 << 20,
+        "G" | "GB" | "GiB" => 1 << 30,
+        other => return Err(format!("unknown size unit '{other}' (use KiB, MiB or GiB)")),
+    };
+    let size = number
+        .checked_mul(multiplier)
+        .ok_or_else(|| format!("'{text}' is too large"))?;
+    if size == 0 {
+        return Err("the size must be at least 1 byte".into());
+    }
+    Ok(size)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("64KiB"), Ok(65536));
+        assert_eq!(parse_size("1M"), Ok(1 << 20));
+        assert!(parse_size("0").is_err());
+        assert!(parse_size("12 parsecs").is_err());
+        assert!(parse_size("99999999999999999999").is_err());
+    }
+
+    #[test]
+    fn growth_triggers() {
+        assert_eq!(
+            parse_growth("20MiB/10m"),
+            Ok(GrowthTrigger {
+                size: 20 << 20,
+                window: Duration::from_secs(600)
+            })
+        );
+        assert_eq!(parse_growth("1M").unwrap().window, Duration::from_secs(600));
+        assert!(parse_growth("20MiB/never").is_err());
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("10m"), Ok(Duration::from_secs(600)));
+        assert!(parse_duration("0s").is_err());
+        assert!(parse_duration("soon").is_err());
+    }
+}
