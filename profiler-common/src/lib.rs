@@ -296,7 +296,35 @@ pub struct ThreadState {
     /// `rsp` at the return of this thread's sampled call in flight (0 when
     /// none): how a uprobe session program tells its return half apart.
     pub return_sp: u64,
+    /// The last call of this thread to an entry point that may pass its
+    /// call on to another probed entry point (glibc's realloc calling
+    /// malloc): that inner call must not be counted again.
+    pub forwarder: Forwarder,
 }
+
+/// An allocation call that may pass itself on to another entry point of
+/// the same allocator. The next allocation entry on the thread is that
+/// inner call (and is not counted) when it is a tail call (its return
+/// address sits in the same slot and is the same) or a call made from the
+/// forwarder's code (its return address lies within [`FORWARD_WINDOW`]
+/// bytes after the forwarder's probe, its slot deeper on the stack).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Forwarder {
+    /// Address of the forwarder's return-address slot; 0 when none.
+    pub slot: u64,
+    /// The return address in that slot.
+    pub return_address: u64,
+    /// Where the forwarder's probe fired.
+    pub ip: u64,
+    /// The forwarder's probe index: a call to the same entry point is never
+    /// its own inner call.
+    pub probe: u64,
+}
+
+/// Bytes after a forwarder's probe within which its calls to other entry
+/// points lie (glibc 2.36's realloc calls malloc at +1015).
+pub const FORWARD_WINDOW: u64 = 4096;
 
 /// What a return probe must do for the call in flight on a thread.
 #[repr(C)]
@@ -354,10 +382,13 @@ pub enum Counter {
     /// Samples sent without a stack copy because the process's frame
     /// pointers proved right ([`maps::FP_TRUSTED`]).
     FramePointerFastPath = 9,
+    /// Allocation calls made by another probed allocation call (glibc's
+    /// realloc calling malloc): not counted twice.
+    InnerCalls = 10,
 }
 
 impl Counter {
-    pub const COUNT: u32 = 10;
+    pub const COUNT: u32 = 11;
     pub const ALL: [Counter; Self::COUNT as usize] = [
         Counter::AllocCalls,
         Counter::SampledCalls,
@@ -369,18 +400,37 @@ impl Counter {
         Counter::ReturnHalves,
         Counter::StackCopiesSkipped,
         Counter::FramePointerFastPath,
+        Counter::InnerCalls,
     ];
 }
 
-/// Cookie attached to each probe: which entry point it is (bits 0-31),
-/// where its return address lies relative to `rsp` at the probed instruction
-/// (bits 32-47), and which allocator instance it belongs to (bits 48-63).
+/// Cookie attached to each probe: which entry point it is (bits 0-30),
+/// whether it may forward its call to another entry point (bit 31, see
+/// [`crate::Forwarder`]), where its return address lies relative to `rsp` at
+/// the probed instruction (bits 32-47), and which allocator instance it
+/// belongs to (bits 48-63).
 pub mod cookie {
-    pub const fn encode(probe_index: u32, return_address_offset: u16, instance: u16) -> u64 {
-        ((instance as u64) << 48) | ((return_address_offset as u64) << 32) | probe_index as u64
+    const FORWARDS: u64 = 1 << 31;
+    /// Probe indexes must stay below this.
+    pub const MAX_PROBES: u32 = 1 << 31;
+
+    pub const fn encode(
+        probe_index: u32,
+        return_address_offset: u16,
+        instance: u16,
+        forwards: bool,
+    ) -> u64 {
+        let forwards = if forwards { FORWARDS } else { 0 };
+        ((instance as u64) << 48)
+            | ((return_address_offset as u64) << 32)
+            | forwards
+            | (probe_index as u64 & (FORWARDS - 1))
     }
     pub const fn probe_index(cookie: u64) -> u32 {
-        cookie as u32
+        (cookie & (FORWARDS - 1)) as u32
+    }
+    pub const fn forwards(cookie: u64) -> bool {
+        cookie & FORWARDS != 0
     }
     pub const fn return_address_offset(cookie: u64) -> u64 {
         (cookie >> 32) & 0xffff
@@ -444,6 +494,7 @@ mod pod {
     use super::*;
     // SAFETY: all of these are repr(C), Copy, and valid for any bit pattern.
     unsafe impl aya::Pod for ThreadState {}
+    unsafe impl aya::Pod for Forwarder {}
     unsafe impl aya::Pod for PendingCall {}
     unsafe impl aya::Pod for LiveKey {}
 }
@@ -466,9 +517,11 @@ mod tests {
     #[test]
     fn cookie_fields_round_trip() {
         use super::cookie::*;
-        let c = encode(0xdead_beef, 24, 7);
-        assert_eq!(probe_index(c), 0xdead_beef);
+        let c = encode(0x5ead_beef, 24, 7, true);
+        assert_eq!(probe_index(c), 0x5ead_beef);
         assert_eq!(return_address_offset(c), 24);
         assert_eq!(instance(c), 7);
+        assert!(forwards(c));
+        assert!(!forwards(encode(0x5ead_beef, 24, 7, false)));
     }
 }

@@ -24,6 +24,7 @@ use crate::{
 };
 
 /// Counts `size` bytes down on this thread; records the call if it crossed.
+/// A call made by another probed allocation call is not counted again.
 /// Returns whether the call's return half is needed.
 #[inline(always)]
 pub(crate) fn on_allocation(
@@ -33,8 +34,25 @@ pub(crate) fn on_allocation(
     align: u64,
     pending: PendingCall,
 ) -> bool {
-    count(Counter::AllocCalls);
     count_hit(ctx);
+    if thread.is_inner_call(ctx) {
+        count(Counter::InnerCalls);
+        return false;
+    }
+    count(Counter::AllocCalls);
+    let wanted = count_down(ctx, thread, size, align, pending);
+    thread.note_forwarder(ctx);
+    wanted
+}
+
+#[inline(always)]
+fn count_down(
+    ctx: &ProbeContext,
+    thread: &Thread,
+    size: u64,
+    align: u64,
+    pending: PendingCall,
+) -> bool {
     let size_counted = if size > i64::MAX as u64 {
         i64::MAX
     } else {

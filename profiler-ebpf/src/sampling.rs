@@ -3,12 +3,14 @@
 use aya_ebpf::{
     EbpfContext,
     helpers::{
-        bpf_get_current_pid_tgid, bpf_ktime_get_ns,
+        bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user,
         generated::{bpf_get_attach_cookie, bpf_get_prandom_u32},
     },
     programs::ProbeContext,
 };
-use profiler_common::{Counter, EventHeader, ThreadState, cookie, sampling};
+use profiler_common::{
+    Counter, EventHeader, FORWARD_WINDOW, Forwarder, ThreadState, cookie, sampling,
+};
 
 use crate::{
     maps::{COUNTERS, EXP_QUANTILES, PROBE_HITS, THREADS},
@@ -124,6 +126,7 @@ impl Thread {
         let fresh = ThreadState {
             bytes_until_sample: draw_countdown(),
             return_sp: 0,
+            forwarder: Forwarder::default(),
         };
         let _ = THREADS.insert(id, fresh, 0);
         let state = THREADS.get_ptr_mut(id)?;
@@ -137,6 +140,54 @@ impl Thread {
         let return_address = args.stack_pointer + cookie::return_address_offset(probe_cookie(ctx));
         // SAFETY: the entry belongs to this thread; only this thread writes it.
         unsafe { (*self.state).return_sp = return_address + 8 };
+    }
+
+    /// Whether this allocation call was made by the thread's last
+    /// forwarding call (see [`Forwarder`]); forgets that call either way.
+    #[inline(always)]
+    pub(crate) fn is_inner_call(&self, ctx: &ProbeContext) -> bool {
+        // SAFETY: the entry belongs to this thread; only this thread writes it.
+        let outer = unsafe { (*self.state).forwarder };
+        if outer.slot == 0 {
+            return false;
+        }
+        // SAFETY: as above.
+        unsafe { (*self.state).forwarder.slot = 0 };
+        let cookie = probe_cookie(ctx);
+        if outer.probe == cookie::probe_index(cookie) as u64 {
+            return false;
+        }
+        let slot = Args::of(ctx).stack_pointer + cookie::return_address_offset(cookie);
+        // SAFETY: reading user memory through the helper, which faults safely.
+        let Ok(return_address) = (unsafe { bpf_probe_read_user(slot as *const u64) }) else {
+            return false;
+        };
+        let tail_call = slot == outer.slot && return_address == outer.return_address;
+        let called_from_it =
+            slot < outer.slot && return_address.wrapping_sub(outer.ip) < FORWARD_WINDOW;
+        tail_call || called_from_it
+    }
+
+    /// Remembers this call if its entry point may forward it to another.
+    #[inline(always)]
+    pub(crate) fn note_forwarder(&self, ctx: &ProbeContext) {
+        let cookie = probe_cookie(ctx);
+        if !cookie::forwards(cookie) {
+            return;
+        }
+        // SAFETY: `regs` points at the probe's pt_regs.
+        let ip = unsafe { (*ctx.regs).rip };
+        let slot = Args::of(ctx).stack_pointer + cookie::return_address_offset(cookie);
+        // SAFETY: reading user memory through the helper, which faults safely.
+        let return_address = unsafe { bpf_probe_read_user(slot as *const u64) }.unwrap_or(0);
+        let forwarder = Forwarder {
+            slot,
+            return_address,
+            ip,
+            probe: cookie::probe_index(cookie) as u64,
+        };
+        // SAFETY: the entry belongs to this thread; only this thread writes it.
+        unsafe { (*self.state).forwarder = forwarder };
     }
 
     /// Whether `ctx` is the return of this thread's sampled call: after

@@ -11,10 +11,10 @@ pub enum Error {
     NoSuchProcess(u32),
 
     #[error(
-        "process {pid} ({command}) has no jemalloc: {found}; memprobe profiles processes that use \
-         jemalloc (linked to libjemalloc, or started with LD_PRELOAD=libjemalloc.so.2)"
+        "process {pid} ({command}) has no allocator memprobe knows: {found}; memprobe profiles \
+         jemalloc, glibc malloc, mimalloc and tcmalloc (see --allocator)"
     )]
-    NoJemalloc {
+    NoAllocator {
         pid: u32,
         command: String,
         found: String,

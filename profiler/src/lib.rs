@@ -1,5 +1,6 @@
-//! memprobe: a heap profiler for processes that use jemalloc, attached with
-//! uprobes to a running process, writing profiles that jeprof reads.
+//! memprobe: a heap profiler for processes that use jemalloc, glibc malloc,
+//! mimalloc or tcmalloc, attached with uprobes to a running process,
+//! writing profiles that jeprof reads.
 //!
 //! One folder per stage of a run, in the order data flows:
 //! [`proc`] reads processes (maps, roots), [`discover`] finds allocators and
@@ -23,4 +24,5 @@ pub(crate) mod stacks;
 pub(crate) mod symbolize;
 pub(crate) mod units;
 
+pub use discover::AllocatorKind;
 pub use error::{Error, Result};

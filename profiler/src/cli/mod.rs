@@ -5,7 +5,8 @@ use std::{ffi::OsString, path::PathBuf, time::Duration};
 mod values;
 
 pub use values::{
-    BinariesArgs, ConvertTo, MeasureArg, PlacementArg, ReturnProbesArg, TrackArg, UnwindArg,
+    AllocatorArg, BinariesArgs, ConvertTo, MeasureArg, PlacementArg, ReturnProbesArg, TrackArg,
+    UnwindArg,
 };
 use values::{parse_duration, parse_format, parse_growth, parse_size};
 
@@ -34,7 +35,10 @@ Examples:
     sudo memprobe --pid 1234 --interval 1m --dump-on-growth 20MiB/10m
 
   Every process that uses jemalloc, including those started during the run:
-    sudo memprobe --all --duration 5m
+    sudo memprobe --all --allocator jemalloc --duration 5m
+
+  A JVM's native memory (glibc malloc: no LD_PRELOAD, no restart):
+    sudo memprobe --pid $(pgrep -f SparkExecutor) --duration 5m
 
   As a host agent that Parca, Pyroscope (through Alloy) or Prometheus scrape:
     sudo memprobe --all --listen 127.0.0.1:6060 --keep 10
@@ -47,13 +51,14 @@ Examples:
     memprobe leaks /tmp/prof
     memprobe diff memprobe.1234.0.heap memprobe.1234.5.heap
 
-memprobe attaches uprobes to jemalloc's entry points (malloc, calloc, realloc,
-free, posix_memalign, aligned_alloc, memalign, valloc, mallocx, rallocx,
-xallocx, dallocx, sdallocx, C++ operator new/delete) wherever jemalloc lives:
-a shared library (linked or LD_PRELOADed), linked statically into the
-executable or into a library (a JNI library in a JVM, say), with any symbol
-prefix (je_, _rjem_ of tikv-jemallocator). Libraries loaded later (dlopen)
-are found within a second. With --pid only the given processes are probed:
+memprobe attaches uprobes to the entry points (malloc, calloc, realloc, free,
+posix_memalign, aligned_alloc, memalign, valloc, C++ operator new/delete, and
+each allocator's own: mallocx..., mi_*, tc_*) of every allocator a process
+maps: jemalloc, glibc's malloc, mimalloc and gperftools' tcmalloc, wherever
+it lives: a shared library (linked or LD_PRELOADed), linked statically into
+the executable or into a library (a JNI library in a JVM, mimalloc inside
+libarrow), with any symbol prefix (je_, _rjem_ of tikv-jemallocator).
+Libraries loaded later (dlopen) are found within a second. With --pid only the given processes are probed:
 other processes mapping the same library run at full speed. --all probes
 system-wide instead: every process that maps a probed jemalloc traps on every
 call while memprobe runs, profiled or not. Processes in containers are reached
@@ -137,6 +142,18 @@ pub struct Cli {
     /// with in use = allocated), for "what allocates most" at the least cost.
     #[arg(long, value_name = "WHAT", value_enum, default_value_t = TrackArg::All)]
     pub track: TrackArg,
+
+    /// Which allocators to probe: jemalloc, glibc (libc.so.6's malloc),
+    /// mimalloc, tcmalloc (gperftools), or all (each one a process maps; one
+    /// that is never called costs nothing). Repeat or separate with commas.
+    #[arg(
+        long,
+        value_name = "NAME",
+        value_enum,
+        value_delimiter = ',',
+        default_value = "all"
+    )]
+    pub allocator: Vec<AllocatorArg>,
 
     /// Keep at most N snapshots per process on disk, removing the oldest
     /// (never the newest); counted in the summary.
@@ -326,6 +343,7 @@ impl Cli {
             min_dump_gap: self.min_dump_gap,
             java_perfmap: !self.no_java_perfmap,
             debug_dir: self.debug_dir.clone(),
+            allocators: AllocatorArg::kinds(&self.allocator),
             listen: self.listen,
             retention: Retention {
                 keep: self.keep.map(|n| n as usize),
@@ -360,6 +378,7 @@ mod tests {
             "--dump-on-growth",
             "USR1",
             "--verbose",
+            "--allocator",
             "Examples:",
         ] {
             assert!(help.contains(flag), "{flag} missing from --help");

@@ -4,6 +4,7 @@ use std::{path::PathBuf, time::Duration};
 
 use clap::ValueEnum;
 use profiler::{
+    AllocatorKind,
     offline::{Binaries, report::Measure},
     output::Format,
     run::GrowthTrigger,
@@ -28,6 +29,34 @@ impl From<BinariesArgs> for Binaries {
             lib_prefix: args.lib_prefix,
             debug_dir: args.debug_dir,
         }
+    }
+}
+
+/// `--allocator`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum AllocatorArg {
+    Jemalloc,
+    Glibc,
+    Mimalloc,
+    Tcmalloc,
+    All,
+}
+
+impl AllocatorArg {
+    /// The allocators the flags name, each once.
+    pub fn kinds(args: &[AllocatorArg]) -> Vec<AllocatorKind> {
+        AllocatorKind::ALL
+            .into_iter()
+            .filter(|kind| {
+                args.iter().any(|arg| match arg {
+                    AllocatorArg::All => true,
+                    AllocatorArg::Jemalloc => *kind == AllocatorKind::Jemalloc,
+                    AllocatorArg::Glibc => *kind == AllocatorKind::Glibc,
+                    AllocatorArg::Mimalloc => *kind == AllocatorKind::Mimalloc,
+                    AllocatorArg::Tcmalloc => *kind == AllocatorKind::Tcmalloc,
+                })
+            })
+            .collect()
     }
 }
 

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 
 use crate::{
     collect::sampling::sample_weight,
-    collect::size_class::usable_size_aligned,
+    collect::size_class::usable_size_of,
     kernel::events::Event,
     profile::{HeapProfile, StackEstimate},
 };
@@ -75,7 +75,7 @@ struct LiveAllocation {
 struct PendingSample {
     stack: u32,
     size: u64,
-    align: u64,
+    usable: u64,
 }
 
 /// The live set and per-stack estimates of one process.
@@ -117,19 +117,27 @@ impl ProcessHeap {
                 align,
                 frames,
                 stack_error,
+                allocator,
                 ..
             } => {
                 if stack_error {
                     self.drops.stack_errors += 1;
                 }
                 let stack = self.stack_id(frames);
+                let usable = usable_size_of(allocator, size, align);
                 if self.options.allocations_only {
-                    self.count_allocation(stack, size, align);
+                    self.count_allocation(stack, size, usable);
                     return;
                 }
                 // A call whose return never came is replaced by the next one.
-                self.pending
-                    .insert(header.tid, PendingSample { stack, size, align });
+                self.pending.insert(
+                    header.tid,
+                    PendingSample {
+                        stack,
+                        size,
+                        usable,
+                    },
+                );
             }
             Event::Returned {
                 header,
@@ -145,7 +153,7 @@ impl ProcessHeap {
                 }
                 self.samples += 1;
                 let weight = sample_weight(sample.size, self.sample_interval);
-                let usable = usable_size_aligned(sample.size, sample.align);
+                let usable = sample.usable;
                 let stats = &mut self.stacks[sample.stack as usize];
                 stats.alloc_objects += weight;
                 stats.alloc_bytes += weight * usable as f64;
@@ -189,10 +197,10 @@ impl ProcessHeap {
     }
 
     /// An allocation that is never matched with a free: in use for good.
-    fn count_allocation(&mut self, stack: u32, size: u64, align: u64) {
+    fn count_allocation(&mut self, stack: u32, size: u64, usable: u64) {
         self.samples += 1;
         let weight = sample_weight(size, self.sample_interval);
-        let usable = usable_size_aligned(size, align) as f64;
+        let usable = usable as f64;
         let stats = &mut self.stacks[stack as usize];
         stats.alloc_objects += weight;
         stats.alloc_bytes += weight * usable;
@@ -313,6 +321,8 @@ pub fn monotonic_ns() -> u64 {
 mod tests {
     use profiler_common::EventHeader;
 
+    use crate::discover::AllocatorKind;
+
     use super::*;
 
     fn header(tid: u32) -> EventHeader {
@@ -331,6 +341,7 @@ mod tests {
             frames: frames.to_vec(),
             stack_error: false,
             stack_copy: None,
+            allocator: AllocatorKind::Jemalloc,
         }
     }
 

@@ -33,6 +33,27 @@ pub fn straight_line_exit(code: &[u8], address: u64) -> Option<u64> {
     None
 }
 
+/// The targets of every direct call and jump (conditional or not) in `code`.
+pub fn branch_targets(code: &[u8], address: u64) -> Vec<u64> {
+    let decoder = Decoder::with_ip(64, code, address, DecoderOptions::NONE);
+    decoder
+        .into_iter()
+        .filter(|i| !i.is_invalid())
+        .filter(|i| {
+            matches!(
+                i.flow_control(),
+                FlowControl::Call
+                    | FlowControl::UnconditionalBranch
+                    | FlowControl::ConditionalBranch
+            ) && matches!(
+                i.op0_kind(),
+                OpKind::NearBranch16 | OpKind::NearBranch32 | OpKind::NearBranch64
+            )
+        })
+        .map(|i| i.near_branch_target())
+        .collect()
+}
+
 /// The symbol a PLT stub at `address` jumps to through the GOT.
 pub fn plt_stub_symbol<'s>(
     symbols: &'s FunctionSymbols,

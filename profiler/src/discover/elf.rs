@@ -88,6 +88,9 @@ pub struct FunctionSymbols {
     /// PLT stub ranges, and GOT slot -> symbol for the stubs' jumps.
     plt_ranges: Vec<AddressRange>,
     got_symbols: HashMap<u64, String>,
+    /// Where functions start, sorted, from `.eh_frame_hdr`'s table: the
+    /// extents of functions that have no symbol in a stripped file.
+    function_starts: Vec<u64>,
     /// Whether the file has a `.symtab` (stripped files have none).
     pub has_symbol_table: bool,
 }
@@ -121,11 +124,16 @@ impl FunctionSymbols {
             }
         }
         let has_symbol_table = file.symbols().next().is_some();
+        let function_starts = file
+            .section_by_name(".eh_frame_hdr")
+            .and_then(|s| Some(eh_frame_hdr_starts(s.address(), s.data().ok()?)))
+            .unwrap_or_default();
         Ok(Self {
             functions,
             segments,
             plt_ranges,
             got_symbols,
+            function_starts,
             has_symbol_table,
         })
     }
@@ -167,6 +175,13 @@ impl FunctionSymbols {
         data.get(from as usize..to as usize)
     }
 
+    /// Where the function after the one at `address` starts, per the
+    /// call frame information.
+    pub fn next_function_start(&self, address: u64) -> Option<u64> {
+        let index = self.function_starts.partition_point(|&s| s <= address);
+        self.function_starts.get(index).copied()
+    }
+
     pub fn is_plt(&self, address: u64) -> bool {
         self.plt_ranges.iter().any(|range| range.contains(address))
     }
@@ -175,4 +190,26 @@ impl FunctionSymbols {
     pub fn got_symbol(&self, slot: u64) -> Option<&str> {
         self.got_symbols.get(&slot).map(String::as_str)
     }
+}
+
+/// The function starts of an `.eh_frame_hdr` at `address`, in the encoding
+/// every x86-64 toolchain writes (a table of 4-byte offsets from the
+/// section); none for another encoding.
+fn eh_frame_hdr_starts(address: u64, data: &[u8]) -> Vec<u64> {
+    const VERSION: u8 = 1;
+    const COUNT_UDATA4: u8 = 0x03;
+    const TABLE_DATAREL_SDATA4: u8 = 0x3b;
+    let word = |at: usize| -> Option<[u8; 4]> { data.get(at..at + 4)?.try_into().ok() };
+    let (Some(&[VERSION, _, COUNT_UDATA4, TABLE_DATAREL_SDATA4]), Some(count)) =
+        (data.get(..4), word(8))
+    else {
+        return Vec::new();
+    };
+    let count = u32::from_le_bytes(count) as usize;
+    let mut starts: Vec<u64> = (0..count)
+        .map_while(|i| word(12 + i * 8))
+        .map(|w| address.wrapping_add_signed(i32::from_le_bytes(w) as i64))
+        .collect();
+    starts.sort_unstable();
+    starts
 }

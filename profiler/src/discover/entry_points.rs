@@ -1,9 +1,9 @@
-//! jemalloc's entry points, and which eBPF program watches each.
+//! Allocators' entry points, and which eBPF program watches each.
 use std::collections::BTreeSet;
 
 use iced_x86::Register;
 
-use crate::discover::{elf::FunctionSymbols, placement::Placement};
+use crate::discover::{allocators::AllocatorKind, elf::FunctionSymbols, placement::Placement};
 
 pub use profiler_common::CallShape;
 
@@ -60,11 +60,7 @@ pub const CXX_ENTRY_POINTS: &[(&str, CallShape)] = &[
     ("_ZdaPvSt11align_val_tRKSt9nothrow_t", CallShape::Free),
 ];
 
-/// Functions only jemalloc defines, all three together: how an object is
-/// recognised as jemalloc, whatever its prefix.
-pub const SIGNATURE: [&str; 3] = ["mallocx", "rallocx", "sdallocx"];
-
-/// An entry point found in a jemalloc instance.
+/// An entry point found in an allocator.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EntryPoint {
     /// The symbol, with its prefix.
@@ -74,38 +70,83 @@ pub struct EntryPoint {
     pub file_offset: u64,
     /// Where in the function the probe goes.
     pub placement: Placement,
+    /// Whether the function may pass its call on to another entry point of
+    /// its allocator (glibc's realloc calling malloc): the kernel then does
+    /// not count that inner call again.
+    pub forwards: bool,
+}
+
+/// An allocator found in a file: its kind, prefix and entry points.
+#[derive(Clone, Debug)]
+pub struct FoundEntryPoints {
+    pub kind: AllocatorKind,
+    pub prefix: String,
+    pub entry_points: Vec<EntryPoint>,
+}
+
+/// Finds the allocators of `wanted` kinds in `symbols`. A function is
+/// claimed by one allocator only, in [`AllocatorKind::ALL`]'s order.
+pub fn find_allocators(
+    symbols: &FunctionSymbols,
+    wanted: &[AllocatorKind],
+) -> Vec<FoundEntryPoints> {
+    let mut claimed = BTreeSet::new();
+    let mut found = Vec::new();
+    for kind in AllocatorKind::ALL
+        .into_iter()
+        .filter(|k| wanted.contains(k))
+    {
+        let prefix = match kind {
+            AllocatorKind::Jemalloc => match detect_prefix(symbols) {
+                Some(prefix) => prefix,
+                None => continue,
+            },
+            _ if kind.is_in(symbols) => String::new(),
+            _ => continue,
+        };
+        let entry_points: Vec<EntryPoint> = kind
+            .entry_point_names(&prefix)
+            .into_iter()
+            .filter_map(|(symbol, shape)| {
+                let file_offset = symbols.offset(&symbol)?;
+                Some(EntryPoint {
+                    symbol,
+                    shape,
+                    file_offset,
+                    placement: Placement::entry("not analysed"),
+                    forwards: false,
+                })
+            })
+            // Aliases (free and sdallocx sharing code, say) are probed once.
+            .filter(|e| claimed.insert(e.file_offset))
+            .collect();
+        if !entry_points.is_empty() {
+            found.push(FoundEntryPoints {
+                kind,
+                prefix,
+                entry_points,
+            });
+        }
+    }
+    found
 }
 
 /// Finds jemalloc's entry points in `symbols`, with the prefix they carry.
+#[cfg(test)]
 pub fn find_entry_points(symbols: &FunctionSymbols) -> Option<(String, Vec<EntryPoint>)> {
-    let prefix = detect_prefix(symbols)?;
-    let mut entry_points: Vec<EntryPoint> = C_ENTRY_POINTS
-        .iter()
-        .map(|(name, shape)| (format!("{prefix}{name}"), *shape))
-        .chain(CXX_ENTRY_POINTS.iter().map(|(n, s)| (n.to_string(), *s)))
-        .filter_map(|(symbol, shape)| {
-            let file_offset = symbols.offset(&symbol)?;
-            Some(EntryPoint {
-                symbol,
-                shape,
-                file_offset,
-                placement: Placement::entry("not analysed"),
-            })
-        })
-        .collect();
-    // Aliases (free and sdallocx sharing code, say) must be probed once.
-    let mut offsets = BTreeSet::new();
-    entry_points.retain(|e| offsets.insert(e.file_offset));
-    Some((prefix, entry_points))
+    find_allocators(symbols, &[AllocatorKind::Jemalloc])
+        .pop()
+        .map(|found| (found.prefix, found.entry_points))
 }
 
 /// The prefix under which all of jemalloc's signature functions exist.
 fn detect_prefix(symbols: &FunctionSymbols) -> Option<String> {
+    let signature = AllocatorKind::Jemalloc.signature();
     let mut candidates: Vec<String> = symbols
         .names()
-        .filter_map(|name| name.strip_suffix(SIGNATURE[0]))
+        .filter_map(|name| name.strip_suffix(signature[0]))
         .filter(|prefix| {
-            SIGNATURE[1..]
+            signature[1..]
                 .iter()
                 .all(|s| symbols.offset(&format!("{prefix}{s}")).is_some())
         })
@@ -157,5 +198,40 @@ mod tests {
         };
         assert!(symbols.offset("malloc").is_some());
         assert!(find_entry_points(&symbols).is_none());
+    }
+
+    /// Each library holds its own allocator and no other, though mimalloc
+    /// and tcmalloc define `__libc_malloc` as glibc does.
+    #[test]
+    fn each_allocator_is_recognised_in_its_library() {
+        let dir = Path::new("/usr/lib/x86_64-linux-gnu");
+        let cases = [
+            ("libc.so.6", AllocatorKind::Glibc, "malloc"),
+            ("libjemalloc.so.2", AllocatorKind::Jemalloc, "malloc"),
+            ("libmimalloc.so.2", AllocatorKind::Mimalloc, "mi_malloc"),
+            ("libtcmalloc.so.4", AllocatorKind::Tcmalloc, "tc_malloc"),
+        ];
+        for (file, kind, first) in cases {
+            let Some(symbols) = symbols_of(&dir.join(file)) else {
+                continue;
+            };
+            let found = find_allocators(&symbols, &AllocatorKind::ALL);
+            let kinds: Vec<AllocatorKind> = found.iter().map(|f| f.kind).collect();
+            assert_eq!(kinds, [kind], "{file}");
+            let names: Vec<&str> = found[0]
+                .entry_points
+                .iter()
+                .map(|e| e.symbol.as_str())
+                .collect();
+            assert!(names.contains(&first), "{file}: {names:?}");
+            // `malloc` aliases the allocator's own function: probed once.
+            let malloc = symbols.offset("malloc").unwrap();
+            let at_malloc = found[0]
+                .entry_points
+                .iter()
+                .filter(|e| e.file_offset == malloc)
+                .count();
+            assert_eq!(at_malloc, 1, "{file}");
+        }
     }
 }

@@ -1,6 +1,8 @@
-//! Finding jemalloc in processes: which mapped files hold a copy, with which
-//! prefix and entry points. Each file is read once per run (by identity, not
-//! path), so rescans for `dlopen`ed libraries and `--all` stay cheap.
+//! Finding allocators in processes: which mapped files hold jemalloc,
+//! glibc's malloc, mimalloc or tcmalloc, with which prefix and entry
+//! points. Each file is read once per run (by identity, not path), so
+//! rescans for `dlopen`ed libraries and `--all` stay cheap.
+pub mod allocators;
 pub mod code;
 pub mod elf;
 pub mod entry_points;
@@ -12,19 +14,22 @@ use std::{
 };
 
 use crate::{
-    discover::code::{plt_stub_symbol, straight_line_exit},
+    discover::code::{branch_targets, plt_stub_symbol, straight_line_exit},
     discover::elf::FunctionSymbols,
-    discover::entry_points::{EntryPoint, find_entry_points},
+    discover::entry_points::{EntryPoint, find_allocators},
     discover::placement::Placement,
     error::{Error, Result},
     proc::{FileId, Mapping, proc_path},
     symbolize::debug_files::DebugFile,
 };
 
-/// A copy of jemalloc inside one file.
+pub use allocators::AllocatorKind;
+
+/// A copy of an allocator inside one file.
 #[derive(Debug)]
 pub struct Allocator {
-    /// `""`, `je_`, `_rjem_`...
+    pub kind: AllocatorKind,
+    /// jemalloc's: `""`, `je_`, `_rjem_`...
     pub prefix: String,
     /// The entry points to probe.
     pub entry_points: Vec<EntryPoint>,
@@ -38,7 +43,7 @@ pub struct Allocator {
 /// What one file holds, for attaching and for saying what was found.
 #[derive(Debug, Default)]
 struct FileFacts {
-    allocator: Option<Arc<Allocator>>,
+    allocators: Vec<Arc<Allocator>>,
     defines_malloc: bool,
     has_symbol_table: bool,
     /// jemalloc's message prefix is in the file: jemalloc is linked in,
@@ -46,7 +51,7 @@ struct FileFacts {
     mentions_jemalloc: bool,
 }
 
-/// A jemalloc copy found mapped in a process.
+/// An allocator copy found mapped in a process.
 #[derive(Clone, Debug)]
 pub struct Found {
     pub file: FileId,
@@ -60,27 +65,38 @@ pub struct Found {
     pub allocator: Arc<Allocator>,
 }
 
+impl Found {
+    /// What a process's attached allocators are told apart by.
+    pub fn key(&self) -> (FileId, AllocatorKind) {
+        (self.file, self.allocator.kind)
+    }
+}
+
 #[derive(Debug, Default)]
 /// What each file holds, read once per file.
 pub struct AllocatorCache {
     files: HashMap<FileId, FileFacts>,
     /// Debug files here too, for stripped files (`--debug-dir`).
     debug_dir: Option<PathBuf>,
+    /// The allocators to probe (`--allocator`).
+    wanted: Vec<AllocatorKind>,
 }
 
 impl AllocatorCache {
-    pub fn new(debug_dir: Option<PathBuf>) -> Self {
+    pub fn new(debug_dir: Option<PathBuf>, wanted: Vec<AllocatorKind>) -> Self {
         Self {
             files: HashMap::new(),
             debug_dir,
+            wanted,
         }
     }
 
-    /// Every jemalloc copy mapped in `pid`, per its `maps`.
+    /// Every allocator copy mapped in `pid`, per its `maps`.
     pub fn find(&mut self, pid: u32, maps: &[Mapping]) -> Vec<Found> {
+        let wanted = &self.wanted;
         executable_files(maps)
             .into_iter()
-            .filter_map(|mapping| {
+            .flat_map(|mapping| {
                 let open_path = map_file(pid, &mapping);
                 let debug = DebugLookup {
                     name: Path::new(mapping.path.as_deref().unwrap_or_default()),
@@ -90,26 +106,29 @@ impl AllocatorCache {
                 let facts = self
                     .files
                     .entry(mapping.file)
-                    .or_insert_with(|| read_facts(&open_path, &debug));
-                let allocator = facts.allocator.clone()?;
-                Some(Found {
-                    file: mapping.file,
-                    path: mapping.path.clone().unwrap_or_default(),
-                    open_path,
-                    allocator,
-                })
+                    .or_insert_with(|| read_facts(&open_path, &debug, wanted));
+                facts
+                    .allocators
+                    .iter()
+                    .map(|allocator| Found {
+                        file: mapping.file,
+                        path: mapping.path.clone().unwrap_or_default(),
+                        open_path: open_path.clone(),
+                        allocator: allocator.clone(),
+                    })
+                    .collect::<Vec<_>>()
             })
             .collect()
     }
 
     /// Like [`find`](Self::find), but an error that says what was found
-    /// instead when there is no jemalloc.
+    /// instead when there is no allocator to probe.
     pub fn require(&mut self, pid: u32, maps: &[Mapping], command: &str) -> Result<Vec<Found>> {
         let found = self.find(pid, maps);
         if !found.is_empty() {
             return Ok(found);
         }
-        Err(Error::NoJemalloc {
+        Err(Error::NoAllocator {
             pid,
             command: command.to_owned(),
             found: self.describe_absence(maps),
@@ -157,13 +176,18 @@ impl AllocatorCache {
         } else {
             String::new()
         };
-        match providers.as_slice() {
-            [] => format!("no mapped file defines malloc{stripped}"),
-            [one] if one.starts_with("libc.so") || one.starts_with("libc-") => {
-                format!("malloc comes from glibc only{stripped}")
-            }
-            many => format!("malloc comes from {}{stripped}", many.join(", ")),
+        let providers = providers.join(", ");
+        if providers.is_empty() {
+            return format!("no mapped file defines malloc{stripped}");
         }
+        if self.wanted.len() < AllocatorKind::ALL.len() {
+            let chosen: Vec<&str> = self.wanted.iter().map(|k| k.name()).collect();
+            return format!(
+                "malloc comes from {providers}, which --allocator {} leaves out{stripped}",
+                chosen.join(",")
+            );
+        }
+        format!("malloc comes from {providers}, an allocator memprobe does not know{stripped}")
     }
 }
 
@@ -196,7 +220,7 @@ struct DebugLookup<'a> {
     extra_dir: Option<&'a Path>,
 }
 
-fn read_facts(path: &Path, debug: &DebugLookup<'_>) -> FileFacts {
+fn read_facts(path: &Path, debug: &DebugLookup<'_>, wanted: &[AllocatorKind]) -> FileFacts {
     let Ok(data) = std::fs::read(path) else {
         return FileFacts::default();
     };
@@ -210,24 +234,35 @@ fn read_facts(path: &Path, debug: &DebugLookup<'_>) -> FileFacts {
     // A stripped file with jemalloc linked in: its debug file has the names.
     if mentions_jemalloc
         && !symbols.has_symbol_table
-        && find_entry_points(&symbols).is_none()
+        && find_allocators(&symbols, &[AllocatorKind::Jemalloc]).is_empty()
         && let Some(debug_file) = DebugFile::find(path, debug.name, &debug.root, debug.extra_dir)
         && let Ok(debug_data) = debug_file.read()
     {
         let _ = symbols.adopt_debug_symbols(&debug_data);
     }
+    let entry_addresses: Vec<u64> = find_allocators(&symbols, wanted)
+        .iter()
+        .flat_map(|f| &f.entry_points)
+        .filter_map(|e| Some(symbols.function(&e.symbol)?.address))
+        .collect();
     FileFacts {
-        allocator: find_entry_points(&symbols).map(|(prefix, entry_points)| {
-            let (mut entry_points, wrappers) = split_wrappers(&symbols, &data, entry_points);
-            for entry in &mut entry_points {
-                entry.placement = place_probe(&symbols, &data, entry);
-            }
-            Arc::new(Allocator {
-                prefix,
-                entry_points,
-                wrappers,
+        allocators: find_allocators(&symbols, wanted)
+            .into_iter()
+            .map(|found| {
+                let (mut entry_points, wrappers) =
+                    split_wrappers(&symbols, &data, found.entry_points);
+                for entry in &mut entry_points {
+                    entry.placement = place_probe(&symbols, &data, entry);
+                    entry.forwards = may_forward(&symbols, &data, entry, &entry_addresses);
+                }
+                Arc::new(Allocator {
+                    kind: found.kind,
+                    prefix: found.prefix,
+                    entry_points,
+                    wrappers,
+                })
             })
-        }),
+            .collect(),
         defines_malloc: symbols.offset("malloc").is_some(),
         has_symbol_table: symbols.has_symbol_table,
         mentions_jemalloc,
@@ -269,6 +304,56 @@ fn split_wrappers(
     (probed, wrappers)
 }
 
+/// Most bytes of a helper without a symbol read when following a branch
+/// into it (its end comes from the call frame information).
+const HELPER_BYTES: u64 = 4096;
+
+/// Whether an allocating entry point's code calls or jumps to another entry
+/// point of the file, directly, through the PLT, or through one helper
+/// (glibc's memalign jumps to `_mid_memalign`, which jumps to malloc).
+fn may_forward(
+    symbols: &FunctionSymbols,
+    data: &[u8],
+    entry: &EntryPoint,
+    entry_addresses: &[u64],
+) -> bool {
+    if !entry.shape.allocates() {
+        return false;
+    }
+    let Some(function) = symbols.function(&entry.symbol) else {
+        return false;
+    };
+    let is_entry = |target: u64| {
+        target != function.address
+            && (entry_addresses.contains(&target)
+                || plt_stub_symbol(symbols, data, target)
+                    .and_then(|name| symbols.function(name))
+                    .is_some_and(|f| {
+                        f.address != function.address && entry_addresses.contains(&f.address)
+                    }))
+    };
+    let targets_of = |address: u64, len: u64| {
+        symbols
+            .code(data, address, len)
+            .map(|code| branch_targets(code, address))
+            .unwrap_or_default()
+    };
+    // A helper's extent ends where the next function starts; unknown
+    // extents are not followed.
+    let helper_targets = |address: u64| match symbols.next_function_start(address) {
+        Some(next) if next > address => targets_of(address, (next - address).min(HELPER_BYTES)),
+        _ => Vec::new(),
+    };
+    let end = function.address + function.size.max(16);
+    targets_of(function.address, function.size.max(16))
+        .into_iter()
+        .filter(|&t| t < function.address || t >= end)
+        .any(|target| {
+            is_entry(target)
+                || (!symbols.is_plt(target) && helper_targets(target).into_iter().any(&is_entry))
+        })
+}
+
 /// The probe's place in an entry point's code.
 fn place_probe(symbols: &FunctionSymbols, data: &[u8], entry: &EntryPoint) -> Placement {
     let Some(function) = symbols.function(&entry.symbol) else {
@@ -285,14 +370,18 @@ fn place_probe(symbols: &FunctionSymbols, data: &[u8], entry: &EntryPoint) -> Pl
     )
 }
 
-/// jemalloc copies in a file that is not mapped yet (launch mode).
-pub fn allocator_in_file(path: &Path, debug_dir: Option<&Path>) -> Option<Arc<Allocator>> {
+/// Allocator copies in a file that is not mapped yet (launch mode).
+pub fn allocators_in_file(
+    path: &Path,
+    debug_dir: Option<&Path>,
+    wanted: &[AllocatorKind],
+) -> Vec<Arc<Allocator>> {
     let debug = DebugLookup {
         name: path,
         root: PathBuf::from("/"),
         extra_dir: debug_dir,
     };
-    read_facts(path, &debug).allocator
+    read_facts(path, &debug, wanted).allocators
 }
 
 #[cfg(test)]
@@ -306,7 +395,9 @@ mod tests {
             eprintln!("skipped: {} is not installed", path.display());
             return;
         }
-        let allocator = allocator_in_file(path, None).expect("jemalloc found");
+        let allocator = allocators_in_file(path, None, &[AllocatorKind::Jemalloc])
+            .pop()
+            .expect("jemalloc found");
         let wrappers: HashMap<&str, &str> = allocator
             .wrappers
             .iter()
@@ -325,5 +416,27 @@ mod tests {
             assert!(probed.contains(&name), "{name} not probed: {probed:?}");
         }
         assert!(!probed.contains(&"_Znam"));
+    }
+
+    /// glibc's realloc and memalign family call malloc; malloc and free
+    /// call no other entry point.
+    #[test]
+    fn glibcs_forwarding_entry_points_are_found() {
+        let path = Path::new("/lib/x86_64-linux-gnu/libc.so.6");
+        let Some(allocator) = allocators_in_file(path, None, &[AllocatorKind::Glibc]).pop() else {
+            eprintln!("skipped: no glibc at {}", path.display());
+            return;
+        };
+        let forwards: HashMap<&str, bool> = allocator
+            .entry_points
+            .iter()
+            .map(|e| (e.symbol.as_str(), e.forwards))
+            .collect();
+        for name in ["realloc", "posix_memalign", "aligned_alloc"] {
+            assert_eq!(forwards.get(name), Some(&true), "{name}: {forwards:?}");
+        }
+        for name in ["malloc", "free", "calloc"] {
+            assert_eq!(forwards.get(name), Some(&false), "{name}: {forwards:?}");
+        }
     }
 }

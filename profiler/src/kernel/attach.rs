@@ -10,7 +10,7 @@ use aya::programs::{
 use profiler_common::{cookie, programs};
 
 use crate::{
-    discover::{Allocator, entry_points::EntryPoint, placement::Placement},
+    discover::{Allocator, AllocatorKind, entry_points::EntryPoint, placement::Placement},
     error::{Error, Result},
     kernel::{
         AttachedProbe, KernelProbes, PlacementMode, ReturnHalf, ReturnProbes, Scope,
@@ -94,7 +94,8 @@ impl KernelProbes {
         let mut count = 0;
         for entry in entries {
             count += 1;
-            if let Err(error) = self.attach_entry(&target, entry, instance, &mut made) {
+            let attached = self.attach_entry(&target, entry, allocator.kind, instance, &mut made);
+            if let Err(error) = attached {
                 for (program, link) in made {
                     if let Some(Ok(program)) =
                         self.ebpf.program_mut(program).map(<&mut UProbe>::try_from)
@@ -120,16 +121,20 @@ impl KernelProbes {
         &mut self,
         target: &Target,
         entry: &EntryPoint,
+        allocator: AllocatorKind,
         instance: u16,
         made: &mut Vec<(&'static str, UProbeLinkId)>,
     ) -> Result<()> {
-        let probe_index = self.attached.len() as u32;
+        let probe_index = u32::try_from(self.attached.len())
+            .ok()
+            .filter(|&i| i < cookie::MAX_PROBES)
+            .ok_or(Error::TooManyCopies)?;
         let placement = match self.placement {
             PlacementMode::Emulated => entry.placement.clone(),
             PlacementMode::Entry => Placement::entry("--placement entry"),
         };
         // After `pushes` pushes the return address is at [rsp + 8 * pushes].
-        let cookie = cookie::encode(probe_index, placement.pushes * 8, instance);
+        let cookie = cookie::encode(probe_index, placement.pushes * 8, instance, entry.forwards);
         let offset = entry.file_offset + placement.offset;
         let error = |message: String| target.error(&entry.symbol, message);
         let mut return_half = ReturnHalf::None;
@@ -162,6 +167,8 @@ impl KernelProbes {
             placement,
             return_half,
             instance,
+            allocator,
+            allocates: entry.shape.allocates(),
         });
         Ok(())
     }

@@ -1,6 +1,8 @@
 //! Decoding ring-buffer records into events.
 use std::mem::size_of;
 
+use crate::discover::AllocatorKind;
+
 use profiler_common::{
     AllocEvent, AllocReturnEvent, AllocStackEvent, EventHeader, FreeEvent, MAX_STACK_DEPTH,
     ResizeEvent, STACK_COPY_BYTES, UserRegs, event_kind,
@@ -19,6 +21,9 @@ pub enum Event {
         /// Registers and stack bytes for DWARF unwinding, when the kernel
         /// could copy any.
         stack_copy: Option<StackCopy>,
+        /// The allocator of the probe that fired, which sizes the bytes
+        /// (set by the run from the probe index; jemalloc until then).
+        allocator: AllocatorKind,
     },
     Returned {
         header: EventHeader,
@@ -110,6 +115,7 @@ fn sampled(header: EventHeader, event: &AllocEvent, stack_copy: Option<StackCopy
         frames,
         stack_error,
         stack_copy,
+        allocator: AllocatorKind::Jemalloc,
     }
 }
 

@@ -125,6 +125,9 @@ pub struct AttachedProbe {
     pub placement: Placement,
     pub return_half: ReturnHalf,
     pub instance: u16,
+    pub allocator: crate::discover::AllocatorKind,
+    /// Whether the entry point allocates (not a free or a resize).
+    pub allocates: bool,
 }
 
 pub struct KernelProbes {

@@ -41,14 +41,14 @@ impl Session<'_> {
             let known = self
                 .tracked
                 .get(&pid)
-                .is_some_and(|t| t.attached_files.contains(&f.file));
+                .is_some_and(|t| t.attached_files.contains(&f.key()));
             if known {
                 continue;
             }
             let result = self.attach_file(Scope::Process(pid), &f.path, &f.open_path, &f.allocator);
             // Tried once: a copy that failed is not retried at every rescan.
             if let Some(t) = self.tracked.get_mut(&pid) {
-                t.attached_files.insert(f.file);
+                t.attached_files.insert(f.key());
             }
             attached += self.survive_late_failure(result)?;
         }
@@ -105,7 +105,7 @@ impl Session<'_> {
                 continue;
             }
             for f in &found {
-                if self.system_wide.insert(f.file) {
+                if self.system_wide.insert(f.key()) {
                     let result =
                         self.attach_file(Scope::AllProcesses, &f.path, &f.open_path, &f.allocator);
                     self.survive_late_failure(result)?;
@@ -116,7 +116,7 @@ impl Session<'_> {
                 None => {
                     self.track(pid, maps);
                     if let Some(t) = self.tracked.get_mut(&pid) {
-                        t.attached_files.extend(found.iter().map(|f| f.file));
+                        t.attached_files.extend(found.iter().map(Found::key));
                     }
                 }
             }
@@ -144,16 +144,19 @@ impl Session<'_> {
                 .filter(|f| {
                     self.tracked
                         .get(&pid)
-                        .is_some_and(|t| !t.attached_files.contains(&f.file))
+                        .is_some_and(|t| !t.attached_files.contains(&f.key()))
                 })
                 .collect();
-            let paths: Vec<String> = new.iter().map(|f| f.path.clone()).collect();
+            let paths: Vec<String> = new
+                .iter()
+                .map(|f| format!("{} in {}", f.allocator.kind, f.path))
+                .collect();
             let attached = self.attach_found(pid, new)?;
             if attached > 0 {
                 self.clear_progress();
                 let _ = writeln!(
                     self.status,
-                    "memprobe: pid {pid} loaded jemalloc in {}: attached {attached} probes",
+                    "memprobe: pid {pid} loaded {}: attached {attached} probes",
                     paths.join(", ")
                 );
             }

@@ -108,6 +108,8 @@ mod tests {
             placement,
             return_half,
             instance: 0,
+            allocator: crate::discover::AllocatorKind::Jemalloc,
+            allocates: true,
         }
     }
 

@@ -1,6 +1,7 @@
 //! One profiling run: check the targets, load and attach, collect until
 //! told to stop, write, detach. Rescans once a second for libraries loaded
 //! later and, with `--all`, for processes started later.
+mod allocators;
 mod attach;
 pub mod cost;
 mod growth;
@@ -33,9 +34,13 @@ pub use retention::Retention;
 pub use status::{ProcessSummary, Summary, summary_lines};
 
 use crate::{
-    discover::{AllocatorCache, Found, allocator_in_file},
+    discover::{AllocatorCache, AllocatorKind, Found, allocators_in_file},
     error::{Error, Result},
-    kernel::{KernelProbes, Scope, events::decode, features},
+    kernel::{
+        KernelProbes, Scope,
+        events::{Event, decode},
+        features,
+    },
     output::files::OutputDir,
     proc::{FileId, command_name, parse_maps, read_maps},
     run::{
@@ -67,7 +72,7 @@ struct Session<'a> {
     cache: AllocatorCache,
     tracked: BTreeMap<u32, Tracked>,
     /// Files probed system-wide (`--all`).
-    system_wide: HashSet<FileId>,
+    system_wide: HashSet<(FileId, AllocatorKind)>,
     next_instance: u16,
     output: OutputDir,
     /// Names and writes snapshots off the loop.
@@ -102,7 +107,7 @@ struct LaunchedCommand {
 pub async fn run(options: SessionOptions, status: &mut dyn Write) -> Result<Summary> {
     features::require_root()?;
     features::require_kernel_support()?;
-    let mut cache = AllocatorCache::new(options.debug_dir.clone());
+    let mut cache = AllocatorCache::new(options.debug_dir.clone(), options.allocators.clone());
     let checked = check_targets(&options.targets, &mut cache)?;
     // Bound before anything is attached: a bad address undoes nothing.
     let endpoints = options.listen.map(Endpoints::bind).transpose()?;
@@ -187,15 +192,15 @@ impl Session<'_> {
                     t.command = launch::command_name(&command[0]);
                 }
                 for file in &predicted {
-                    let Some(allocator) =
-                        allocator_in_file(&file.path, self.options.debug_dir.as_deref())
-                    else {
-                        continue;
-                    };
-                    let path = file.path.to_string_lossy().into_owned();
-                    self.attach_file(Scope::Process(pid), &path, &file.path, &allocator)?;
-                    if let Some(t) = self.tracked.get_mut(&pid) {
-                        t.attached_files.insert(file.file);
+                    let debug_dir = self.options.debug_dir.as_deref();
+                    let allocators =
+                        allocators_in_file(&file.path, debug_dir, &self.options.allocators);
+                    for allocator in allocators {
+                        let path = file.path.to_string_lossy().into_owned();
+                        self.attach_file(Scope::Process(pid), &path, &file.path, &allocator)?;
+                        if let Some(t) = self.tracked.get_mut(&pid) {
+                            t.attached_files.insert((file.file, allocator.kind));
+                        }
                     }
                 }
                 // Only now may the command run: every probe is in place.
@@ -277,6 +282,7 @@ impl Session<'_> {
     fn tick(&mut self, ticks: &mut u64, last_hits: &mut Vec<u64>) -> Result<()> {
         self.rescan()?;
         self.check_growth();
+        self.check_silent_allocators();
         self.publish();
         self.record_written()?;
         *ticks += 1;
@@ -400,6 +406,13 @@ impl Session<'_> {
             let fast_path = self.probes.frame_pointer_fast_path();
             if let Some(trusted) = t.stacks.complete(&mut event, fast_path, &mut t.heap.drops) {
                 self.probes.trust_frame_pointers(pid, trusted);
+            }
+            if let Event::Sampled {
+                header, allocator, ..
+            } = &mut event
+                && let Some(probe) = self.probes.attached.get(header.probe as usize)
+            {
+                *allocator = probe.allocator;
             }
             t.heap.apply(event);
         }

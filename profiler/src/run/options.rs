@@ -60,6 +60,8 @@ pub struct SessionOptions {
     /// and to name their frames. Default: none (`/usr/lib/debug` in each
     /// process's root is always searched).
     pub debug_dir: Option<PathBuf>,
+    /// The allocators to probe (`--allocator`). Default: all of them.
+    pub allocators: Vec<crate::discover::AllocatorKind>,
     /// Ask JVMs for a perf map (`jcmd PID Compiler.perfmap`) before each
     /// snapshot, to name JIT-compiled Java frames. Default: yes.
     pub java_perfmap: bool,
@@ -99,6 +101,7 @@ impl Default for SessionOptions {
             min_dump_gap: Duration::from_secs(10),
             formats: Format::ALL.to_vec(),
             java_perfmap: true,
+            allocators: crate::discover::AllocatorKind::ALL.to_vec(),
             debug_dir: None,
             listen: None,
             retention: crate::run::Retention::default(),

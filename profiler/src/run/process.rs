@@ -3,6 +3,7 @@ use std::{collections::HashSet, path::PathBuf};
 
 use crate::{
     collect::{CollectorOptions, ProcessHeap},
+    discover::AllocatorKind,
     kernel::events::Event,
     proc::{AddressRange, FileId, command_name, namespace_pid, parse_maps},
     run::{growth::GrowthWindow, retention::KeptSnapshots},
@@ -21,10 +22,14 @@ pub(super) struct Tracked {
     ranges: Vec<AddressRange>,
     /// Unwinding, frame-pointer trust, the uretprobe trampoline.
     pub stacks: ProcessStacks,
-    /// Files whose allocator is probed for this process (or whose attach
+    /// Allocators (per file) probed for this process (or whose attach
     /// failed: they are not tried again).
-    pub attached_files: HashSet<FileId>,
+    pub attached_files: HashSet<(FileId, AllocatorKind)>,
     pub exited: bool,
+    /// Whether memprobe said that no probed allocator of it was called.
+    pub silence_reported: bool,
+    /// Its allocators and their allocation calls, as of its last snapshot.
+    pub allocator_calls: Vec<(String, Option<u64>)>,
     /// Every file written, all formats.
     pub files: Vec<PathBuf>,
     /// The `heap_v2` snapshots among them, in order.
@@ -50,6 +55,8 @@ impl Tracked {
             stacks: ProcessStacks::default(),
             attached_files: HashSet::new(),
             exited: false,
+            silence_reported: false,
+            allocator_calls: Vec::new(),
             files: Vec::new(),
             heaps: Vec::new(),
             snapshots: 0,

@@ -8,6 +8,7 @@ use crate::{
     output::Format,
     run::{
         Session,
+        allocators::describe,
         process::Tracked,
         retention::Retention,
         writer::{Announce, Done, Job},
@@ -81,10 +82,12 @@ impl Session<'_> {
             }
             return;
         }
+        let allocator_calls = self.allocator_calls(pid, &self.probes.probe_hits());
         let Some(t) = self.tracked.get_mut(&pid) else {
             return;
         };
         let mut profile = t.heap.snapshot(t.maps.clone());
+        t.allocator_calls = allocator_calls;
         let mut head = vec![
             ("command".to_owned(), t.command.clone()),
             ("reason".to_owned(), reason.to_owned()),
@@ -97,6 +100,7 @@ impl Session<'_> {
         if let Some(inner) = t.container_pid {
             head.push(("container_pid".into(), inner.to_string()));
         }
+        head.push(("allocators".into(), describe(&t.allocator_calls)));
         if self.options.collector.allocations_only {
             head.push((
                 "tracking".into(),

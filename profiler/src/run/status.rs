@@ -32,6 +32,9 @@ pub struct ProcessSummary {
     pub skipped_snapshots: u64,
     /// Old snapshots removed for `--keep` or `--max-disk`.
     pub removed_snapshots: u64,
+    /// Its allocators ("glibc in libc.so.6") and their allocation calls
+    /// (`None` where system-wide probes do not tell processes apart).
+    pub allocator_calls: Vec<(String, Option<u64>)>,
 }
 
 impl ProcessSummary {
@@ -48,6 +51,7 @@ impl ProcessSummary {
             exited: t.exited,
             skipped_snapshots: t.skipped_snapshots,
             removed_snapshots: t.kept.removed,
+            allocator_calls: t.allocator_calls,
         }
     }
 }
@@ -81,15 +85,16 @@ impl Session<'_> {
         let probes = self.probes.attached.len();
         let line = match &self.options.targets {
             Targets::All => format!(
-                "memprobe: attached {probes} probes system-wide to {} jemalloc files in {} \
+                "memprobe: attached {probes} probes system-wide to {} allocators ({}) in {} \
                  processes, watching for more; profiling {until}",
                 self.system_wide.len(),
+                self.system_wide_kinds(),
                 self.tracked.len()
             ),
             Targets::Launch(_) if probes == 0 => {
                 let t = self.tracked.values().next();
                 format!(
-                    "memprobe: started pid {} ({}); no jemalloc in it yet, attaching when it \
+                    "memprobe: started pid {} ({}); no allocator in it yet, attaching when it \
                      loads one; profiling {until}",
                     t.map_or(0, |t| t.pid),
                     t.map_or("?", |t| t.command.as_str())
@@ -100,12 +105,12 @@ impl Session<'_> {
                     .tracked
                     .values()
                     .map(|t| {
-                        let mut libs: Vec<&str> = self
+                        let mut libs: Vec<String> = self
                             .probes
                             .attached
                             .iter()
                             .filter(|p| p.scope == Scope::Process(t.pid))
-                            .map(|p| p.path.as_str())
+                            .map(|p| format!("{} in {}", p.allocator, p.path))
                             .collect();
                         libs.dedup();
                         let container = t
@@ -129,6 +134,15 @@ impl Session<'_> {
         let _ = writeln!(self.status, "{line}");
         self.announced = true;
         let _ = self.status.flush();
+    }
+
+    /// "glibc, jemalloc": the kinds of allocator probed system-wide.
+    fn system_wide_kinds(&self) -> String {
+        let mut kinds: Vec<_> = self.system_wide.iter().map(|(_, kind)| *kind).collect();
+        kinds.sort();
+        kinds.dedup();
+        let names: Vec<&str> = kinds.iter().map(|k| k.name()).collect();
+        names.join(", ")
     }
 
     /// `--verbose`: probe hits per second per entry point since the last call.
@@ -232,6 +246,22 @@ fn kernel_drops_line(counters: &KernelCounters) -> Option<String> {
     (!dropped.is_empty()).then(|| format!("memprobe: kernel drops: {}", dropped.join(", ")))
 }
 
+/// "memprobe: pid N: no allocation call seen through ..." when its
+/// allocators were probed and none was called.
+fn uncalled_allocators_line(p: &ProcessSummary) -> Option<String> {
+    let counted: Vec<u64> = p.allocator_calls.iter().filter_map(|(_, n)| *n).collect();
+    if counted.is_empty() || counted.iter().any(|&n| n > 0) {
+        return None;
+    }
+    let found: Vec<&str> = p.allocator_calls.iter().map(|(l, _)| l.as_str()).collect();
+    Some(format!(
+        "memprobe: pid {}: no allocation call seen through the allocators found ({}): it \
+         allocates through another allocator, or was idle",
+        p.pid,
+        found.join(", ")
+    ))
+}
+
 /// Lines summarising a run, for the end of the run.
 pub fn summary_lines(summary: &Summary) -> Vec<String> {
     let mut lines = Vec::new();
@@ -270,7 +300,12 @@ pub fn summary_lines(summary: &Summary) -> Vec<String> {
             },
             files_written(&p.files, &summary.output_dir, p.removed_snapshots)
         ));
+        lines.extend(uncalled_allocators_line(p));
         if summary.verbose {
+            lines.push(format!(
+                "memprobe:   allocators: {}",
+                super::allocators::describe(&p.allocator_calls)
+            ));
             lines.extend(
                 p.files
                     .iter()

@@ -10,8 +10,8 @@ use std::{
 use blazesym::symbolize::{CodeInfo, Input, Symbolized, Symbolizer, source::Elf, source::Source};
 
 use crate::{
-    discover::allocator_in_file,
     discover::entry_points::{C_ENTRY_POINTS, CXX_ENTRY_POINTS},
+    discover::{AllocatorKind, allocators_in_file},
     proc::{Mapping, parse_maps},
     symbolize::debug_files::DebugFile,
 };
@@ -291,13 +291,24 @@ impl Namer {
     /// A frame of the allocator itself: named as one of its functions, or
     /// unnamed inside a file that holds jemalloc.
     fn is_allocator_frame(&mut self, address: u64, frame: &Frame) -> bool {
-        const INTERNAL: [&str; 6] = [
+        const INTERNAL: [&str; 17] = [
             "je_",
             "_rjem_",
             "prof_",
             "imalloc",
             "malloc_default",
             "ialloc",
+            "mi_",
+            "_mi_",
+            "tc_",
+            "tcmalloc::",
+            "__libc_malloc",
+            "__libc_calloc",
+            "__libc_realloc",
+            "__libc_memalign",
+            "_int_",
+            "_mid_memalign",
+            "__GI___libc_",
         ];
         let Frame::Function { name, .. } = frame else {
             return self.in_allocator_file(address);
@@ -309,7 +320,8 @@ impl Namer {
         entry_point || INTERNAL.iter().any(|p| name.starts_with(p))
     }
 
-    /// Whether `address` is in a file that holds a copy of jemalloc.
+    /// Whether `address` is in a file that holds a copy of jemalloc,
+    /// mimalloc or tcmalloc (glibc's file holds much else).
     fn in_allocator_file(&mut self, address: u64) -> bool {
         let Some(path) = self
             .mappings
@@ -319,10 +331,14 @@ impl Namer {
         else {
             return false;
         };
-        *self
-            .holds_jemalloc
-            .entry(path.clone())
-            .or_insert_with(|| allocator_in_file(Path::new(&path), None).is_some())
+        *self.holds_jemalloc.entry(path.clone()).or_insert_with(|| {
+            let kinds = [
+                AllocatorKind::Jemalloc,
+                AllocatorKind::Mimalloc,
+                AllocatorKind::Tcmalloc,
+            ];
+            !allocators_in_file(Path::new(&path), None, &kinds).is_empty()
+        })
     }
 }
 

@@ -29,7 +29,7 @@ fn unknown_pid() {
 }
 
 #[test]
-fn process_without_jemalloc() {
+fn process_without_a_chosen_allocator() {
     let mut sleeper = Command::new("sleep").arg("30").spawn().unwrap();
     let pid = sleeper.id().to_string();
     // Until exec is done the process maps only the loader.
@@ -40,13 +40,20 @@ fn process_without_jemalloc() {
         }
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    let (status, stderr) = run_memprobe(&["--pid", &pid, "--duration", "1s"], &[]);
+    let (status, stderr) = run_memprobe(
+        &["--pid", &pid, "--duration", "1s", "--allocator", "jemalloc"],
+        &[],
+    );
     let _ = sleeper.kill();
     let _ = sleeper.wait();
     assert_one_line_error(
         &stderr,
         status,
-        &["has no jemalloc", "glibc", "LD_PRELOAD=libjemalloc.so.2"],
+        &[
+            "has no allocator memprobe knows",
+            "libc.so.6",
+            "--allocator jemalloc leaves out",
+        ],
     );
 }
 
