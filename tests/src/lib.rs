@@ -83,6 +83,30 @@ pub fn sites_fixture() -> PathBuf {
     })
 }
 
+/// Sites through each entry-point shape (malloc, realloc(NULL), aligned,
+/// calloc), built without an allocator: glibc's, or the one LD_PRELOAD puts
+/// first.
+pub fn allocators_fixture() -> PathBuf {
+    build_once("allocators", |out| compile("cc", out, "allocators.c", &[]))
+}
+
+/// A shared library with mimalloc linked in (local symbols, as in pyarrow's
+/// libarrow), exporting `keep_blocks` for the dlopen host.
+pub fn mimalloc_library() -> PathBuf {
+    let target_dir = workspace_root().join("target/fixtures/rust-mimalloc");
+    build_once("rust-mimalloc-lib", |_| {
+        let mut command = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+        command
+            .args(["build", "--release", "--quiet", "--manifest-path"])
+            .arg(fixture_source("rust-mimalloc-lib/Cargo.toml"))
+            .arg("--target-dir")
+            .arg(&target_dir)
+            .env("RUSTFLAGS", "-C force-frame-pointers=yes");
+        command
+    });
+    target_dir.join("release/librust_mimalloc_lib.so")
+}
+
 /// The same sites, with jemalloc linked statically into the executable.
 pub fn sites_static_fixture() -> PathBuf {
     build_once("sites_static", |out| {

@@ -6,12 +6,15 @@ use anyhow::{Context, Result, bail};
 use crate::run_command;
 
 /// Debian packages: jemalloc (library, headers, jeprof, static archive),
+/// mimalloc and gperftools' tcmalloc for the other allocators' tests,
 /// binutils for jeprof and strip, C and C++ compilers, Go (go tool pprof) and a JDK for the
 /// fixtures, util-linux for setpriv and unshare, prometheus (and promtool) for
 /// the metrics endpoint.
 const PACKAGES: &[&str] = &[
     "libjemalloc2",
     "libjemalloc-dev",
+    "libmimalloc2.0",
+    "libgoogle-perftools4",
     "binutils",
     "bpftool",
     "bpftrace",

@@ -1,3 +1,4 @@
+mod allocators;
 mod endpoints;
 mod errors;
 mod heap_profile;
