@@ -15,14 +15,15 @@ use crate::{run_command, workspace_root};
 
 const LIBJEMALLOC: &str = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2";
 
-fn build_loop(out: &Path) -> Result<PathBuf> {
-    let binary = out.join("malloc_loop");
+/// The malloc/free loop, linked to jemalloc or (`libs` empty) on glibc's.
+fn build_loop(out: &Path, name: &str, libs: &[&str]) -> Result<PathBuf> {
+    let binary = out.join(name);
     run_command(
         Command::new("cc")
             .args(["-O2", "-o"])
             .arg(&binary)
             .arg(workspace_root().join("tests/fixtures/malloc_loop.c"))
-            .arg("-ljemalloc"),
+            .args(libs),
     )?;
     Ok(binary)
 }
@@ -90,7 +91,8 @@ pub fn bench() -> Result<()> {
     let _ = std::fs::remove_dir_all(&out);
     std::fs::create_dir_all(&out)?;
     let memprobe = root.join("target/release/memprobe");
-    let malloc_loop = build_loop(&out)?;
+    let malloc_loop = build_loop(&out, "malloc_loop", &["-ljemalloc"])?;
+    let glibc_loop = build_loop(&out, "malloc_loop_glibc", &[])?;
     let profiles = out.join("profiles");
     std::fs::create_dir_all(&profiles)?;
     let profiles_dir = profiles.to_str().context("path")?.to_owned();
@@ -119,18 +121,22 @@ pub fn bench() -> Result<()> {
         },
         3,
     )?;
+    let memprobe_loop_of =
+        |malloc_loop: &Path, options: &'static [&'static str], pairs: &'static str| {
+            let memprobe = memprobe.clone();
+            let malloc_loop = malloc_loop.to_owned();
+            let profiles_dir = profiles_dir.clone();
+            move || {
+                let mut c = Command::new(&memprobe);
+                c.args(options)
+                    .args(["--format", "heap", "-o", &profiles_dir, "--"])
+                    .arg(&malloc_loop)
+                    .arg(pairs);
+                c
+            }
+        };
     let memprobe_loop = |options: &'static [&'static str], pairs: &'static str| {
-        let memprobe = memprobe.clone();
-        let malloc_loop = malloc_loop.clone();
-        let profiles_dir = profiles_dir.clone();
-        move || {
-            let mut c = Command::new(&memprobe);
-            c.args(options)
-                .args(["--format", "heap", "-o", &profiles_dir, "--"])
-                .arg(&malloc_loop)
-                .arg(pairs);
-            c
-        }
+        memprobe_loop_of(&malloc_loop, options, pairs)
     };
     let entry_placement = &["--placement", "entry", "--return-probes", "uretprobes"];
     let memprobe_entry = loop_ns(memprobe_loop(entry_placement, "20000"), 3)?;
@@ -139,6 +145,16 @@ pub fn bench() -> Result<()> {
     let memprobe_emulated = loop_ns(memprobe_loop(&[], "500000"), 3)?;
     let allocations_only = &["--track", "allocations"];
     let memprobe_allocations = loop_ns(memprobe_loop(allocations_only, "500000"), 3)?;
+    eprintln!("bench: malloc/free loop on glibc's malloc");
+    let glibc_none = loop_ns(
+        || {
+            let mut c = Command::new(&glibc_loop);
+            c.arg("5000000");
+            c
+        },
+        5,
+    )?;
+    let glibc_memprobe = loop_ns(memprobe_loop_of(&glibc_loop, &[], "500000"), 3)?;
     // What a sampled call's stack walk costs: at 16 KiB about one call in
     // 170 is sampled; with and without the stack copy for DWARF.
     eprintln!("bench: stack walks of sampled calls");
@@ -193,6 +209,13 @@ pub fn bench() -> Result<()> {
         "| memprobe `--track allocations` (no free probe, no return half) | {memprobe_allocations:.0} | {:.0} | {:.1}x less |\n",
         memprobe_allocations - none,
         added_memleak / (memprobe_allocations - none)
+    ));
+    table.push_str(&format!(
+        "\n| the same loop on glibc's malloc (libc.so.6) | ns per pair | added ns | vs jemalloc's added ns |\n|---|---|---|---|\n\
+         | no profiler | {glibc_none:.1} | - | - |\n\
+         | memprobe (default) | {glibc_memprobe:.0} | {:.0} | {:.2}x |\n",
+        glibc_memprobe - glibc_none,
+        (glibc_memprobe - glibc_none) / added_emulated
     ));
     table.push_str(&format!(
         "\n| sampled calls' stacks, `--sample-interval 16KiB` (about 1 call in 170 sampled) | ns per pair |\n|---|---|\n\

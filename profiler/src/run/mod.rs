@@ -392,8 +392,13 @@ impl Session<'_> {
                 continue;
             };
             let pid = event.header().pid;
-            // System-wide probes see processes before the next scan does.
-            if !self.tracked.contains_key(&pid) && matches!(self.options.targets, Targets::All) {
+            // System-wide probes see processes before the next scan does;
+            // memprobe's own allocations (glibc's, probed with `--all`) are
+            // not profiled.
+            if !self.tracked.contains_key(&pid)
+                && matches!(self.options.targets, Targets::All)
+                && pid != std::process::id()
+            {
                 let maps = read_maps(pid).unwrap_or_default();
                 self.track(pid, maps);
             }
