@@ -11,8 +11,8 @@ pub enum Error {
     NoSuchProcess(u32),
 
     #[error(
-        "process {pid} ({command}) has no allocator memprobe knows: {found}; memprobe profiles \
-         jemalloc, glibc malloc, mimalloc and tcmalloc (see --allocator)"
+        "process {pid} ({command}): {found}; memprobe profiles jemalloc, glibc malloc, mimalloc \
+         and tcmalloc (see --allocator)"
     )]
     NoAllocator {
         pid: u32,

@@ -125,13 +125,33 @@ impl AllocatorCache {
     /// instead when there is no allocator to probe.
     pub fn require(&mut self, pid: u32, maps: &[Mapping], command: &str) -> Result<Vec<Found>> {
         let found = self.find(pid, maps);
-        if !found.is_empty() {
+        // jemalloc linked in but unreadable is the process's allocator:
+        // profiling only the others would give an empty profile.
+        let hidden = self.hidden_jemalloc(maps).is_some();
+        if !found.is_empty() && !hidden {
             return Ok(found);
         }
         Err(Error::NoAllocator {
             pid,
             command: command.to_owned(),
             found: self.describe_absence(maps),
+        })
+    }
+
+    /// A mapped file with jemalloc linked in whose entry points could not
+    /// be read (stripped, no debug file), when jemalloc is wanted.
+    fn hidden_jemalloc(&self, maps: &[Mapping]) -> Option<Mapping> {
+        if !self.wanted.contains(&AllocatorKind::Jemalloc) {
+            return None;
+        }
+        executable_files(maps).into_iter().find(|m| {
+            self.files.get(&m.file).is_some_and(|f| {
+                f.mentions_jemalloc
+                    && !f
+                        .allocators
+                        .iter()
+                        .any(|a| a.kind == AllocatorKind::Jemalloc)
+            })
         })
     }
 
@@ -146,17 +166,14 @@ impl AllocatorCache {
                 .to_owned()
         };
         let facts = |m: &Mapping| self.files.get(&m.file);
-        if let Some(hidden) = files
-            .iter()
-            .find(|m| facts(m).is_some_and(|f| f.mentions_jemalloc))
-        {
+        if let Some(hidden) = self.hidden_jemalloc(maps) {
             return format!(
                 "{} contains jemalloc but exports none of its entry points (stripped, or \
                  built with hidden symbols) and no debug file of it was found: install its debug \
                  file (by build ID under /usr/lib/debug/.build-id, or by its debuglink name next \
                  to it), give its folder with --debug-dir, or profile a build that keeps its \
                  symbol table",
-                name(hidden)
+                name(&hidden)
             );
         }
         let providers: Vec<String> = files
@@ -178,16 +195,17 @@ impl AllocatorCache {
         };
         let providers = providers.join(", ");
         if providers.is_empty() {
-            return format!("no mapped file defines malloc{stripped}");
+            return format!("no allocator memprobe knows: no mapped file defines malloc{stripped}");
         }
         if self.wanted.len() < AllocatorKind::ALL.len() {
             let chosen: Vec<&str> = self.wanted.iter().map(|k| k.name()).collect();
             return format!(
-                "malloc comes from {providers}, which --allocator {} leaves out{stripped}",
+                "no allocator to probe: malloc comes from {providers}, which --allocator {} \
+                 leaves out{stripped}",
                 chosen.join(",")
             );
         }
-        format!("malloc comes from {providers}, an allocator memprobe does not know{stripped}")
+        format!("no allocator memprobe knows: malloc comes from {providers}{stripped}")
     }
 }
 

@@ -13,7 +13,7 @@ const SITES: [(&str, f64); 5] = [
     ("keep_4k", 2000.0 * 4096.0),
     ("keep_realloc", 768.0 * 8192.0),
     ("keep_aligned", 2000.0 * 2048.0),
-    ("keep_calloc", 2048.0 * 1024.0),
+    ("keep_calloc", 4096.0 * 1024.0),
 ];
 
 /// Profiles the allocators fixture under `env`; checks every site, that the

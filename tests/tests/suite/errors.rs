@@ -50,7 +50,7 @@ fn process_without_a_chosen_allocator() {
         &stderr,
         status,
         &[
-            "has no allocator memprobe knows",
+            "no allocator to probe",
             "libc.so.6",
             "--allocator jemalloc leaves out",
         ],
