@@ -8,7 +8,7 @@ pub use values::{
     AllocatorArg, BinariesArgs, ConvertTo, MeasureArg, PlacementArg, ReturnProbesArg, TrackArg,
     UnwindArg,
 };
-use values::{parse_duration, parse_format, parse_growth, parse_size};
+use values::{Overhead, parse_duration, parse_format, parse_growth, parse_overhead, parse_size};
 
 use clap::{ArgGroup, Parser};
 use profiler::{
@@ -29,6 +29,10 @@ Examples:
   Start a command with the probes in place, profile it until it exits, and
   exit with its exit code:
     sudo memprobe --output /tmp/prof -- ./server --port 8080
+
+  A busy database, never slowed by more than 5% of a CPU for over 10 s
+  (beyond that memprobe writes its profile and detaches from it):
+    sudo memprobe --pid 1234 --max-overhead 5 --duration 30m
 
   A long run: a snapshot every minute, and one whenever the heap grew by
   20 MiB within 10 minutes; `kill -USR1 <memprobe pid>` takes one at once:
@@ -142,6 +146,14 @@ pub struct Cli {
     /// with in use = allocated), for "what allocates most" at the least cost.
     #[arg(long, value_name = "WHAT", value_enum, default_value_t = TrackArg::All)]
     pub track: TrackArg,
+
+    /// The most a process's probes may cost it, in percent of one CPU
+    /// (measured from its probe hits and the per-hit costs timed on this
+    /// host at start): a process above it for 10 s is written out and
+    /// detached, and memprobe says so. `none` for no limit. Not with --all,
+    /// whose probes are shared by every process.
+    #[arg(long, value_name = "PCT", default_value = "10", value_parser = parse_overhead)]
+    pub max_overhead: Overhead,
 
     /// Which allocators to probe: jemalloc, glibc (libc.so.6's malloc),
     /// mimalloc, tcmalloc (gperftools), or all (each one a process maps; one
@@ -344,6 +356,7 @@ impl Cli {
             java_perfmap: !self.no_java_perfmap,
             debug_dir: self.debug_dir.clone(),
             allocators: AllocatorArg::kinds(&self.allocator),
+            max_overhead: self.max_overhead.0,
             listen: self.listen,
             retention: Retention {
                 keep: self.keep.map(|n| n as usize),
@@ -379,6 +392,7 @@ mod tests {
             "USR1",
             "--verbose",
             "--allocator",
+            "--max-overhead",
             "Examples:",
         ] {
             assert!(help.contains(flag), "{flag} missing from --help");

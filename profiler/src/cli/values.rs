@@ -60,6 +60,25 @@ impl AllocatorArg {
     }
 }
 
+/// `--max-overhead`: a share of one CPU, or none.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Overhead(pub Option<f64>);
+
+/// `--max-overhead PCT`: a percentage above 0, or `none`.
+pub fn parse_overhead(text: &str) -> Result<Overhead, String> {
+    if text == "none" {
+        return Ok(Overhead(None));
+    }
+    let percent: f64 = text
+        .trim_end_matches('%')
+        .parse()
+        .map_err(|_| format!("{text:?} is not a percentage (e.g. 10) or none"))?;
+    if !(percent > 0.0 && percent.is_finite()) {
+        return Err(format!("{text:?}: the budget must be above 0%"));
+    }
+    Ok(Overhead(Some(percent / 100.0)))
+}
+
 /// `--placement`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum PlacementArg {

@@ -143,44 +143,7 @@ impl ProcessHeap {
                 header,
                 ptr,
                 untracked,
-            } => {
-                let Some(sample) = self.pending.remove(&header.tid) else {
-                    self.drops.unmatched_returns += 1;
-                    return;
-                };
-                if ptr == 0 {
-                    return; // the allocation failed
-                }
-                self.samples += 1;
-                let weight = sample_weight(sample.size, self.sample_interval);
-                let usable = sample.usable;
-                let stats = &mut self.stacks[sample.stack as usize];
-                stats.alloc_objects += weight;
-                stats.alloc_bytes += weight * usable as f64;
-                if untracked {
-                    self.drops.untracked_in_kernel += 1;
-                    return;
-                }
-                if self.live.len() >= self.options.max_live && !self.live.contains_key(&ptr) {
-                    self.drops.live_table_full += 1;
-                    return;
-                }
-                stats.inuse_objects += weight;
-                stats.inuse_bytes += weight * usable as f64;
-                let previous = self.live.insert(
-                    ptr,
-                    LiveAllocation {
-                        stack: sample.stack,
-                        weight,
-                        usable,
-                        time_ns: header.time_ns,
-                    },
-                );
-                // A free we missed: the old allocation is gone.
-                if let Some(old) = previous {
-                    self.release(old);
-                }
-            }
+            } => self.returned(header.tid, header.time_ns, ptr, untracked),
             Event::Freed { ptr, .. } => {
                 if let Some(old) = self.live.remove(&ptr) {
                     self.release(old);
@@ -193,6 +156,46 @@ impl ProcessHeap {
                     live.usable = new_size;
                 }
             }
+        }
+    }
+
+    /// A sampled call's pointer: the allocation is live from now on.
+    fn returned(&mut self, tid: u32, time_ns: u64, ptr: u64, untracked: bool) {
+        let Some(sample) = self.pending.remove(&tid) else {
+            self.drops.unmatched_returns += 1;
+            return;
+        };
+        if ptr == 0 {
+            return; // the allocation failed
+        }
+        self.samples += 1;
+        let weight = sample_weight(sample.size, self.sample_interval);
+        let usable = sample.usable;
+        let stats = &mut self.stacks[sample.stack as usize];
+        stats.alloc_objects += weight;
+        stats.alloc_bytes += weight * usable as f64;
+        if untracked {
+            self.drops.untracked_in_kernel += 1;
+            return;
+        }
+        if self.live.len() >= self.options.max_live && !self.live.contains_key(&ptr) {
+            self.drops.live_table_full += 1;
+            return;
+        }
+        stats.inuse_objects += weight;
+        stats.inuse_bytes += weight * usable as f64;
+        let previous = self.live.insert(
+            ptr,
+            LiveAllocation {
+                stack: sample.stack,
+                weight,
+                usable,
+                time_ns,
+            },
+        );
+        // A free we missed: the old allocation is gone.
+        if let Some(old) = previous {
+            self.release(old);
         }
     }
 

@@ -1,7 +1,7 @@
 //! Attaching one allocator copy's entry points: each entry program, and
 //! the return half as a uprobe session or a uretprobe, with the sessions
 //! fallback found out at the first link; all or nothing per copy.
-use std::{num::NonZeroU32, path::Path};
+use std::{num::NonZeroU32, os::fd::OwnedFd, path::Path};
 
 use aya::programs::{
     UProbe,
@@ -13,7 +13,7 @@ use crate::{
     discover::{Allocator, AllocatorKind, entry_points::EntryPoint, placement::Placement},
     error::{Error, Result},
     kernel::{
-        AttachedProbe, KernelProbes, PlacementMode, ReturnHalf, ReturnProbes, Scope,
+        AttachedProbe, KernelProbes, PlacementMode, ProbeLinks, ReturnHalf, ReturnProbes, Scope,
         features::KernelFeature, uprobe_session,
     },
 };
@@ -59,6 +59,10 @@ impl<'a> Target<'a> {
     }
 }
 
+/// Probes attached for timing them (see
+/// [`KernelProbes::attach_for_calibration`]).
+pub struct CalibrationProbes(ProbeLinks);
+
 /// Why an entry point did not get a session link.
 enum SessionLink {
     /// No sessions in this run: use a uretprobe.
@@ -82,9 +86,7 @@ impl KernelProbes {
         instance: u16,
     ) -> Result<usize> {
         let target = Target::new(scope, path, open_path)?;
-        let mut made = Vec::new();
         let attached_before = self.attached.len();
-        let session_links_before = self.session_links.len();
         // `--track allocations`: frees and resizes are not probed at all.
         let allocations_only = self.allocations_only;
         let entries = allocator
@@ -94,16 +96,10 @@ impl KernelProbes {
         let mut count = 0;
         for entry in entries {
             count += 1;
-            let attached = self.attach_entry(&target, entry, allocator.kind, instance, &mut made);
-            if let Err(error) = attached {
-                for (program, link) in made {
-                    if let Some(Ok(program)) =
-                        self.ebpf.program_mut(program).map(<&mut UProbe>::try_from)
-                    {
-                        let _ = program.detach(link);
-                    }
+            if let Err(error) = self.attach_entry(&target, entry, allocator.kind, instance) {
+                for links in self.links.split_off(attached_before) {
+                    self.detach_links(links);
                 }
-                self.session_links.truncate(session_links_before);
                 let detached = self.attached.len() - attached_before;
                 self.attached.truncate(attached_before);
                 return Err(Error::AttachUndone {
@@ -115,15 +111,73 @@ impl KernelProbes {
         Ok(count)
     }
 
+    /// Attaches `programs` (each with a byte offset past `offset`) to the
+    /// file at `path` in `pid`, outside the attached probes' list: for
+    /// timing the probes on this host (`run::calibrate`).
+    pub fn attach_for_calibration(
+        &mut self,
+        programs: &[(&'static str, u64)],
+        path: &Path,
+        offset: u64,
+        pid: u32,
+    ) -> std::result::Result<CalibrationProbes, String> {
+        let name = path.to_string_lossy();
+        let target = Target::new(Scope::Process(pid), &name, path).map_err(|e| e.to_string())?;
+        // Its hits go to the last counter slot, which real probes reach only
+        // beyond `MAX_COUNTED_PROBES`.
+        let cookie = cookie::encode(cookie::MAX_PROBES - 1, 0, u16::MAX, false);
+        let mut links = ProbeLinks::default();
+        for &(program, delta) in programs {
+            match self.attach_uprobe(program, &target, offset + delta, cookie) {
+                Ok(link) => links.uprobes.push((program, link)),
+                Err(message) => {
+                    self.detach_links(links);
+                    return Err(message);
+                }
+            }
+        }
+        Ok(CalibrationProbes(links))
+    }
+
+    pub fn detach_calibration(&mut self, probes: CalibrationProbes) {
+        self.detach_links(probes.0);
+    }
+
+    /// Detaches every probe scoped to `pid` (its other processes' and the
+    /// system-wide ones stay); returns how many entry points were detached.
+    pub fn detach_process(&mut self, pid: u32) -> usize {
+        let mut detached = 0;
+        for index in 0..self.attached.len() {
+            if self.attached[index].scope != Scope::Process(pid) {
+                continue;
+            }
+            let links = std::mem::take(&mut self.links[index]);
+            if !links.is_empty() {
+                detached += 1;
+            }
+            self.detach_links(links);
+        }
+        detached
+    }
+
+    fn detach_links(&mut self, links: ProbeLinks) {
+        for (program, link) in links.uprobes {
+            if let Some(Ok(program)) = self.ebpf.program_mut(program).map(<&mut UProbe>::try_from) {
+                let _ = program.detach(link);
+            }
+        }
+        // The session link's fd closes here.
+        drop(links.session);
+    }
+
     /// Attaches one entry point: its entry program, and its return half as
-    /// a session or a uretprobe. Plain uprobe links go into `made`.
+    /// a session or a uretprobe; all or nothing.
     fn attach_entry(
         &mut self,
         target: &Target,
         entry: &EntryPoint,
         allocator: AllocatorKind,
         instance: u16,
-        made: &mut Vec<(&'static str, UProbeLinkId)>,
     ) -> Result<()> {
         let probe_index = u32::try_from(self.attached.len())
             .ok()
@@ -137,12 +191,16 @@ impl KernelProbes {
         let cookie = cookie::encode(probe_index, placement.pushes * 8, instance, entry.forwards);
         let offset = entry.file_offset + placement.offset;
         let error = |message: String| target.error(&entry.symbol, message);
+        let mut links = ProbeLinks::default();
         let mut return_half = ReturnHalf::None;
         if let Some(program) = entry.shape.session_program()
             && !self.allocations_only
         {
             return_half = match self.link_session(program, target, offset, cookie) {
-                Ok(()) => ReturnHalf::Session,
+                Ok(link) => {
+                    links.session = Some(link);
+                    ReturnHalf::Session
+                }
                 Err(SessionLink::Unavailable) => ReturnHalf::Uretprobe,
                 Err(SessionLink::Failed(message)) => return Err(error(message)),
             };
@@ -153,12 +211,16 @@ impl KernelProbes {
                 programs.push(programs::CALL_RETURN);
             }
             for program in programs {
-                let link = self
-                    .attach_uprobe(program, target, offset, cookie)
-                    .map_err(error)?;
-                made.push((program, link));
+                match self.attach_uprobe(program, target, offset, cookie) {
+                    Ok(link) => links.uprobes.push((program, link)),
+                    Err(message) => {
+                        self.detach_links(links);
+                        return Err(error(message));
+                    }
+                }
             }
         }
+        self.links.push(links);
         self.attached.push(AttachedProbe {
             scope: target.scope,
             symbol: entry.symbol.clone(),
@@ -205,15 +267,14 @@ impl KernelProbes {
         target: &Target,
         offset: u64,
         cookie: u64,
-    ) -> std::result::Result<(), SessionLink> {
+    ) -> std::result::Result<OwnedFd, SessionLink> {
         let Some(sessions) = &self.sessions else {
             return Err(SessionLink::Unavailable);
         };
         match sessions.attach(program, target.open_path, offset, cookie, target.pid) {
             Ok(link) => {
-                self.session_links.push(link);
                 self.sessions_linked = true;
-                Ok(())
+                Ok(link)
             }
             Err(e) if uprobe_session::kernel_lacks_sessions(&e) && !self.sessions_linked => {
                 if self.return_probes == ReturnProbes::Sessions {

@@ -130,6 +130,21 @@ pub struct AttachedProbe {
     pub allocates: bool,
 }
 
+/// The kernel links of one attached entry point.
+#[derive(Debug, Default)]
+struct ProbeLinks {
+    /// Plain uprobes and uretprobes: (program, link).
+    uprobes: Vec<(&'static str, aya::programs::uprobe::UProbeLinkId)>,
+    /// A uprobe session's link; closing the fd detaches it.
+    session: Option<OwnedFd>,
+}
+
+impl ProbeLinks {
+    fn is_empty(&self) -> bool {
+        self.uprobes.is_empty() && self.session.is_none()
+    }
+}
+
 pub struct KernelProbes {
     ebpf: Ebpf,
     pub attached: Vec<AttachedProbe>,
@@ -138,8 +153,9 @@ pub struct KernelProbes {
     sessions: Option<SessionPrograms>,
     /// Why sessions are not used, when they were wanted (`--verbose`).
     pub sessions_unavailable: Option<String>,
-    /// Session links; dropping them detaches.
-    session_links: Vec<OwnedFd>,
+    /// Each attached probe's links, in the order of `attached` (empty once
+    /// detached); dropping them detaches.
+    links: Vec<ProbeLinks>,
     /// Whether the kernel ever took a session link: after that, a refusal
     /// is an error, not a missing feature.
     sessions_linked: bool,
@@ -207,7 +223,7 @@ impl KernelProbes {
             return_probes: options.return_probes,
             sessions,
             sessions_unavailable,
-            session_links: Vec::new(),
+            links: Vec::new(),
             sessions_linked: false,
             frame_pointer_fast_path: options.copy_stack && options.frame_pointer_fast_path,
             allocations_only: options.allocations_only,
@@ -267,6 +283,28 @@ impl KernelProbes {
             }
         }
         hits
+    }
+
+    /// Zeroes the kernel counters and the hit counts: what calibration
+    /// counted is not the targets'.
+    pub fn reset_counters(&mut self) {
+        for (name, slots) in [
+            (maps::COUNTERS, Counter::COUNT),
+            (maps::PROBE_HITS, profiler_common::MAX_COUNTED_PROBES),
+        ] {
+            let Some(map) = self.ebpf.map_mut(name) else {
+                continue;
+            };
+            let Ok(mut counters) = PerCpuArray::<_, u64>::try_from(map) else {
+                continue;
+            };
+            let cpus = aya::util::nr_cpus().map_or(1, |n| n.max(1));
+            for index in 0..slots {
+                if let Ok(zeros) = aya::maps::PerCpuValues::try_from(vec![0u64; cpus]) {
+                    let _ = counters.set(index, zeros, 0);
+                }
+            }
+        }
     }
 
     /// Kernel counters summed over CPUs.

@@ -4,11 +4,10 @@ use std::time::Duration;
 
 use crate::kernel::{AttachedProbe, ReturnHalf, Scope};
 
-/// Time one probe hit adds to the target, by kind. Defaults come from
+/// Time one probe hit adds to the target, by kind: measured on this host
+/// at start (`run::calibrate`), or, where that failed, defaults from
 /// `cargo xtask bench` on this machine kind (a VM, where a single-step trap
-/// is dear): a malloc+free pair with emulated probes added 818 ns with
-/// uprobe sessions (two traps), 1,081 ns with a uretprobe on malloc, and
-/// about 28 µs with every probe single-stepped. See the README's table.
+/// is dear), which other hosts may differ from by 2x.
 #[derive(Clone, Copy, Debug)]
 pub struct CostModel {
     /// A probe on an instruction the kernel emulates.
@@ -17,15 +16,38 @@ pub struct CostModel {
     pub single_stepped: Duration,
     /// The return half of a call with a return probe.
     pub return_half: Duration,
+    /// Whether these were measured on this host.
+    pub measured: bool,
 }
 
 impl Default for CostModel {
     fn default() -> Self {
         Self {
-            emulated: Duration::from_nanos(409),
+            emulated: Duration::from_nanos(760),
             single_stepped: Duration::from_nanos(10_000),
-            return_half: Duration::from_nanos(263),
+            return_half: Duration::from_nanos(310),
+            measured: false,
         }
+    }
+}
+
+impl std::fmt::Display for CostModel {
+    /// "per hit, measured here: 0.76 µs emulated, 10.0 µs single-stepped,
+    /// 0.31 µs return".
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let micros = |d: Duration| d.as_secs_f64() * 1e6;
+        write!(
+            f,
+            "per hit, {}: {:.2} µs emulated, {:.1} µs single-stepped, {:.2} µs return",
+            if self.measured {
+                "measured on this host"
+            } else {
+                "defaults (not measured)"
+            },
+            micros(self.emulated),
+            micros(self.single_stepped),
+            micros(self.return_half)
+        )
     }
 }
 
@@ -115,7 +137,12 @@ mod tests {
 
     #[test]
     fn costs_follow_placement_and_return_probes() {
-        let model = CostModel::default();
+        let model = CostModel {
+            emulated: Duration::from_nanos(409),
+            single_stepped: Duration::from_nanos(10_000),
+            return_half: Duration::from_nanos(263),
+            measured: true,
+        };
         let probes = [
             probe("malloc", true, ReturnHalf::Uretprobe),
             probe("free", true, ReturnHalf::None),
@@ -133,5 +160,10 @@ mod tests {
         );
         assert_eq!(costs[2].added, Duration::from_nanos(409 * 500));
         assert_eq!(rates(&costs, Duration::from_secs(2), 1), "free 1.0k/s");
+        assert_eq!(
+            model.to_string(),
+            "per hit, measured on this host: 0.41 µs emulated, 10.0 µs single-stepped, \
+             0.26 µs return"
+        );
     }
 }

@@ -3,6 +3,8 @@
 //! later and, with `--all`, for processes started later.
 mod allocators;
 mod attach;
+mod budget;
+pub mod calibrate;
 pub mod cost;
 mod growth;
 pub mod launch;
@@ -86,6 +88,8 @@ struct Session<'a> {
     /// What `--listen`'s endpoints show, and their requests for profiles.
     published: Option<Arc<Mutex<Published>>>,
     snapshot_requests: Option<mpsc::Receiver<SnapshotRequest>>,
+    /// What a probe hit costs on this host.
+    cost_model: CostModel,
 }
 
 /// The targets as checked before anything is loaded.
@@ -114,7 +118,13 @@ pub async fn run(options: SessionOptions, status: &mut dyn Write) -> Result<Summ
     let output = OutputDir::new(&options.output_dir);
     output.prepare()?;
     output.remove_stale_temporaries();
-    let probes = KernelProbes::load(&options.kernel, options.sample_interval)?;
+    let mut probes = KernelProbes::load(&options.kernel, options.sample_interval)?;
+    // Before anything is attached: the timing copy must run alone.
+    let (cost_model, calibration_error) = match calibrate::measure(&mut probes) {
+        Ok(model) => (model, None),
+        Err(error) => (CostModel::default(), Some(error)),
+    };
+    probes.reset_counters();
     let (exits, exit_rx) = mpsc::unbounded_channel();
     let mut session = Session {
         writer: SnapshotWriter::start(output.clone(), options.debug_dir.clone()),
@@ -131,7 +141,16 @@ pub async fn run(options: SessionOptions, status: &mut dyn Write) -> Result<Summ
         announced: false,
         published: None,
         snapshot_requests: None,
+        cost_model,
     };
+    if let Some(error) = calibration_error
+        && session.options.verbose
+    {
+        let _ = writeln!(
+            session.status,
+            "memprobe: probe costs not measured ({error}): estimates use defaults"
+        );
+    }
     let mut launched = session.attach_targets(checked)?;
     if let Some(endpoints) = endpoints {
         session.serve(endpoints);
@@ -272,6 +291,11 @@ impl Session<'_> {
                 _ = ticker.tick() => {
                     self.drain(ring.get_mut());
                     self.tick(&mut ticks, &mut last_hits)?;
+                    // Every process detached over budget: nothing to profile.
+                    let all_done = self.tracked.values().all(|t| t.exited);
+                    if all_done && matches!(self.options.targets, Targets::Pids(_)) {
+                        return Ok((Stop::AllExited, None));
+                    }
                 }
             }
         }
@@ -282,6 +306,7 @@ impl Session<'_> {
     fn tick(&mut self, ticks: &mut u64, last_hits: &mut Vec<u64>) -> Result<()> {
         self.rescan()?;
         self.check_growth();
+        self.enforce_budget();
         self.check_silent_allocators();
         self.publish();
         self.record_written()?;
@@ -327,11 +352,12 @@ impl Session<'_> {
             status,
             mut writer,
             options,
+            cost_model,
             ..
         } = self;
         let kernel_counters = probes.counters();
         let probe_count = probes.attached.len();
-        let probe_costs = CostModel::default().costs(&probes.attached, &probes.probe_hits());
+        let probe_costs = cost_model.costs(&probes.attached, &probes.probe_hits());
         let return_probes = probes.return_probes_used();
         // Detach before anything else: the targets run unprobed from here on.
         drop(ring);
@@ -371,6 +397,7 @@ impl Session<'_> {
             kernel_counters,
             exit_code,
             probe_costs,
+            cost_model,
             return_probes,
             output_dir: options.output_dir.clone(),
             verbose: options.verbose,

@@ -60,6 +60,10 @@ pub struct SessionOptions {
     /// and to name their frames. Default: none (`/usr/lib/debug` in each
     /// process's root is always searched).
     pub debug_dir: Option<PathBuf>,
+    /// `--max-overhead`: the share of one CPU (0.1 = 10%) a process's probes
+    /// may cost it for 10 s before it is written out and detached; `None`
+    /// for no budget. Default: 10%.
+    pub max_overhead: Option<f64>,
     /// The allocators to probe (`--allocator`). Default: all of them.
     pub allocators: Vec<crate::discover::AllocatorKind>,
     /// Ask JVMs for a perf map (`jcmd PID Compiler.perfmap`) before each
@@ -101,6 +105,7 @@ impl Default for SessionOptions {
             min_dump_gap: Duration::from_secs(10),
             formats: Format::ALL.to_vec(),
             java_perfmap: true,
+            max_overhead: Some(0.10),
             allocators: crate::discover::AllocatorKind::ALL.to_vec(),
             debug_dir: None,
             listen: None,

@@ -6,7 +6,7 @@ use crate::{
     discover::AllocatorKind,
     kernel::events::Event,
     proc::{AddressRange, FileId, command_name, namespace_pid, parse_maps},
-    run::{growth::GrowthWindow, retention::KeptSnapshots},
+    run::{budget::BudgetWindow, growth::GrowthWindow, retention::KeptSnapshots},
     stacks::ProcessStacks,
 };
 
@@ -39,6 +39,11 @@ pub(super) struct Tracked {
     pub snapshots: u64,
     pub skipped_snapshots: u64,
     pub growth: GrowthWindow,
+    /// Its recent cost, for `--max-overhead`.
+    pub budget: BudgetWindow,
+    /// Probes detached for costing more than `--max-overhead` (then
+    /// `exited` is set too: it is no longer profiled).
+    pub detached: Option<usize>,
     /// Snapshots on disk, for `--keep` and `--max-disk`.
     pub kept: KeptSnapshots,
 }
@@ -62,6 +67,8 @@ impl Tracked {
             snapshots: 0,
             skipped_snapshots: 0,
             growth: GrowthWindow::default(),
+            budget: BudgetWindow::default(),
+            detached: None,
             kept: KeptSnapshots::default(),
         };
         tracked.set_maps(Some(maps));

@@ -9,7 +9,7 @@ use tokio::sync::mpsc;
 
 use crate::{
     kernel::Scope,
-    run::{Session, cost::CostModel},
+    run::Session,
     serve::{Endpoints, MAX_IN_FLIGHT, ProcessStatus, Published, RunHandle, SnapshotRequest},
 };
 
@@ -41,7 +41,7 @@ impl Session<'_> {
         let hits = self.probes.probe_hits();
         let mut per_pid: HashMap<u32, (u64, f64, Vec<String>)> = HashMap::new();
         let mut system_wide_hits = 0;
-        let costs = CostModel::default();
+        let costs = self.cost_model;
         for (probe, &hits) in self.probes.attached.iter().zip(&hits) {
             match probe.scope {
                 Scope::Process(pid) => {

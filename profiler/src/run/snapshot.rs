@@ -75,7 +75,13 @@ impl Session<'_> {
     }
 
     /// Takes `pid`'s profile now and hands it to the writer.
-    fn snapshot(&mut self, pid: u32, reason: &str, kind: SnapshotKind, announce: Announce) {
+    pub(super) fn snapshot(
+        &mut self,
+        pid: u32,
+        reason: &str,
+        kind: SnapshotKind,
+        announce: Announce,
+    ) {
         if kind == SnapshotKind::Periodic && self.writer.busy_with(pid) {
             if let Some(t) = self.tracked.get_mut(&pid) {
                 t.skipped_snapshots += 1;
@@ -173,6 +179,11 @@ pub(super) fn record(
         ),
         Announce::Growth(reason) => format!(
             "memprobe: pid {}: {reason}: wrote {}",
+            done.pid,
+            first.display()
+        ),
+        Announce::Detached(reason) => format!(
+            "memprobe: pid {}: detached, {reason}; wrote its profile {}",
             done.pid,
             first.display()
         ),

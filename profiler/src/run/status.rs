@@ -27,6 +27,8 @@ pub struct ProcessSummary {
     pub heaps: Vec<PathBuf>,
     pub drops: Drops,
     pub exited: bool,
+    /// Probes detached for costing more than `--max-overhead`.
+    pub detached: Option<usize>,
     /// `--interval` snapshots skipped while earlier ones were still to be
     /// written.
     pub skipped_snapshots: u64,
@@ -49,6 +51,7 @@ impl ProcessSummary {
             heaps: t.heaps,
             drops: t.heap.drops,
             exited: t.exited,
+            detached: t.detached,
             skipped_snapshots: t.skipped_snapshots,
             removed_snapshots: t.kept.removed,
             allocator_calls: t.allocator_calls,
@@ -66,6 +69,8 @@ pub struct Summary {
     pub exit_code: Option<i32>,
     /// Hits and estimated cost per entry point, busiest first.
     pub probe_costs: Vec<ProbeCost>,
+    /// The per-hit costs the estimate used.
+    pub cost_model: CostModel,
     /// How calls got their return half, and why.
     pub return_probes: String,
     /// Where the files went, and whether to list each one.
@@ -153,7 +158,7 @@ impl Session<'_> {
             .enumerate()
             .map(|(i, h)| h - previous.get(i).copied().unwrap_or(0))
             .collect();
-        let costs = CostModel::default().costs(&self.probes.attached, &delta);
+        let costs = self.cost_model.costs(&self.probes.attached, &delta);
         let added: Duration = costs.iter().map(|c| c.added).sum();
         self.clear_progress();
         let _ = writeln!(
@@ -290,7 +295,11 @@ pub fn summary_lines(summary: &Summary) -> Vec<String> {
             "memprobe: pid {} ({}{container}){}: {} samples, ~{} in use, {} dropped{}; {}",
             p.pid,
             p.command,
-            if p.exited { ", exited" } else { "" },
+            match (p.detached, p.exited) {
+                (Some(n), _) => format!(", {n} probes detached over --max-overhead"),
+                (None, true) => ", exited".to_owned(),
+                (None, false) => String::new(),
+            },
             p.samples,
             crate::units::bytes(p.inuse_bytes),
             drops,
@@ -318,7 +327,7 @@ pub fn summary_lines(summary: &Summary) -> Vec<String> {
     let seconds = summary.elapsed.as_secs_f64().max(1e-3);
     lines.push(format!(
         "memprobe: cost: {} probe hits ({}/s){}; estimated time added to the profiled \
-         processes: {:.3} s ({:.1}% of one CPU); return probes: {}",
+         processes: {:.3} s ({:.1}% of one CPU; {}); return probes: {}",
         hits,
         crate::run::cost::human_count(hits as f64 / seconds),
         if hits > 0 {
@@ -328,6 +337,7 @@ pub fn summary_lines(summary: &Summary) -> Vec<String> {
         },
         added.as_secs_f64(),
         100.0 * added.as_secs_f64() / seconds,
+        summary.cost_model,
         summary.return_probes,
     ));
     if let Some(code) = summary.exit_code {

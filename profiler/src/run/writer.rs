@@ -47,6 +47,8 @@ pub(super) enum Announce {
     Nothing,
     Exited,
     Growth(String),
+    /// Detached for costing it more than `--max-overhead`: why.
+    Detached(String),
 }
 
 /// A finished snapshot.

@@ -8,6 +8,7 @@ mod locations;
 mod outputs;
 mod over_time;
 mod overhead;
+mod price;
 mod stacks;
 mod stripped;
 mod trends;

@@ -13,6 +13,9 @@ use anyhow::{Context, Result, bail};
 
 use crate::{run_command, workspace_root};
 
+mod redis;
+use redis::{redis_bench, redis_table};
+
 const LIBJEMALLOC: &str = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2";
 
 /// The malloc/free loop, linked to jemalloc or (`libs` empty) on glibc's.
@@ -62,9 +65,15 @@ fn usage(pid: u32) -> Usage {
     Some((ticks / hz, peak))
 }
 
-fn start_memprobe(memprobe: &Path, args: &[&str]) -> Result<Child> {
+/// memprobe's stderr lines after its first, collected as they come.
+type Stderr = std::sync::Arc<std::sync::Mutex<Vec<String>>>;
+
+/// Starts memprobe and waits for its first line; its other lines are kept.
+/// No budget: the bench measures what memprobe costs, unbounded.
+fn start_memprobe(memprobe: &Path, args: &[&str]) -> Result<(Child, Stderr)> {
     let mut child = Command::new(memprobe)
         .args(args)
+        .args(["--max-overhead", "none"])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()?;
@@ -72,11 +81,28 @@ fn start_memprobe(memprobe: &Path, args: &[&str]) -> Result<Child> {
     for line in lines.by_ref() {
         if line?.contains("memprobe: attached") {
             // Keep draining stderr so memprobe never blocks on it.
-            std::thread::spawn(move || for _ in lines {});
-            return Ok(child);
+            let kept = Stderr::default();
+            let sink = kept.clone();
+            std::thread::spawn(move || {
+                for line in lines.map_while(|l| l.ok()) {
+                    if let Ok(mut sink) = sink.lock() {
+                        sink.push(line);
+                    }
+                }
+            });
+            return Ok((child, kept));
         }
     }
     bail!("memprobe did not attach")
+}
+
+/// The seconds memprobe's summary says it added to the profiled processes.
+fn reported_added_seconds(stderr: &Stderr) -> Option<f64> {
+    const KEY: &str = "estimated time added to the profiled processes: ";
+    let lines = stderr.lock().ok()?;
+    let line = lines.iter().find(|l| l.contains(KEY))?;
+    let after = line.split_once(KEY)?.1;
+    after.split_whitespace().next()?.parse().ok()
 }
 
 fn stop(child: &mut Child) {
@@ -91,21 +117,56 @@ pub fn bench() -> Result<()> {
     let _ = std::fs::remove_dir_all(&out);
     std::fs::create_dir_all(&out)?;
     let memprobe = root.join("target/release/memprobe");
-    let malloc_loop = build_loop(&out, "malloc_loop", &["-ljemalloc"])?;
-    let glibc_loop = build_loop(&out, "malloc_loop_glibc", &[])?;
     let profiles = out.join("profiles");
     std::fs::create_dir_all(&profiles)?;
     let profiles_dir = profiles.to_str().context("path")?.to_owned();
 
+    let loops = measure_loops(&memprobe, &out, &profiles_dir)?;
+    eprintln!("bench: redis-server under redis-benchmark");
+    let redis = redis_bench(&memprobe, &profiles_dir)?;
+    eprintln!("bench: offline reports of a large program's profile");
+    let offline = offline_bench(&memprobe, &out)?;
+
+    let mut table = loop_table(&loops);
+    table.push_str(&redis_table(&redis));
+    table.push_str(&offline);
+    std::fs::write(out.join("results.md"), &table)?;
+    println!("{table}");
+    eprintln!("bench: results in {}", out.join("results.md").display());
+    Ok(())
+}
+
+/// Nanoseconds per malloc+free pair of each configuration, one run.
+struct LoopResults {
+    none: f64,
+    memleak: f64,
+    entry: f64,
+    uretprobes: f64,
+    emulated: f64,
+    allocations: f64,
+    glibc_none: f64,
+    glibc_memprobe: f64,
+    sampled_fp: f64,
+    sampled_dwarf: f64,
+    /// memprobe's own CPU and memory over a sustained loop, and its length.
+    own: Usage,
+    own_wall: Duration,
+}
+
+/// The malloc/free loops, side by side.
+fn measure_loops(memprobe: &Path, out: &Path, profiles_dir: &str) -> Result<LoopResults> {
+    let malloc_loop = build_loop(out, "malloc_loop", &["-ljemalloc"])?;
+    let glibc_loop = build_loop(out, "malloc_loop_glibc", &[])?;
     eprintln!("bench: malloc/free loop");
-    let none = loop_ns(
-        || {
-            let mut c = Command::new(&malloc_loop);
+    let plain = |binary: &Path| {
+        let binary = binary.to_owned();
+        move || {
+            let mut c = Command::new(&binary);
             c.arg("5000000");
             c
-        },
-        5,
-    )?;
+        }
+    };
+    let none = loop_ns(plain(&malloc_loop), 5)?;
     let script = format!(
         "uprobe:{LIBJEMALLOC}:malloc {{ @size[tid] = arg0; }} \
          uretprobe:{LIBJEMALLOC}:malloc {{ @live[retval] = @size[tid]; delete(@size[tid]); }} \
@@ -121,205 +182,135 @@ pub fn bench() -> Result<()> {
         },
         3,
     )?;
-    let memprobe_loop_of =
-        |malloc_loop: &Path, options: &'static [&'static str], pairs: &'static str| {
-            let memprobe = memprobe.clone();
-            let malloc_loop = malloc_loop.to_owned();
-            let profiles_dir = profiles_dir.clone();
-            move || {
-                let mut c = Command::new(&memprobe);
-                c.args(options)
-                    .args(["--format", "heap", "-o", &profiles_dir, "--"])
-                    .arg(&malloc_loop)
-                    .arg(pairs);
-                c
-            }
-        };
-    let memprobe_loop = |options: &'static [&'static str], pairs: &'static str| {
-        memprobe_loop_of(&malloc_loop, options, pairs)
+    let under = |binary: &Path, options: &'static [&'static str], pairs: &'static str| {
+        let (memprobe, binary) = (memprobe.to_owned(), binary.to_owned());
+        let profiles_dir = profiles_dir.to_owned();
+        move || {
+            let mut c = Command::new(&memprobe);
+            c.args(options)
+                .args(["--max-overhead", "none"])
+                .args(["--format", "heap", "-o", &profiles_dir, "--"])
+                .arg(&binary)
+                .arg(pairs);
+            c
+        }
     };
     let entry_placement = &["--placement", "entry", "--return-probes", "uretprobes"];
-    let memprobe_entry = loop_ns(memprobe_loop(entry_placement, "20000"), 3)?;
+    let entry = loop_ns(under(&malloc_loop, entry_placement, "20000"), 3)?;
     let uretprobes = &["--return-probes", "uretprobes"];
-    let memprobe_uretprobes = loop_ns(memprobe_loop(uretprobes, "500000"), 3)?;
-    let memprobe_emulated = loop_ns(memprobe_loop(&[], "500000"), 3)?;
+    let uretprobes = loop_ns(under(&malloc_loop, uretprobes, "500000"), 3)?;
+    let emulated = loop_ns(under(&malloc_loop, &[], "500000"), 3)?;
     let allocations_only = &["--track", "allocations"];
-    let memprobe_allocations = loop_ns(memprobe_loop(allocations_only, "500000"), 3)?;
+    let allocations = loop_ns(under(&malloc_loop, allocations_only, "500000"), 3)?;
     eprintln!("bench: malloc/free loop on glibc's malloc");
-    let glibc_none = loop_ns(
-        || {
-            let mut c = Command::new(&glibc_loop);
-            c.arg("5000000");
-            c
-        },
-        5,
-    )?;
-    let glibc_memprobe = loop_ns(memprobe_loop_of(&glibc_loop, &[], "500000"), 3)?;
+    let glibc_none = loop_ns(plain(&glibc_loop), 5)?;
+    let glibc_memprobe = loop_ns(under(&glibc_loop, &[], "500000"), 3)?;
     // What a sampled call's stack walk costs: at 16 KiB about one call in
     // 170 is sampled; with and without the stack copy for DWARF.
     eprintln!("bench: stack walks of sampled calls");
     let fine_fp = &["--sample-interval", "16KiB", "--unwind", "fp"];
-    let sampled_fp = loop_ns(memprobe_loop(fine_fp, "2000000"), 3)?;
+    let sampled_fp = loop_ns(under(&malloc_loop, fine_fp, "2000000"), 3)?;
     let fine_dwarf = &["--sample-interval", "16KiB", "--unwind", "dwarf"];
-    let sampled_dwarf = loop_ns(memprobe_loop(fine_dwarf, "2000000"), 3)?;
+    let sampled_dwarf = loop_ns(under(&malloc_loop, fine_dwarf, "2000000"), 3)?;
+    let (own, own_wall) = own_usage(memprobe, &malloc_loop, profiles_dir)?;
+    Ok(LoopResults {
+        none,
+        memleak,
+        entry,
+        uretprobes,
+        emulated,
+        allocations,
+        glibc_none,
+        glibc_memprobe,
+        sampled_fp,
+        sampled_dwarf,
+        own,
+        own_wall,
+    })
+}
 
+/// memprobe's own CPU and memory over a 6 s loop at a sustained rate.
+fn own_usage(memprobe: &Path, malloc_loop: &Path, profiles_dir: &str) -> Result<(Usage, Duration)> {
     // memprobe's own CPU and memory at a sustained allocation rate.
     eprintln!("bench: memprobe's own CPU and memory");
-    let mut sustained = Command::new(&malloc_loop)
+    let mut sustained = Command::new(malloc_loop)
         .args(["0", "6"])
         .stdout(Stdio::null())
         .spawn()?;
     let pid = sustained.id().to_string();
     let started = Instant::now();
-    let mut probe = start_memprobe(&memprobe, &["--pid", &pid, "-o", &profiles_dir])?;
+    let (mut probe, _) = start_memprobe(memprobe, &["--pid", &pid, "-o", profiles_dir])?;
     let _ = sustained.wait();
     let own = usage(probe.id());
-    let wall = started.elapsed();
+    let own_wall = started.elapsed();
     stop(&mut probe);
+    Ok((own, own_wall))
+}
 
-    eprintln!("bench: redis-server under redis-benchmark");
-    let redis = redis_bench(&memprobe, &profiles_dir)?;
-
-    eprintln!("bench: offline reports of a large program's profile");
-    let offline = offline_bench(&memprobe, &out)?;
-
-    let added_memleak = memleak - none;
-    let added_emulated = memprobe_emulated - none;
+/// The README's loop tables.
+fn loop_table(r: &LoopResults) -> String {
+    let none = r.none;
+    let added_memleak = r.memleak - none;
+    let row = |name: &str, ns: f64| {
+        format!(
+            "| {name} | {ns:.0} | {:.0} | {:.1}x less |\n",
+            ns - none,
+            added_memleak / (ns - none)
+        )
+    };
     let mut table = String::new();
     table.push_str("| malloc+free loop (libjemalloc.so.2) | ns per pair | added ns | vs memleak placement |\n|---|---|---|---|\n");
     table.push_str(&format!("| no profiler | {none:.1} | - | - |\n"));
     table.push_str(&format!(
-        "| probes placed as bcc memleak (bpftrace: uprobe+uretprobe malloc, uprobe free) | {memleak:.0} | {added_memleak:.0} | 1.0x |\n"
+        "| probes placed as bcc memleak (bpftrace: uprobe+uretprobe malloc, uprobe free) | {:.0} | {added_memleak:.0} | 1.0x |\n",
+        r.memleak
     ));
-    table.push_str(&format!(
-        "| memprobe `--placement entry --return-probes uretprobes` | {memprobe_entry:.0} | {:.0} | {:.1}x less |\n",
-        memprobe_entry - none,
-        added_memleak / (memprobe_entry - none)
+    table.push_str(&row(
+        "memprobe `--placement entry --return-probes uretprobes`",
+        r.entry,
     ));
-    table.push_str(&format!(
-        "| memprobe `--return-probes uretprobes` (emulated placement; kernels before 6.13) | {memprobe_uretprobes:.0} | {:.0} | {:.1}x less |\n",
-        memprobe_uretprobes - none,
-        added_memleak / (memprobe_uretprobes - none)
+    table.push_str(&row(
+        "memprobe `--return-probes uretprobes` (emulated placement; kernels before 6.13)",
+        r.uretprobes,
     ));
-    table.push_str(&format!(
-        "| memprobe (default: emulated placement, uprobe sessions) | {memprobe_emulated:.0} | {added_emulated:.0} | {:.1}x less |\n",
-        added_memleak / added_emulated
+    table.push_str(&row(
+        "memprobe (default: emulated placement, uprobe sessions)",
+        r.emulated,
     ));
-    table.push_str(&format!(
-        "| memprobe `--track allocations` (no free probe, no return half) | {memprobe_allocations:.0} | {:.0} | {:.1}x less |\n",
-        memprobe_allocations - none,
-        added_memleak / (memprobe_allocations - none)
+    table.push_str(&row(
+        "memprobe `--track allocations` (no free probe, no return half)",
+        r.allocations,
     ));
     table.push_str(&format!(
         "\n| the same loop on glibc's malloc (libc.so.6) | ns per pair | added ns | vs jemalloc's added ns |\n|---|---|---|---|\n\
-         | no profiler | {glibc_none:.1} | - | - |\n\
-         | memprobe (default) | {glibc_memprobe:.0} | {:.0} | {:.2}x |\n",
-        glibc_memprobe - glibc_none,
-        (glibc_memprobe - glibc_none) / added_emulated
+         | no profiler | {:.1} | - | - |\n\
+         | memprobe (default) | {:.0} | {:.0} | {:.2}x |\n",
+        r.glibc_none,
+        r.glibc_memprobe,
+        r.glibc_memprobe - r.glibc_none,
+        (r.glibc_memprobe - r.glibc_none) / (r.emulated - none)
     ));
     table.push_str(&format!(
         "\n| sampled calls' stacks, `--sample-interval 16KiB` (about 1 call in 170 sampled) | ns per pair |\n|---|---|\n\
-         | `--unwind fp` (frame-pointer walk in the kernel) | {sampled_fp:.0} |\n\
-         | `--unwind dwarf` (every sample with 16 KiB of stack copied for DWARF unwinding) | {sampled_dwarf:.0} ({:+.0}) |\n",
-        sampled_dwarf - sampled_fp
+         | `--unwind fp` (frame-pointer walk in the kernel) | {:.0} |\n\
+         | `--unwind dwarf` (every sample with 16 KiB of stack copied for DWARF unwinding) | {:.0} ({:+.0}) |\n",
+        r.sampled_fp,
+        r.sampled_dwarf,
+        r.sampled_dwarf - r.sampled_fp
     ));
-    if let Some((cpu, rss)) = own {
+    if let Some((cpu, rss)) = r.own {
+        let wall = r.own_wall.as_secs_f64();
         table.push_str(&format!(
-            "\nmemprobe itself while the loop ran ({:.1} s): {:.2} s CPU ({:.1}% of one CPU), peak RSS {:.1} MiB.\n",
-            wall.as_secs_f64(),
-            cpu,
-            100.0 * cpu / wall.as_secs_f64(),
+            "\nmemprobe itself while the loop ran ({wall:.1} s): {cpu:.2} s CPU ({:.1}% of one CPU), peak RSS {:.1} MiB.\n",
+            100.0 * cpu / wall,
             rss as f64 / 1024.0
         ));
     }
-    table.push_str(&format!(
-        "\n| redis-server 7 (libjemalloc), redis-benchmark SET/GET, 50 clients | requests/s |\n|---|---|\n\
-         | without memprobe | {:.0} |\n| with memprobe attached | {:.0} ({:.1}% of the rate without) |\n",
-        redis.0,
-        redis.1,
-        100.0 * redis.1 / redis.0
-    ));
-    if let Some((cpu, rss)) = redis.2 {
-        table.push_str(&format!(
-            "\nmemprobe itself during the redis run: {cpu:.2} s CPU, peak RSS {:.1} MiB.\n",
-            rss as f64 / 1024.0
-        ));
-    }
-    table.push_str(&offline);
-    std::fs::write(out.join("results.md"), &table)?;
-    println!("{table}");
-    eprintln!("bench: results in {}", out.join("results.md").display());
-    Ok(())
+    table
 }
 
 /// CPU seconds and peak RSS in KiB of a process.
 type Usage = Option<(f64, u64)>;
-
-/// Requests per second without and with memprobe, and memprobe's usage.
-fn redis_bench(memprobe: &Path, profiles_dir: &str) -> Result<(f64, f64, Usage)> {
-    let port = "6399";
-    let mut server = Command::new("redis-server")
-        .args([
-            "--port",
-            port,
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--bind",
-            "127.0.0.1",
-        ])
-        .stdout(Stdio::null())
-        .spawn()
-        .context("starting redis-server")?;
-    std::thread::sleep(Duration::from_millis(500));
-    let benchmark = || -> Result<f64> {
-        let output = Command::new("redis-benchmark")
-            .args([
-                "-h",
-                "127.0.0.1",
-                "-p",
-                port,
-                "-t",
-                "set,get",
-                "-n",
-                "200000",
-                "-d",
-                "256",
-                "-q",
-            ])
-            .output()?;
-        let text = String::from_utf8_lossy(&output.stdout);
-        // "SET: 98765.43 requests per second, p50=..." per test.
-        let rates: Vec<f64> = text
-            .split(['\r', '\n'])
-            .filter_map(|line| {
-                line.split_once(": ")?
-                    .1
-                    .split_whitespace()
-                    .next()?
-                    .parse()
-                    .ok()
-            })
-            .collect();
-        if rates.is_empty() {
-            bail!("no rate in redis-benchmark output: {text}");
-        }
-        Ok(rates.iter().sum::<f64>() / rates.len() as f64)
-    };
-    let result = (|| {
-        let without = benchmark()?.max(benchmark()?);
-        let pid = server.id().to_string();
-        let mut probe = start_memprobe(memprobe, &["--pid", &pid, "-o", profiles_dir])?;
-        let with = benchmark()?.max(benchmark()?);
-        let own = usage(probe.id());
-        stop(&mut probe);
-        Ok((without, with, own))
-    })();
-    let _ = server.kill();
-    let _ = server.wait();
-    result
-}
 
 /// Seconds of the fastest of `runs` runs of `command`.
 fn best_time(mut make: impl FnMut() -> Command, runs: usize) -> Result<f64> {

@@ -1,0 +1,132 @@
+//! `--max-overhead PCT`: a process whose probes cost it more than PCT% of
+//! one CPU for [`SUSTAINED`] in a row gets its profile written and its
+//! probes detached, and memprobe says why: a production process is never
+//! slowed beyond what the user allowed for longer than that. The cost is
+//! its probe hits times the per-hit costs measured on this host. System-wide
+//! probes (`--all`) are shared by every process and cannot be detached
+//! from one: the budget applies to `--pid` and launched processes.
+use std::time::{Duration, Instant};
+
+use crate::{
+    kernel::Scope,
+    run::{Session, Targets, snapshot::SnapshotKind, writer::Announce},
+};
+
+/// How long a process may stay over its budget.
+pub const SUSTAINED: Duration = Duration::from_secs(10);
+
+/// One process's recent cost, for the budget.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BudgetWindow {
+    /// Added seconds so far, and when they were read.
+    last: Option<(f64, Instant)>,
+    /// Since when the process has been over budget without a break.
+    over_since: Option<Instant>,
+}
+
+impl BudgetWindow {
+    /// Takes the process's added seconds so far; returns its share of one
+    /// CPU since the last reading once it has been over `budget` (a
+    /// fraction of one CPU) for [`SUSTAINED`].
+    pub fn observe(&mut self, now: Instant, added_seconds: f64, budget: f64) -> Option<f64> {
+        let previous = self.last.replace((added_seconds, now));
+        let (before, then) = previous?;
+        let elapsed = now.duration_since(then).as_secs_f64();
+        if elapsed <= 0.0 {
+            return None;
+        }
+        let share = (added_seconds - before) / elapsed;
+        if share <= budget {
+            self.over_since = None;
+            return None;
+        }
+        let since = *self
+            .over_since
+            .get_or_insert(now - Duration::from_secs_f64(elapsed));
+        (now.duration_since(since) >= SUSTAINED).then_some(share)
+    }
+}
+
+impl Session<'_> {
+    /// Each tick: writes and detaches the processes over budget.
+    pub(super) fn enforce_budget(&mut self) {
+        let Some(budget) = self.options.max_overhead else {
+            return;
+        };
+        if matches!(self.options.targets, Targets::All) {
+            return;
+        }
+        let hits = self.probes.probe_hits();
+        let mut added: std::collections::HashMap<u32, f64> = Default::default();
+        for (probe, &hits) in self.probes.attached.iter().zip(&hits) {
+            if let Scope::Process(pid) = probe.scope {
+                *added.entry(pid).or_default() +=
+                    self.cost_model.per_hit(probe).as_secs_f64() * hits as f64;
+            }
+        }
+        let now = Instant::now();
+        let over: Vec<(u32, f64)> = self
+            .tracked
+            .values_mut()
+            .filter(|t| !t.exited)
+            .filter_map(|t| {
+                let seconds = added.get(&t.pid).copied().unwrap_or(0.0);
+                Some((t.pid, t.budget.observe(now, seconds, budget)?))
+            })
+            .collect();
+        for (pid, share) in over {
+            self.detach_over_budget(pid, share, budget);
+        }
+    }
+
+    fn detach_over_budget(&mut self, pid: u32, share: f64, budget: f64) {
+        let reason = format!(
+            "over budget: its probes cost {:.0}% of a CPU for {} s, above --max-overhead {:.0}%",
+            share * 100.0,
+            SUSTAINED.as_secs(),
+            budget * 100.0
+        );
+        self.snapshot(
+            pid,
+            &reason,
+            SnapshotKind::Last,
+            Announce::Detached(reason.clone()),
+        );
+        let detached = self.probes.detach_process(pid);
+        if let Some(t) = self.tracked.get_mut(&pid) {
+            t.exited = true;
+            t.detached = Some(detached);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn over_budget_only_when_sustained() {
+        let start = Instant::now();
+        let mut window = BudgetWindow::default();
+        let second = |n: u64| start + Duration::from_secs(n);
+        assert_eq!(window.observe(second(0), 0.0, 0.1), None);
+        // 50% of a CPU each second: over a 10% budget, said at 10 s.
+        for n in 1..10 {
+            assert_eq!(window.observe(second(n), 0.5 * n as f64, 0.1), None, "{n}");
+        }
+        let share = window.observe(second(10), 5.0, 0.1).expect("over for 10 s");
+        assert!((share - 0.5).abs() < 1e-9);
+        // A quiet second starts the count again.
+        let mut window = BudgetWindow::default();
+        window.observe(second(0), 0.0, 0.1);
+        for n in 1..6 {
+            window.observe(second(n), 0.5 * n as f64, 0.1);
+        }
+        window.observe(second(6), 2.5, 0.1);
+        for n in 7..16 {
+            let added = 2.5 + 0.5 * (n - 6) as f64;
+            assert_eq!(window.observe(second(n), added, 0.1), None, "{n}");
+        }
+        assert!(window.observe(second(16), 7.5, 0.1).is_some());
+    }
+}

@@ -1,0 +1,141 @@
+//! The price of profiling: the time memprobe reports adding, from per-hit
+//! costs it measures on this host at start, agrees with what a target
+//! actually gains; and `--max-overhead` detaches a process that stays
+//! above it, after writing its profile.
+use std::{
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use tests::*;
+
+/// `memprobe_probe_hits_total` of `pid` in `/metrics`.
+fn probe_hits(address: &str, pid: u32) -> u64 {
+    let (status, metrics) = http_get(address, "/metrics");
+    assert_eq!(status, 200, "{metrics}");
+    let label = format!("pid=\"{pid}\"");
+    metrics
+        .lines()
+        .filter(|l| l.starts_with("memprobe_probe_hits_total{") && l.contains(&label))
+        .find_map(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no probe hits of {pid} in:\n{metrics}"))
+}
+
+#[test]
+fn a_process_over_its_budget_is_written_out_and_detached() {
+    let _guard = exclusive();
+    let out = output_dir("over_budget");
+    // About a million calls a second: far above 5% of a CPU.
+    let mut busy = Command::new(malloc_loop_fixture())
+        .args(["0", "60"])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let busy_pid = busy.id();
+    let mut idle = Fixture::start(&sites_fixture(), &[]);
+    let (busy_arg, idle_arg) = (busy_pid.to_string(), idle.pid.to_string());
+    let memprobe = Memprobe::start(&[
+        "--pid",
+        &busy_arg,
+        "--pid",
+        &idle_arg,
+        "--max-overhead",
+        "5",
+        "--listen",
+        "127.0.0.1:0",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    let address = memprobe.listening_on();
+    let said = format!("pid {busy_pid}: detached, over budget");
+    let started = Instant::now();
+    while !memprobe.stderr_text().contains(&said) {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "not detached:\n{}",
+            memprobe.stderr_text()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // Not before 10 s over budget.
+    assert!(
+        started.elapsed() >= Duration::from_secs(9),
+        "{:?}",
+        started.elapsed()
+    );
+    // Its probes are gone: its hits stop while it goes on allocating.
+    let before = probe_hits(&address, busy_pid);
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_eq!(probe_hits(&address, busy_pid), before);
+    // The other process is still profiled.
+    idle.run_workload();
+    let stderr = memprobe.stop();
+    let _ = busy.kill();
+    let _ = busy.wait();
+    assert!(idle.finish().success());
+    let heap = out.join(format!("memprobe.{busy_pid}.0.heap"));
+    let reason = heap_notes(&heap).get("reason").cloned().unwrap_or_default();
+    assert!(
+        reason.starts_with("over budget: its probes cost"),
+        "{reason}"
+    );
+    assert!(reason.contains("above --max-overhead 5%"), "{reason}");
+    assert!(
+        stderr.contains("probes detached over --max-overhead"),
+        "{stderr}"
+    );
+    let idle_heaps = heap_files(&out)
+        .into_iter()
+        .filter(|h| h.to_string_lossy().contains(&format!(".{}.", idle_arg)))
+        .count();
+    assert_eq!(idle_heaps, 1, "{stderr}");
+}
+
+/// Nanoseconds per malloc+free pair the loop prints last.
+fn ns_per_pair(output: &std::process::Output) -> f64 {
+    let text = String::from_utf8_lossy(&output.stdout);
+    text.lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .next_back()
+        .unwrap_or_else(|| panic!("no timing in {text:?}"))
+}
+
+/// The summary's "estimated time added" against what the loop gained, as
+/// the loop itself times it: within 30%.
+#[test]
+fn reported_cost_agrees_with_the_time_a_loop_gains() {
+    let _guard = exclusive();
+    let out = output_dir("reported_cost");
+    const PAIRS: f64 = 1_000_000.0;
+    let pairs = format!("{PAIRS}");
+    let plain = (0..3)
+        .map(|_| {
+            ns_per_pair(
+                &Command::new(malloc_loop_fixture())
+                    .arg(&pairs)
+                    .output()
+                    .unwrap(),
+            )
+        })
+        .fold(f64::INFINITY, f64::min);
+    let profiled = Command::new(memprobe_bin())
+        .args(["--max-overhead", "none", "--format", "heap", "-o"])
+        .arg(&out)
+        .arg("--")
+        .arg(malloc_loop_fixture())
+        .arg(&pairs)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&profiled.stderr);
+    assert!(profiled.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("per hit, measured on this host"),
+        "{stderr}"
+    );
+    let gained = (ns_per_pair(&profiled) - plain) * PAIRS / 1e9;
+    let reported: f64 = stderr
+        .split_once("estimated time added to the profiled processes: ")
+        .and_then(|(_, rest)| rest.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no estimate in {stderr}"));
+    assert_within("reported added seconds", reported, gained, 0.30);
+}
