@@ -181,6 +181,20 @@ mod tests {
     }
 
     #[test]
+    fn cet_builds_are_probed_past_endbr64() {
+        // endbr64; push r12; push rbp: glibc's malloc as CET builds start it.
+        // endbr64 is single-stepped (~14x an emulated trap, `--verbose`
+        // says on this host); the push after it is emulated and leaves rsp
+        // as the entry had it, so even a return probe may go there.
+        let code = [0xf3, 0x0f, 0x1e, 0xfa, 0x41, 0x54, 0x55, 0xeb, 0x00];
+        let with_return = place(&code, 0x1000, &[Register::RDI], true);
+        assert_eq!((with_return.offset, with_return.pushes), (4, 0));
+        assert!(with_return.fallback.is_none());
+        let entry_only = place(&code, 0x1000, &[Register::RDI], false);
+        assert_eq!(entry_only.offset, 4);
+    }
+
+    #[test]
     fn pushes_count_for_entry_probes_and_block_return_probes() {
         // mov eax, 1; push rbx; jmp +0
         let code = [0xb8, 0x01, 0x00, 0x00, 0x00, 0x53, 0xeb, 0x00];

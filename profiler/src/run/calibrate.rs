@@ -4,8 +4,10 @@
 //! function in a loop, and times the loop with no probe, with the
 //! allocation program on the first instruction (`nop`, which the kernel
 //! emulates), on the second (`ret`, which it single-steps) and with a
-//! uretprobe added. The function is called with a size of 0, so the
-//! countdown never samples: each hit costs what an unsampled call costs.
+//! uretprobe added; and a probe on `endbr64`, which CET builds (Ubuntu's,
+//! Fedora's glibc) start every function with. The function is called with
+//! a size of 0, so the countdown never samples: each hit costs what an
+//! unsampled call costs.
 use std::{
     io::{BufRead, BufReader, Write},
     path::{Path, PathBuf},
@@ -20,17 +22,24 @@ use crate::{kernel::KernelProbes, run::cost::CostModel};
 /// Set in the copy's environment: it serves timings instead of profiling.
 const TARGET_ENV: &str = "MEMPROBE_CALIBRATION_TARGET";
 
-// `nop` (emulated: where the probe goes) then `ret` (single-stepped).
+// `endbr64` (at +0, for CET builds' first instruction), `nop` (+4,
+// emulated: where the probe goes), `ret` (+5, single-stepped).
 core::arch::global_asm!(
     ".pushsection .text.memprobe_calibration_target,\"ax\",@progbits",
     ".globl memprobe_calibration_target",
     ".type memprobe_calibration_target,@function",
     "memprobe_calibration_target:",
+    "endbr64",
     "nop",
     "ret",
     ".size memprobe_calibration_target, .-memprobe_calibration_target",
     ".popsection",
 );
+
+/// Offsets in the target function.
+const ENDBR64: u64 = 0;
+const NOP: u64 = 4;
+const RET: u64 = 5;
 
 unsafe extern "C" {
     fn memprobe_calibration_target(size: u64);
@@ -157,19 +166,17 @@ pub fn measure(probes: &mut KernelProbes) -> Result<CostModel, String> {
         time
     };
     let entry = programs::ALLOC_SIZE_ARG0;
-    let emulated = timed(probes, &[(entry, 0)], FAST_CALLS)?;
-    // `ret` is one byte after the `nop`.
-    let single_stepped = timed(probes, &[(entry, 1)], SLOW_CALLS)?;
-    let with_return = timed(
-        probes,
-        &[(entry, 0), (programs::CALL_RETURN, 0)],
-        FAST_CALLS,
-    )?;
+    let emulated = timed(probes, &[(entry, NOP)], FAST_CALLS)?;
+    let single_stepped = timed(probes, &[(entry, RET)], SLOW_CALLS)?;
+    let returns = [(entry, NOP), (programs::CALL_RETURN, NOP)];
+    let with_return = timed(probes, &returns, FAST_CALLS)?;
+    let endbr64 = timed(probes, &[(entry, ENDBR64)], SLOW_CALLS)?;
     let nanos = |ns: f64| Duration::from_nanos(ns.max(1.0) as u64);
     Ok(CostModel {
         emulated: nanos(emulated - baseline),
         single_stepped: nanos(single_stepped - baseline),
         return_half: nanos(with_return - emulated),
+        endbr64: nanos(endbr64 - baseline),
         measured: true,
     })
 }

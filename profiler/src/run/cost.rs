@@ -16,6 +16,9 @@ pub struct CostModel {
     pub single_stepped: Duration,
     /// The return half of a call with a return probe.
     pub return_half: Duration,
+    /// A probe on `endbr64`, where CET builds start each function: probes
+    /// go past it where the placement rules allow (entry-only ones).
+    pub endbr64: Duration,
     /// Whether these were measured on this host.
     pub measured: bool,
 }
@@ -26,6 +29,7 @@ impl Default for CostModel {
             emulated: Duration::from_nanos(760),
             single_stepped: Duration::from_nanos(10_000),
             return_half: Duration::from_nanos(310),
+            endbr64: Duration::from_nanos(10_000),
             measured: false,
         }
     }
@@ -141,6 +145,7 @@ mod tests {
             emulated: Duration::from_nanos(409),
             single_stepped: Duration::from_nanos(10_000),
             return_half: Duration::from_nanos(263),
+            endbr64: Duration::from_nanos(9_000),
             measured: true,
         };
         let probes = [

@@ -143,13 +143,16 @@ pub async fn run(options: SessionOptions, status: &mut dyn Write) -> Result<Summ
         snapshot_requests: None,
         cost_model,
     };
-    if let Some(error) = calibration_error
-        && session.options.verbose
-    {
-        let _ = writeln!(
-            session.status,
-            "memprobe: probe costs not measured ({error}): estimates use defaults"
-        );
+    if session.options.verbose {
+        let line = match calibration_error {
+            Some(error) => format!("probe costs not measured ({error}): estimates use defaults"),
+            None => format!(
+                "probe costs: {}; on endbr64 (CET builds' first instruction) {:.1} µs",
+                session.cost_model,
+                session.cost_model.endbr64.as_secs_f64() * 1e6
+            ),
+        };
+        let _ = writeln!(session.status, "memprobe: {line}");
     }
     let mut launched = session.attach_targets(checked)?;
     if let Some(endpoints) = endpoints {
