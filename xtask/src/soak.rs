@@ -38,6 +38,9 @@ pub fn soak(duration: Duration, memprobe: &std::path::Path) -> Result<()> {
     let mut agent = Command::new(memprobe)
         .args([
             "--all",
+            // As the shipped agent runs.
+            "--allocator",
+            "jemalloc,mimalloc,tcmalloc",
             "--sample-interval",
             "4096",
             "--listen",
