@@ -93,9 +93,11 @@ pub struct Cli {
     #[arg(long = "pid", value_name = "PID", value_parser = clap::value_parser!(u32).range(1..))]
     pub pids: Vec<u32>,
 
-    /// Profile every process that maps jemalloc, now and started during the
-    /// run, through system-wide probes (each such process pays for a trap on
-    /// every call while memprobe runs).
+    /// Profile every process that maps a probed allocator, now and started
+    /// during the run, through system-wide probes (each such process pays
+    /// for a trap on every call while memprobe runs; with glibc's malloc
+    /// among the allocators, as by default, that is every process on the
+    /// host: `--allocator jemalloc,mimalloc,tcmalloc` leaves it out).
     #[arg(long)]
     pub all: bool,
 
