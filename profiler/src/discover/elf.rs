@@ -182,6 +182,18 @@ impl FunctionSymbols {
         self.function_starts.get(index).copied()
     }
 
+    /// Whether a function starts at `address` (per its symbols or the call
+    /// frame information).
+    pub fn is_function_start(&self, address: u64) -> bool {
+        self.function_starts.binary_search(&address).is_ok()
+            || self.functions.values().any(|f| f.address == address)
+    }
+
+    /// The file offset of the byte at `address`.
+    pub fn file_offset(&self, address: u64) -> Option<u64> {
+        self.segments.iter().find_map(|s| s.offset_of(address))
+    }
+
     pub fn is_plt(&self, address: u64) -> bool {
         self.plt_ranges.iter().any(|range| range.contains(address))
     }

@@ -6,6 +6,7 @@ pub mod allocators;
 pub mod code;
 pub mod elf;
 pub mod entry_points;
+pub mod fast_path;
 pub mod placement;
 use std::{
     collections::{BTreeSet, HashMap},
@@ -33,6 +34,9 @@ pub struct Allocator {
     pub prefix: String,
     /// The entry points to probe.
     pub entry_points: Vec<EntryPoint>,
+    /// jemalloc's inlined malloc fast path, where it is recognised
+    /// (`--verbose` says), with its slow path as a file offset.
+    pub fast_path: Option<fast_path::FastPath>,
     /// Entry points left unprobed because every call to them passes through
     /// another probed entry point (`operator new[]` jumping to `operator
     /// new`, say): (wrapper, the entry point it passes to). Probing both
@@ -273,10 +277,19 @@ fn read_facts(path: &Path, debug: &DebugLookup<'_>, wanted: &[AllocatorKind]) ->
                     entry.placement = place_probe(&symbols, &data, entry);
                     entry.forwards = may_forward(&symbols, &data, entry, &entry_addresses);
                 }
+                let fast_path = (found.kind == AllocatorKind::Jemalloc)
+                    .then(|| symbols.function(&format!("{}malloc", found.prefix)))
+                    .flatten()
+                    .and_then(|malloc| fast_path::recognise(&symbols, &data, malloc.address))
+                    .and_then(|fast| {
+                        let slow_path = symbols.file_offset(fast.slow_path)?;
+                        Some(fast_path::FastPath { slow_path, ..fast })
+                    });
                 Arc::new(Allocator {
                     kind: found.kind,
                     prefix: found.prefix,
                     entry_points,
+                    fast_path,
                     wrappers,
                 })
             })

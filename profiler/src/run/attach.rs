@@ -3,7 +3,10 @@
 use std::path::Path;
 
 use crate::{
-    discover::{Allocator, Found},
+    discover::{
+        Allocator, Found,
+        fast_path::{FastPath, TlsOffset},
+    },
     error::{Error, Result},
     kernel::{ReturnHalf, Scope},
     proc::{all_pids, parse_maps, read_maps},
@@ -168,6 +171,13 @@ impl Session<'_> {
         if !self.options.verbose {
             return;
         }
+        if allocator.kind == crate::discover::AllocatorKind::Jemalloc {
+            let _ = writeln!(
+                self.status,
+                "memprobe: {path}: {}",
+                describe_fast_path(allocator.fast_path)
+            );
+        }
         for (wrapper, inner) in &allocator.wrappers {
             let _ = writeln!(
                 self.status,
@@ -210,4 +220,30 @@ impl Session<'_> {
             );
         }
     }
+}
+
+/// `--verbose`'s words on jemalloc's fast path.
+fn describe_fast_path(fast: Option<FastPath>) -> String {
+    let Some(fast) = fast else {
+        return "jemalloc's malloc fast path not recognised".into();
+    };
+    let tls = match fast.tls {
+        TlsOffset::GotSlot(slot) => format!("the TLS offset in the GOT slot at {slot:#x}"),
+        TlsOffset::Immediate(offset) => format!("TLS at fs{}", signed_hex(offset)),
+    };
+    format!(
+        "jemalloc 5.3 malloc fast path recognised: above {} bytes and at a thread's \
+         threshold it leaves for the slow path at file offset {:#x}; thread counters at TLS \
+         {} and {}, {tls}",
+        fast.large_above,
+        fast.slow_path,
+        signed_hex(fast.allocated),
+        signed_hex(fast.allocated + 8)
+    )
+}
+
+/// `+0x338`, `-0xa98`.
+fn signed_hex(value: i64) -> String {
+    let sign = if value < 0 { '-' } else { '+' };
+    format!("{sign}{:#x}", value.unsigned_abs())
 }

@@ -1,0 +1,173 @@
+//! jemalloc 5.3's inlined `malloc` fast path, recognised by decoding it:
+//! the size above which it always falls back, the one slow-path function
+//! every fallback leads to (`malloc_default`, exported or not), and where
+//! the thread's allocated-bytes counter and its next-event threshold live
+//! (fs-relative, through a GOT slot in a shared library or an immediate in
+//! a static build). What sampling on the slow path needs to know about a
+//! build; for now `--verbose` says whether a build is recognised.
+use iced_x86::{Code, Decoder, DecoderOptions, FlowControl, Instruction, OpKind, Register};
+
+use crate::discover::elf::FunctionSymbols;
+
+/// Most instructions read from malloc's entry.
+const MAX_INSTRUCTIONS: usize = 24;
+
+/// Where a thread's TLS block is, relative to its fs base.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TlsOffset {
+    /// In a GOT slot (at this address in the file) that the dynamic linker
+    /// fills: read in the running process.
+    GotSlot(u64),
+    /// Known from the code (a static build).
+    Immediate(i64),
+}
+
+/// A recognised fast path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FastPath {
+    /// Requests above this many bytes always take the slow path.
+    pub large_above: u64,
+    /// Address of the slow-path function in the file.
+    pub slow_path: u64,
+    pub tls: TlsOffset,
+    /// The allocated-bytes counter, from the TLS block; the threshold is
+    /// the next word.
+    pub allocated: i64,
+}
+
+/// Decodes jemalloc's `malloc` at `address` (its code in `code`); `None`
+/// when it is not 5.3's fast path as this knows it.
+pub fn recognise(symbols: &FunctionSymbols, data: &[u8], address: u64) -> Option<FastPath> {
+    let code = symbols.code(data, address, 256)?;
+    let instructions: Vec<Instruction> = Decoder::with_ip(64, code, address, DecoderOptions::NONE)
+        .into_iter()
+        .take(MAX_INSTRUCTIONS)
+        .take_while(|i| !i.is_invalid() && i.flow_control() != FlowControl::Return)
+        .collect();
+    let (large_above, large_branch) = size_check(&instructions)?;
+    let (base, allocated) = counter_load(&instructions)?;
+    let threshold_branch = threshold_check(&instructions, base, allocated)?;
+    let tls = tls_source(&instructions, base)?;
+    let slow_path = final_target(symbols, data, large_branch)?;
+    let same = final_target(symbols, data, threshold_branch)? == slow_path;
+    (same && symbols.is_function_start(slow_path)).then_some(FastPath {
+        large_above,
+        slow_path,
+        tls,
+        allocated,
+    })
+}
+
+/// `cmp rdi, N; ja SLOW`: (N, SLOW).
+fn size_check(instructions: &[Instruction]) -> Option<(u64, u64)> {
+    let at = instructions.iter().position(|i| {
+        matches!(i.code(), Code::Cmp_rm64_imm32 | Code::Cmp_rm64_imm8)
+            && i.op0_kind() == OpKind::Register
+            && i.op0_register() == Register::RDI
+    })?;
+    let jump = instructions.get(at + 1)?;
+    (jump.code() == Code::Ja_rel32_64 || jump.code() == Code::Ja_rel8_64)
+        .then(|| (instructions[at].immediate(1), jump.near_branch_target()))
+}
+
+/// `mov reg, fs:[BASE + A]`: (BASE, A).
+fn counter_load(instructions: &[Instruction]) -> Option<(Register, i64)> {
+    instructions.iter().find_map(|i| {
+        let fs_load = i.code() == Code::Mov_r64_rm64
+            && i.op1_kind() == OpKind::Memory
+            && i.segment_prefix() == Register::FS
+            && i.memory_base() != Register::None;
+        fs_load.then(|| (i.memory_base(), i.memory_displacement64() as i64))
+    })
+}
+
+/// `cmp fs:[BASE + A + 8], reg; jae SLOW`: SLOW.
+fn threshold_check(instructions: &[Instruction], base: Register, allocated: i64) -> Option<u64> {
+    let at = instructions.iter().position(|i| {
+        i.mnemonic() == iced_x86::Mnemonic::Cmp
+            && i.segment_prefix() == Register::FS
+            && i.memory_base() == base
+            && i.memory_displacement64() as i64 == allocated + 8
+    })?;
+    let jump = instructions.get(at + 1)?;
+    matches!(jump.code(), Code::Jae_rel32_64 | Code::Jae_rel8_64).then(|| jump.near_branch_target())
+}
+
+/// Where BASE came from: `mov BASE, [rip + slot]` or `mov BASE, imm`.
+fn tls_source(instructions: &[Instruction], base: Register) -> Option<TlsOffset> {
+    instructions.iter().find_map(|i| {
+        if i.op0_kind() != OpKind::Register || i.op0_register() != base {
+            return None;
+        }
+        match i.code() {
+            Code::Mov_r64_rm64 if i.is_ip_rel_memory_operand() => {
+                Some(TlsOffset::GotSlot(i.ip_rel_memory_address()))
+            }
+            Code::Mov_r64_imm64 | Code::Mov_rm64_imm32 => {
+                Some(TlsOffset::Immediate(i.immediate(1) as i64))
+            }
+            _ => None,
+        }
+    })
+}
+
+/// Where a branch ends up, through one `jmp` at its target.
+fn final_target(symbols: &FunctionSymbols, data: &[u8], target: u64) -> Option<u64> {
+    let code = symbols.code(data, target, 16)?;
+    let first = Decoder::with_ip(64, code, target, DecoderOptions::NONE).decode();
+    if first.flow_control() == FlowControl::UnconditionalBranch
+        && first.op0_kind() == OpKind::NearBranch64
+    {
+        return Some(first.near_branch_target());
+    }
+    Some(target)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    fn fast_path_of(path: &Path, malloc: &str) -> Option<(FastPath, FunctionSymbols)> {
+        let Ok(data) = std::fs::read(path) else {
+            eprintln!("skipped: {} is not there", path.display());
+            return None;
+        };
+        let symbols = FunctionSymbols::parse(&data).unwrap();
+        let address = symbols.function(malloc).unwrap().address;
+        Some((
+            recognise(&symbols, &data, address).expect("recognised"),
+            symbols,
+        ))
+    }
+
+    /// Debian's libjemalloc2 5.3.0: the TLS offset in a GOT slot, the
+    /// counters at +0x338 and +0x340, `malloc_default` not exported but a
+    /// function start in `.eh_frame`.
+    #[test]
+    fn debians_shared_libjemalloc() {
+        let path = Path::new("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2");
+        let Some((fast, symbols)) = fast_path_of(path, "malloc") else {
+            return;
+        };
+        assert_eq!(fast.large_above, 4096);
+        assert_eq!(fast.allocated, 0x338);
+        assert!(matches!(fast.tls, TlsOffset::GotSlot(_)), "{fast:?}");
+        assert!(symbols.is_function_start(fast.slow_path));
+        let malloc = symbols.function("malloc").unwrap().address;
+        assert_ne!(fast.slow_path, malloc);
+    }
+
+    /// A build without that shape is not recognised: glibc's malloc.
+    #[test]
+    fn glibc_malloc_is_not_jemallocs_fast_path() {
+        let path = Path::new("/lib/x86_64-linux-gnu/libc.so.6");
+        let Ok(data) = std::fs::read(path) else {
+            return;
+        };
+        let symbols = FunctionSymbols::parse(&data).unwrap();
+        let malloc = symbols.function("malloc").unwrap().address;
+        assert_eq!(recognise(&symbols, &data, malloc), None);
+    }
+}
