@@ -26,10 +26,14 @@ pub mod maps {
     /// Processes (tgid -> u8) whose frame-pointer walks proved as good as
     /// DWARF unwinding: their samples mostly go without a stack copy.
     pub const FP_TRUSTED: &str = "FP_TRUSTED";
+    /// Where jemalloc's thread counters are for each probed copy sampled
+    /// on its slow path ([`crate::FastPathKey`] -> [`crate::FastPathConfig`]).
+    pub const FAST_PATHS: &str = "FAST_PATHS";
     /// Every map. The eBPF side must spell them in `#[map(name = ...)]`
     /// literals (the macro takes no path); a unit test of the profiler
     /// checks the built object has each of these.
-    pub const ALL: [&str; 8] = [
+    pub const ALL: [&str; 9] = [
+        FAST_PATHS,
         EVENTS,
         THREADS,
         PENDING,
@@ -52,7 +56,11 @@ pub mod globals {
     /// `u64`: above this many unread bytes in the ring buffer, samples go
     /// without their stack copy (a fraction of the size) rather than be lost.
     pub const RING_BUSY_BYTES: &str = "RING_BUSY_BYTES";
-    pub const ALL: [&str; 2] = [COPY_STACK, RING_BUSY_BYTES];
+    /// `u64`: byte offset of `thread.fsbase` in `struct task_struct` (from
+    /// the kernel's BTF), 0 when unknown: a task's TLS for jemalloc's
+    /// thread counters.
+    pub const TASK_FSBASE: &str = "TASK_FSBASE";
+    pub const ALL: [&str; 3] = [COPY_STACK, RING_BUSY_BYTES, TASK_FSBASE];
 }
 
 /// Most entry points counted in [`maps::PROBE_HITS`]; probes beyond share
@@ -71,8 +79,10 @@ pub mod programs {
     pub const RESIZE_XALLOCX: &str = "resize_xallocx";
     pub const FREE_ARG0: &str = "free_arg0";
     pub const CALL_RETURN: &str = "call_return";
+    pub const ALLOC_SLOW_PATH: &str = "alloc_slow_path";
     /// Every plain uprobe program.
-    pub const ALL: [&str; 10] = [
+    pub const ALL: [&str; 11] = [
+        ALLOC_SLOW_PATH,
         ALLOC_SIZE_ARG0,
         ALLOC_SIZE_ARG1,
         ALLOC_CALLOC,
@@ -97,7 +107,9 @@ pub mod programs {
         pub const MALLOCX: &str = "session_mallocx";
         pub const RALLOCX: &str = "session_rallocx";
         pub const XALLOCX: &str = "session_xallocx";
-        pub const ALL: [&str; 8] = [
+        pub const SLOW_PATH: &str = "session_slow_path";
+        pub const ALL: [&str; 9] = [
+            SLOW_PATH,
             SIZE_ARG0,
             SIZE_ARG1,
             CALLOC,
@@ -127,10 +139,14 @@ pub enum CallShape {
     Xallocx,
     /// Pointer in the first argument: free, dallocx, sdallocx, operator delete.
     Free,
+    /// jemalloc's `malloc_default`, where `malloc` and `operator new` go
+    /// when their inlined fast path cannot serve: size in the first argument.
+    SlowPath,
 }
 
 impl CallShape {
-    pub const ALL: [CallShape; 9] = [
+    pub const ALL: [CallShape; 10] = [
+        CallShape::SlowPath,
         CallShape::SizeArg0,
         CallShape::SizeArg1,
         CallShape::Calloc,
@@ -159,6 +175,7 @@ impl CallShape {
             CallShape::Rallocx => (programs::ALLOC_RALLOCX, Some(session::RALLOCX)),
             CallShape::Xallocx => (programs::RESIZE_XALLOCX, Some(session::XALLOCX)),
             CallShape::Free => (programs::FREE_ARG0, None),
+            CallShape::SlowPath => (programs::ALLOC_SLOW_PATH, Some(session::SLOW_PATH)),
         }
     }
 
@@ -229,6 +246,10 @@ pub struct AllocEvent {
     pub stack: [u64; MAX_STACK_DEPTH],
     /// Registers at the probe, where DWARF unwinding starts.
     pub regs: UserRegs,
+    /// For a call sampled on jemalloc's slow path: the thread's bytes since
+    /// its previous crossing, which this call's sample stands for (0 for a
+    /// call sampled by its own size).
+    pub window: u64,
 }
 
 /// A sampled allocation call with a copy of its user stack, for DWARF
@@ -300,6 +321,31 @@ pub struct ThreadState {
     /// call on to another probed entry point (glibc's realloc calling
     /// malloc): that inner call must not be counted again.
     pub forwarder: Forwarder,
+    /// jemalloc's allocated-bytes counter of the thread after its last
+    /// crossing seen on the slow path (0: none seen yet).
+    pub last_allocated: u64,
+    /// Bytes counted by entry probes since then (calloc, large calls...):
+    /// taken out of the next window, which the counter includes them in.
+    pub counted_bytes: u64,
+}
+
+/// Key of [`maps::FAST_PATHS`]: a process and a probed jemalloc copy.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FastPathKey {
+    pub pid: u32,
+    pub instance: u32,
+}
+
+/// Where a jemalloc copy keeps a thread's counters, from its fs base.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FastPathConfig {
+    /// fs-relative address of the allocated-bytes counter; the threshold
+    /// is the next word.
+    pub allocated: i64,
+    /// Requests above this many bytes always take the slow path.
+    pub large_above: u64,
 }
 
 /// An allocation call that may pass itself on to another entry point of
@@ -385,10 +431,14 @@ pub enum Counter {
     /// Allocation calls made by another probed allocation call (glibc's
     /// realloc calling malloc): not counted twice.
     InnerCalls = 10,
+    /// Slow-path calls at a thread's byte threshold (a window closes).
+    Crossings = 11,
+    /// Slow-path calls for a thread-cache refill: not counted.
+    Refills = 12,
 }
 
 impl Counter {
-    pub const COUNT: u32 = 11;
+    pub const COUNT: u32 = 13;
     pub const ALL: [Counter; Self::COUNT as usize] = [
         Counter::AllocCalls,
         Counter::SampledCalls,
@@ -401,6 +451,8 @@ impl Counter {
         Counter::StackCopiesSkipped,
         Counter::FramePointerFastPath,
         Counter::InnerCalls,
+        Counter::Crossings,
+        Counter::Refills,
     ];
 }
 
@@ -495,6 +547,8 @@ mod pod {
     // SAFETY: all of these are repr(C), Copy, and valid for any bit pattern.
     unsafe impl aya::Pod for ThreadState {}
     unsafe impl aya::Pod for Forwarder {}
+    unsafe impl aya::Pod for FastPathKey {}
+    unsafe impl aya::Pod for FastPathConfig {}
     unsafe impl aya::Pod for PendingCall {}
     unsafe impl aya::Pod for LiveKey {}
 }

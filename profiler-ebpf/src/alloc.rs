@@ -40,23 +40,28 @@ pub(crate) fn on_allocation(
         return false;
     }
     count(Counter::AllocCalls);
-    let wanted = count_down(ctx, thread, size, align, pending);
+    // SAFETY: the entry belongs to this thread; only this thread writes it.
+    unsafe { (*thread.state).counted_bytes = (*thread.state).counted_bytes.wrapping_add(size) };
+    let wanted = count_down(ctx, thread, size, align, pending, 0);
     thread.note_forwarder(ctx);
     wanted
 }
 
 #[inline(always)]
-fn count_down(
+pub(crate) fn count_down(
     ctx: &ProbeContext,
     thread: &Thread,
     size: u64,
     align: u64,
     pending: PendingCall,
+    window: u64,
 ) -> bool {
-    let size_counted = if size > i64::MAX as u64 {
+    // A window's bytes are what is counted down, the call's size otherwise.
+    let counted = if window > 0 { window } else { size };
+    let size_counted = if counted > i64::MAX as u64 {
         i64::MAX
     } else {
-        size as i64
+        counted as i64
     };
     let state = thread.state;
     // SAFETY: the entry belongs to this thread; only this thread writes it.
@@ -68,7 +73,7 @@ fn count_down(
         }
         (*state).bytes_until_sample = draw_countdown();
     }
-    record_allocation(ctx, thread, size, align, pending)
+    record_allocation(ctx, thread, size, align, pending, window)
 }
 
 #[inline(always)]
@@ -78,6 +83,7 @@ pub(crate) fn record_allocation(
     size: u64,
     align: u64,
     pending: PendingCall,
+    window: u64,
 ) -> bool {
     count(Counter::SampledCalls);
     let id = thread.id;
@@ -104,8 +110,7 @@ pub(crate) fn record_allocation(
                 fill_alloc(
                     ctx,
                     id,
-                    size,
-                    align,
+                    (size, align, window),
                     event_kind::ALLOC_WITH_STACK,
                     addr_of_mut!((*event).alloc),
                 );
@@ -124,7 +129,8 @@ pub(crate) fn record_allocation(
         return false;
     };
     // SAFETY: as above.
-    unsafe { fill_alloc(ctx, id, size, align, event_kind::ALLOC, entry.as_mut_ptr()) };
+    let sizes = (size, align, window);
+    unsafe { fill_alloc(ctx, id, sizes, event_kind::ALLOC, entry.as_mut_ptr()) };
     entry.submit(0);
     thread.expect_return(ctx);
     true
@@ -156,8 +162,7 @@ pub(crate) fn frame_pointers_suffice(id: u64) -> bool {
 pub(crate) unsafe fn fill_alloc(
     ctx: &ProbeContext,
     id: u64,
-    size: u64,
-    align: u64,
+    (size, align, window): (u64, u64, u64),
     kind: u32,
     event: *mut AllocEvent,
 ) {
@@ -169,6 +174,7 @@ pub(crate) unsafe fn fill_alloc(
         addr_of_mut!((*event).header).write(header(kind, id, cookie::probe_index(cookie)));
         addr_of_mut!((*event).size).write(size);
         addr_of_mut!((*event).align).write(align);
+        addr_of_mut!((*event).window).write(window);
         addr_of_mut!((*event).caller)
             .write(bpf_probe_read_user(return_address as *const u64).unwrap_or(0));
         let stack_bytes = bpf_get_stack(

@@ -13,6 +13,7 @@ mod alloc;
 mod maps;
 mod release;
 mod sampling;
+mod slow_path;
 
 use core::ffi::c_void;
 
@@ -24,6 +25,7 @@ use aya_ebpf::{
 use profiler_common::{PendingCall, pending_kind};
 use release::{on_free, on_resize_entry, on_return};
 use sampling::{Args, Thread, session};
+use slow_path::on_slow_path;
 
 /// Declares the plain and the session program of one entry-point shape.
 /// `$entry` returns whether the call's return half is needed.
@@ -97,6 +99,13 @@ entry_point!(
     resize_xallocx,
     session_xallocx,
     xallocx
+);
+
+entry_point!(
+    /// jemalloc's malloc_default: the slow path of malloc and operator new.
+    alloc_slow_path,
+    session_slow_path,
+    on_slow_path
 );
 
 #[inline(always)]

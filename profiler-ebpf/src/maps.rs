@@ -7,7 +7,7 @@ use aya_ebpf::{
     macros::map,
     maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
 };
-use profiler_common::{LiveKey, PendingCall, ThreadState, sampling};
+use profiler_common::{FastPathConfig, FastPathKey, LiveKey, PendingCall, ThreadState, sampling};
 
 #[map(name = "EVENTS")]
 pub static EVENTS: RingBuf = RingBuf::with_byte_size(8 << 20, 0);
@@ -36,6 +36,13 @@ pub static FP_TRUSTED: HashMap<u32, u8> = HashMap::with_max_entries(8192, 0);
 #[map(name = "PROBE_HITS")]
 pub static PROBE_HITS: PerCpuArray<u64> =
     PerCpuArray::with_max_entries(profiler_common::MAX_COUNTED_PROBES, 0);
+
+#[map(name = "FAST_PATHS")]
+pub static FAST_PATHS: HashMap<FastPathKey, FastPathConfig> = HashMap::with_max_entries(4096, 0);
+
+/// Set by userspace (`globals::TASK_FSBASE`): 0 when unknown.
+#[unsafe(no_mangle)]
+pub static TASK_FSBASE: u64 = 0;
 
 /// Set by userspace (`globals::COPY_STACK`): 0 when stacks are walked by
 /// frame pointers alone (`--unwind fp`).

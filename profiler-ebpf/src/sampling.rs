@@ -127,6 +127,8 @@ impl Thread {
             bytes_until_sample: draw_countdown(),
             return_sp: 0,
             forwarder: Forwarder::default(),
+            last_allocated: 0,
+            counted_bytes: 0,
         };
         let _ = THREADS.insert(id, fresh, 0);
         let state = THREADS.get_ptr_mut(id)?;

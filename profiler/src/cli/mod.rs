@@ -5,8 +5,8 @@ use std::{ffi::OsString, path::PathBuf, time::Duration};
 mod values;
 
 pub use values::{
-    AllocatorArg, BinariesArgs, ConvertTo, MeasureArg, PlacementArg, ReturnProbesArg, TrackArg,
-    UnwindArg,
+    AllocatorArg, BinariesArgs, ConvertTo, MeasureArg, PlacementArg, ReturnProbesArg, SamplingArg,
+    TrackArg, UnwindArg,
 };
 use values::{Overhead, parse_duration, parse_format, parse_growth, parse_overhead, parse_size};
 
@@ -15,7 +15,7 @@ use profiler::{
     collect::{CollectorOptions, sampling::DEFAULT_SAMPLE_INTERVAL},
     kernel::{KernelOptions, PlacementMode, ReturnProbes},
     output::Format,
-    run::{GrowthTrigger, Retention, SessionOptions, Targets},
+    run::{GrowthTrigger, Retention, Sampling, SessionOptions, Targets},
 };
 
 const EXAMPLES: &str = "\
@@ -156,6 +156,15 @@ pub struct Cli {
     /// whose probes are shared by every process.
     #[arg(long, value_name = "PCT", default_value = "10", value_parser = parse_overhead)]
     pub max_overhead: Overhead,
+
+    /// Where jemalloc's malloc and operator new are sampled: `entry` (a
+    /// trap per call) or `slow-path` (on jemalloc's slow path, where their
+    /// inlined fast path falls back: large requests, a thread's 64 KiB byte
+    /// threshold, refills; most calls then never trap). slow-path needs a
+    /// recognised jemalloc 5.3 build (`--verbose` says), --pid, and BTF;
+    /// elsewhere entry is used. Frees are probed either way.
+    #[arg(long, value_name = "WHERE", value_enum, default_value_t = SamplingArg::Entry)]
+    pub sampling: SamplingArg,
 
     /// Which allocators to probe: jemalloc, glibc (libc.so.6's malloc),
     /// mimalloc, tcmalloc (gperftools), or all (each one a process maps; one
@@ -359,6 +368,10 @@ impl Cli {
             debug_dir: self.debug_dir.clone(),
             allocators: AllocatorArg::kinds(&self.allocator),
             max_overhead: self.max_overhead.0,
+            sampling: match self.sampling {
+                SamplingArg::Entry => Sampling::Entry,
+                SamplingArg::SlowPath => Sampling::SlowPath,
+            },
             listen: self.listen,
             retention: Retention {
                 keep: self.keep.map(|n| n as usize),

@@ -79,6 +79,13 @@ pub fn parse_overhead(text: &str) -> Result<Overhead, String> {
     Ok(Overhead(Some(percent / 100.0)))
 }
 
+/// `--sampling`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum SamplingArg {
+    Entry,
+    SlowPath,
+}
+
 /// `--placement`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum PlacementArg {

@@ -7,7 +7,7 @@ pub mod size_class;
 use std::collections::HashMap;
 
 use crate::{
-    collect::sampling::sample_weight,
+    collect::sampling::{sample_weight, window_weight},
     collect::size_class::usable_size_of,
     kernel::events::Event,
     profile::{HeapProfile, StackEstimate},
@@ -74,7 +74,8 @@ struct LiveAllocation {
 #[derive(Clone, Copy, Debug)]
 struct PendingSample {
     stack: u32,
-    size: u64,
+    /// How many allocations it stands for.
+    weight: f64,
     usable: u64,
 }
 
@@ -118,6 +119,7 @@ impl ProcessHeap {
                 frames,
                 stack_error,
                 allocator,
+                window,
                 ..
             } => {
                 if stack_error {
@@ -125,8 +127,12 @@ impl ProcessHeap {
                 }
                 let stack = self.stack_id(frames);
                 let usable = usable_size_of(allocator, size, align);
+                let weight = match window {
+                    0 => sample_weight(size, self.sample_interval),
+                    _ => window_weight(usable, window, self.sample_interval),
+                };
                 if self.options.allocations_only {
-                    self.count_allocation(stack, size, usable);
+                    self.count_allocation(stack, weight, usable);
                     return;
                 }
                 // A call whose return never came is replaced by the next one.
@@ -134,7 +140,7 @@ impl ProcessHeap {
                     header.tid,
                     PendingSample {
                         stack,
-                        size,
+                        weight,
                         usable,
                     },
                 );
@@ -169,7 +175,7 @@ impl ProcessHeap {
             return; // the allocation failed
         }
         self.samples += 1;
-        let weight = sample_weight(sample.size, self.sample_interval);
+        let weight = sample.weight;
         let usable = sample.usable;
         let stats = &mut self.stacks[sample.stack as usize];
         stats.alloc_objects += weight;
@@ -200,9 +206,8 @@ impl ProcessHeap {
     }
 
     /// An allocation that is never matched with a free: in use for good.
-    fn count_allocation(&mut self, stack: u32, size: u64, usable: u64) {
+    fn count_allocation(&mut self, stack: u32, weight: f64, usable: u64) {
         self.samples += 1;
-        let weight = sample_weight(size, self.sample_interval);
         let usable = usable as f64;
         let stats = &mut self.stacks[stack as usize];
         stats.alloc_objects += weight;
@@ -344,6 +349,7 @@ mod tests {
             frames: frames.to_vec(),
             stack_error: false,
             stack_copy: None,
+            window: 0,
             allocator: AllocatorKind::Jemalloc,
         }
     }

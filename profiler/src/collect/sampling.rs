@@ -15,6 +15,16 @@ pub fn sample_probability(size: u64, interval: u64) -> f64 {
 }
 
 /// How many allocations one sample of `size` bytes stands for: `1 / p`.
+/// How many allocations a call sampled on jemalloc's slow path stands for:
+/// it closed a window of `window` bytes (counted down at once, so sampled
+/// with probability `1 - exp(-window/interval)`), and is the window's
+/// crossing call with probability `usable / window`.
+pub fn window_weight(usable: u64, window: u64, interval: u64) -> f64 {
+    let window = window.max(usable) as f64;
+    let sampled = 1.0 - (-window / interval.max(1) as f64).exp();
+    window / (usable.max(1) as f64 * sampled.max(f64::MIN_POSITIVE))
+}
+
 pub fn sample_weight(size: u64, interval: u64) -> f64 {
     let p = sample_probability(size, interval);
     if p > 0.0 { 1.0 / p } else { 0.0 }

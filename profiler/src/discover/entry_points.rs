@@ -11,7 +11,7 @@ pub use profiler_common::CallShape;
 pub fn registers_read(shape: CallShape) -> &'static [Register] {
     use Register::{RDI, RDX, RSI};
     match shape {
-        CallShape::SizeArg0 | CallShape::Xallocx | CallShape::Free => &[RDI],
+        CallShape::SizeArg0 | CallShape::Xallocx | CallShape::Free | CallShape::SlowPath => &[RDI],
         CallShape::SizeArg1 | CallShape::Calloc | CallShape::Realloc | CallShape::Mallocx => {
             &[RDI, RSI]
         }

@@ -35,6 +35,24 @@ pub struct FastPath {
     pub allocated: i64,
 }
 
+/// A recognised fast path, its addresses as file offsets, and where its
+/// slow path's probe goes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SlowPath {
+    pub fast: FastPath,
+    pub placement: crate::discover::placement::Placement,
+}
+
+/// Entry points whose calls the fast path serves (or the slow path sees):
+/// not probed when sampling on the slow path.
+pub const SERVED: [&str; 5] = [
+    "malloc",
+    "_Znwm",
+    "_Znam",
+    "_ZnwmRKSt9nothrow_t",
+    "_ZnamRKSt9nothrow_t",
+];
+
 /// Decodes jemalloc's `malloc` at `address` (its code in `code`); `None`
 /// when it is not 5.3's fast path as this knows it.
 pub fn recognise(symbols: &FunctionSymbols, data: &[u8], address: u64) -> Option<FastPath> {

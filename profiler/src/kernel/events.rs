@@ -21,6 +21,9 @@ pub enum Event {
         /// Registers and stack bytes for DWARF unwinding, when the kernel
         /// could copy any.
         stack_copy: Option<StackCopy>,
+        /// For a call sampled on jemalloc's slow path, the bytes of the
+        /// window it stands for (0: sampled by its own size).
+        window: u64,
         /// The allocator of the probe that fired, which sizes the bytes
         /// (set by the run from the probe index; jemalloc until then).
         allocator: AllocatorKind,
@@ -111,6 +114,7 @@ fn sampled(header: EventHeader, event: &AllocEvent, stack_copy: Option<StackCopy
     Event::Sampled {
         header,
         size: event.size,
+        window: event.window,
         align: event.align,
         frames,
         stack_error,
@@ -165,6 +169,7 @@ mod tests {
             stack_bytes: (walked.len() * 8) as i64,
             stack,
             regs: UserRegs::default(),
+            window: 0,
         }
     }
 

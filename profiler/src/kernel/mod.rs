@@ -2,6 +2,7 @@
 //! attach probes, read its counters. Dropping [`KernelProbes`] detaches
 //! every probe (the kernel also does so if memprobe dies: links are fds).
 mod attach;
+pub mod btf;
 pub mod events;
 pub mod features;
 pub mod uprobe_session;
@@ -13,7 +14,7 @@ use aya::{
     maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
     programs::UProbe,
 };
-use profiler_common::{Counter, globals, maps, programs};
+use profiler_common::{Counter, FastPathConfig, FastPathKey, globals, maps, programs};
 
 use crate::{
     collect::sampling,
@@ -163,6 +164,15 @@ pub struct KernelProbes {
     allocations_only: bool,
 }
 
+/// `thread.fsbase` in `struct task_struct`, from the kernel's BTF; 0 when
+/// unknown (then nothing is sampled on jemalloc's slow path).
+fn task_fsbase_offset() -> u64 {
+    std::fs::read("/sys/kernel/btf/vmlinux")
+        .ok()
+        .and_then(|btf| btf::fsbase_offset(&btf))
+        .unwrap_or(0)
+}
+
 fn load_error(what: &str, cause: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Error {
     Error::Load {
         what: what.to_owned(),
@@ -183,6 +193,7 @@ impl KernelProbes {
                 &(options.ring_buffer_bytes as u64 / 2),
                 true,
             )
+            .override_global(globals::TASK_FSBASE, &task_fsbase_offset(), true)
             .load(OBJECT)
             .map_err(|e| load_error("eBPF object", e))?;
         let mut table: Array<_, u64> = Array::try_from(
@@ -283,6 +294,28 @@ impl KernelProbes {
             }
         }
         hits
+    }
+
+    /// Tells the slow-path program where `pid`'s copy `instance` of
+    /// jemalloc keeps a thread's counters.
+    pub fn set_fast_path(&mut self, pid: u32, instance: u16, config: FastPathConfig) -> bool {
+        let Some(map) = self.ebpf.map_mut(maps::FAST_PATHS) else {
+            return false;
+        };
+        let Ok(mut table) = HashMap::<_, FastPathKey, FastPathConfig>::try_from(map) else {
+            return false;
+        };
+        let key = FastPathKey {
+            pid,
+            instance: u32::from(instance),
+        };
+        table.insert(key, config, 0).is_ok()
+    }
+
+    /// Whether the kernel's BTF told where a task's fs base is (what
+    /// sampling on jemalloc's slow path reads).
+    pub fn knows_fsbase() -> bool {
+        task_fsbase_offset() != 0
     }
 
     /// Zeroes the kernel counters and the hit counts: what calibration

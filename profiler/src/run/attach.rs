@@ -5,7 +5,7 @@ use std::path::Path;
 use crate::{
     discover::{
         Allocator, Found,
-        fast_path::{FastPath, TlsOffset},
+        fast_path::{SlowPath, TlsOffset},
     },
     error::{Error, Result},
     kernel::{ReturnHalf, Scope},
@@ -86,6 +86,8 @@ impl Session<'_> {
         allocator: &Allocator,
     ) -> Result<usize> {
         let instance = self.instance()?;
+        let slow = self.on_slow_path(scope, path, allocator, instance);
+        let allocator = slow.as_ref().unwrap_or(allocator);
         let before = self.probes.attached.len();
         let attached = self
             .probes
@@ -175,7 +177,7 @@ impl Session<'_> {
             let _ = writeln!(
                 self.status,
                 "memprobe: {path}: {}",
-                describe_fast_path(allocator.fast_path)
+                describe_fast_path(allocator.fast_path.as_ref())
             );
         }
         for (wrapper, inner) in &allocator.wrappers {
@@ -223,12 +225,14 @@ impl Session<'_> {
 }
 
 /// `--verbose`'s words on jemalloc's fast path.
-fn describe_fast_path(fast: Option<FastPath>) -> String {
-    let Some(fast) = fast else {
+fn describe_fast_path(fast: Option<&SlowPath>) -> String {
+    let Some(SlowPath { fast, .. }) = fast else {
         return "jemalloc's malloc fast path not recognised".into();
     };
     let tls = match fast.tls {
-        TlsOffset::GotSlot(slot) => format!("the TLS offset in the GOT slot at {slot:#x}"),
+        TlsOffset::GotSlot(slot) => {
+            format!("the TLS offset in the GOT slot at file offset {slot:#x}")
+        }
         TlsOffset::Immediate(offset) => format!("TLS at fs{}", signed_hex(offset)),
     };
     format!(
@@ -246,4 +250,67 @@ fn describe_fast_path(fast: Option<FastPath>) -> String {
 fn signed_hex(value: i64) -> String {
     let sign = if value < 0 { '-' } else { '+' };
     format!("{sign}{:#x}", value.unsigned_abs())
+}
+
+impl Session<'_> {
+    /// `--sampling slow-path`: this jemalloc copy probed on its slow path,
+    /// with the kernel told where `pid`'s threads keep their counters;
+    /// `None` (sampled at entry) for other allocators, unrecognised builds,
+    /// system-wide probes and a process not started yet.
+    fn on_slow_path(
+        &mut self,
+        scope: Scope,
+        path: &str,
+        allocator: &Allocator,
+        instance: u16,
+    ) -> Option<Allocator> {
+        let Scope::Process(pid) = scope else {
+            return None;
+        };
+        if self.options.sampling != crate::run::Sampling::SlowPath
+            || !crate::kernel::KernelProbes::knows_fsbase()
+        {
+            return None;
+        }
+        let variant = allocator.on_slow_path()?;
+        let fast = variant.fast_path.as_ref()?.fast;
+        let tls = match fast.tls {
+            TlsOffset::Immediate(offset) => offset,
+            TlsOffset::GotSlot(file_offset) => {
+                let maps = &self.tracked.get(&pid)?.maps;
+                read_mapped_word(pid, maps, path, file_offset)? as i64
+            }
+        };
+        let config = profiler_common::FastPathConfig {
+            allocated: tls.wrapping_add(fast.allocated),
+            large_above: fast.large_above,
+        };
+        if !self.probes.set_fast_path(pid, instance, config) {
+            return None;
+        }
+        if self.options.verbose {
+            let _ = writeln!(
+                self.status,
+                "memprobe: pid {pid}: {path}: malloc and operator new sampled on jemalloc's slow path"
+            );
+        }
+        Some(variant)
+    }
+}
+
+/// The word at `file_offset` of `path` as `pid` has it mapped (a GOT slot
+/// the dynamic linker filled), read from `/proc/PID/mem`: read, never
+/// written.
+fn read_mapped_word(pid: u32, maps: &str, path: &str, file_offset: u64) -> Option<u64> {
+    use std::os::unix::fs::FileExt;
+    let mapping = crate::proc::parse_maps(maps).into_iter().find(|m| {
+        m.path.as_deref() == Some(path)
+            && file_offset >= m.offset
+            && file_offset + 8 <= m.offset + (m.end - m.start)
+    })?;
+    let address = mapping.start + (file_offset - mapping.offset);
+    let mem = std::fs::File::open(crate::proc::proc_path(pid, "mem")).ok()?;
+    let mut word = [0u8; 8];
+    mem.read_exact_at(&mut word, address).ok()?;
+    Some(u64::from_le_bytes(word))
 }

@@ -31,7 +31,7 @@ use tokio::{
     sync::{mpsc, oneshot},
 };
 
-pub use options::{GrowthTrigger, SessionOptions, Targets};
+pub use options::{GrowthTrigger, Sampling, SessionOptions, Targets};
 pub use retention::Retention;
 pub use status::{ProcessSummary, Summary, summary_lines};
 

@@ -7,6 +7,19 @@ use crate::{
     output::Format,
 };
 
+/// Where jemalloc's `malloc` and `operator new` are sampled.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Sampling {
+    /// At their entry: one trap per call.
+    #[default]
+    Entry,
+    /// On jemalloc's slow path, where their inlined fast path falls back
+    /// (large requests, a thread's byte threshold, refills): most calls do
+    /// not trap. For `--pid` targets whose build is recognised; the others
+    /// are sampled at entry.
+    SlowPath,
+}
+
 /// Which processes to profile.
 #[derive(Clone, Debug)]
 pub enum Targets {
@@ -64,6 +77,8 @@ pub struct SessionOptions {
     /// may cost it for 10 s before it is written out and detached; `None`
     /// for no budget. Default: 10%.
     pub max_overhead: Option<f64>,
+    /// `--sampling`. Default: at entry.
+    pub sampling: Sampling,
     /// The allocators to probe (`--allocator`). Default: all of them.
     pub allocators: Vec<crate::discover::AllocatorKind>,
     /// Ask JVMs for a perf map (`jcmd PID Compiler.perfmap`) before each
@@ -106,6 +121,7 @@ impl Default for SessionOptions {
             formats: Format::ALL.to_vec(),
             java_perfmap: true,
             max_overhead: Some(0.10),
+            sampling: Sampling::Entry,
             allocators: crate::discover::AllocatorKind::ALL.to_vec(),
             debug_dir: None,
             listen: None,

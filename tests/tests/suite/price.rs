@@ -148,7 +148,10 @@ fn reported_cost_agrees_with_the_time_a_loop_gains() {
 fn jemallocs_fast_path_is_recognised_in_shared_and_static_builds() {
     let _guard = shared();
     for (binary, tls) in [
-        (sites_fixture(), "the TLS offset in the GOT slot at 0x"),
+        (
+            sites_fixture(),
+            "the TLS offset in the GOT slot at file offset 0x",
+        ),
         (rust_fixture(), "TLS at fs-0x"),
     ] {
         let out = output_dir("fast_path");

@@ -10,21 +10,33 @@ use anyhow::{Context, Result, bail};
 
 use super::{Usage, reported_added_seconds, start_memprobe, stop, usage};
 
-/// redis-server under redis-benchmark without and with memprobe.
+/// redis-server under redis-benchmark without memprobe and with it in
+/// each sampling mode.
 pub(super) struct RedisResult {
-    /// Requests per second.
-    without: f64,
-    with: f64,
-    /// redis-server's CPU seconds over the same requests.
-    cpu_without: f64,
-    cpu_with: f64,
+    /// Requests per second, and redis-server's CPU seconds over the same
+    /// requests, without memprobe.
+    without: (f64, f64),
+    with: Vec<Attached>,
+}
+
+/// One run with memprobe attached.
+struct Attached {
+    label: &'static str,
+    rate: f64,
+    cpu: f64,
     /// What memprobe's summary said it added to redis-server.
     reported_added: Option<f64>,
     /// memprobe's own CPU and peak RSS.
     own: Usage,
 }
 
-/// Requests per second and redis-server's CPU without and with memprobe.
+/// The sampling modes compared: (label, memprobe's flags).
+const MODES: [(&str, &[&str]); 3] = [
+    ("entry sampling (default)", &[]),
+    ("`--sampling slow-path`", &["--sampling", "slow-path"]),
+    ("`--track allocations`", &["--track", "allocations"]),
+];
+
 pub(super) fn redis_bench(memprobe: &Path, profiles_dir: &str) -> Result<RedisResult> {
     let port = "6399";
     let mut server = Command::new("redis-server")
@@ -42,32 +54,36 @@ pub(super) fn redis_bench(memprobe: &Path, profiles_dir: &str) -> Result<RedisRe
         .spawn()
         .context("starting redis-server")?;
     std::thread::sleep(Duration::from_millis(500));
-    let benchmark = || requests_per_second(port);
     let server_pid = server.id();
     let cpu = || usage(server_pid).map_or(0.0, |(cpu, _)| cpu);
     // Two runs each; rates are the better run, CPU the sum of both.
     let measure = || -> Result<(f64, f64)> {
         let before = cpu();
-        let rate = benchmark()?.max(benchmark()?);
+        let rate = requests_per_second(port)?.max(requests_per_second(port)?);
         Ok((rate, cpu() - before))
     };
     let result = (|| {
-        let (without, cpu_without) = measure()?;
+        let without = measure()?;
         let pid = server_pid.to_string();
-        let (mut probe, stderr) = start_memprobe(memprobe, &["--pid", &pid, "-o", profiles_dir])?;
-        let (with, cpu_with) = measure()?;
-        let own = usage(probe.id());
-        stop(&mut probe);
-        // The summary comes as memprobe exits; its reader may lag a little.
-        std::thread::sleep(Duration::from_millis(200));
-        Ok(RedisResult {
-            without,
-            with,
-            cpu_without,
-            cpu_with,
-            reported_added: reported_added_seconds(&stderr),
-            own,
-        })
+        let mut with = Vec::new();
+        for (label, flags) in MODES {
+            let mut args = vec!["--pid", &pid, "-o", profiles_dir];
+            args.extend_from_slice(flags);
+            let (mut probe, stderr) = start_memprobe(memprobe, &args)?;
+            let (rate, cpu) = measure()?;
+            let own = usage(probe.id());
+            stop(&mut probe);
+            // The summary comes as memprobe exits; its reader may lag.
+            std::thread::sleep(Duration::from_millis(200));
+            with.push(Attached {
+                label,
+                rate,
+                cpu,
+                reported_added: reported_added_seconds(&stderr),
+                own,
+            });
+        }
+        Ok(RedisResult { without, with })
     })();
     let _ = server.kill();
     let _ = server.wait();
@@ -77,28 +93,27 @@ pub(super) fn redis_bench(memprobe: &Path, profiles_dir: &str) -> Result<RedisRe
 /// The README's redis table, and how memprobe's reported cost compares
 /// with what redis-server gained.
 pub(super) fn redis_table(redis: &RedisResult) -> String {
-    let gained = redis.cpu_with - redis.cpu_without;
-    let reported = redis.reported_added.map_or("nothing".to_owned(), |r| {
-        format!(
-            "{r:.2} s ({:.0}% of what it gained)",
-            100.0 * r / gained.max(1e-9)
-        )
-    });
+    let (rate, cpu) = redis.without;
     let mut table = format!(
-        "\n| redis-server 7 (libjemalloc), redis-benchmark SET/GET, 50 clients, 2 runs of 200k SET + 200k GET | requests/s | redis-server CPU s |\n|---|---|---|\n\
-         | without memprobe | {:.0} | {:.2} |\n| with memprobe attached | {:.0} ({:.1}% of the rate without) | {:.2} ({:.2}x) |\n\
-         \nredis-server gained {gained:.2} CPU s with memprobe; memprobe's summary reported {reported} added (per-hit costs measured at its start).\n",
-        redis.without,
-        redis.cpu_without,
-        redis.with,
-        100.0 * redis.with / redis.without,
-        redis.cpu_with,
-        redis.cpu_with / redis.cpu_without.max(1e-9),
+        "\n| redis-server 7 (libjemalloc), redis-benchmark SET/GET, 50 clients, 2 runs of 200k SET + 200k GET | requests/s | redis-server CPU s | CPU per request vs without | added CPU s: measured / memprobe's report | memprobe's own CPU s, peak RSS |\n|---|---|---|---|---|---|\n\
+         | without memprobe | {rate:.0} | {cpu:.2} | 1.00x | - | - |\n"
     );
-    if let Some((cpu, rss)) = redis.own {
+    for run in &redis.with {
+        let gained = run.cpu - cpu;
+        let reported = run.reported_added.map_or("-".to_owned(), |r| {
+            format!("{r:.2} ({:.0}%)", 100.0 * r / gained.max(1e-9))
+        });
+        let own = run.own.map_or("-".to_owned(), |(cpu, rss)| {
+            format!("{cpu:.2} s, {:.1} MiB", rss as f64 / 1024.0)
+        });
         table.push_str(&format!(
-            "\nmemprobe itself during the redis run: {cpu:.2} s CPU, peak RSS {:.1} MiB.\n",
-            rss as f64 / 1024.0
+            "| memprobe, {} | {:.0} ({:.1}%) | {:.2} | {:.2}x | {gained:.2} / {reported} | {own} |\n",
+            run.label,
+            run.rate,
+            100.0 * run.rate / rate,
+            run.cpu,
+            // The same requests each time: CPU per request is CPU.
+            run.cpu / cpu.max(1e-12),
         ));
     }
     table

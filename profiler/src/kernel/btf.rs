@@ -1,0 +1,148 @@
+//! The one fact memprobe reads from the kernel's BTF: where a task's user
+//! fs base lies in `struct task_struct` (`thread.fsbase`), so that a probe
+//! can find the thread's TLS block (jemalloc's per-thread counters) with
+//! `bpf_get_current_task` and a kernel read. The offset differs between
+//! kernel builds; BTF (`/sys/kernel/btf/vmlinux`) has it.
+
+/// BTF kinds whose records are followed by data of their own.
+const KIND_INT: u32 = 1;
+const KIND_ARRAY: u32 = 3;
+const KIND_STRUCT: u32 = 4;
+const KIND_UNION: u32 = 5;
+const KIND_ENUM: u32 = 6;
+const KIND_FUNC_PROTO: u32 = 13;
+const KIND_VAR: u32 = 14;
+const KIND_DATASEC: u32 = 15;
+const KIND_DECL_TAG: u32 = 17;
+const KIND_ENUM64: u32 = 19;
+
+const MAGIC: u16 = 0xeb9f;
+
+/// One struct or union: where its members are in the data.
+#[derive(Clone, Copy)]
+struct Composite {
+    name: u32,
+    members: usize,
+    count: usize,
+    bitfields: bool,
+}
+
+/// The byte offset of `thread.fsbase` in `struct task_struct`, from raw
+/// BTF; `None` if the BTF is not what this reads.
+pub fn fsbase_offset(btf: &[u8]) -> Option<u64> {
+    let word = |at: usize| -> Option<u32> {
+        Some(u32::from_le_bytes(btf.get(at..at + 4)?.try_into().ok()?))
+    };
+    if u16::from_le_bytes(btf.get(0..2)?.try_into().ok()?) != MAGIC {
+        return None;
+    }
+    let header = word(4)? as usize;
+    let (types, types_len) = (header + word(8)? as usize, word(12)? as usize);
+    let strings = header + word(16)? as usize;
+    let name = |offset: u32| -> Option<&[u8]> {
+        let start = strings + offset as usize;
+        let rest = btf.get(start..)?;
+        Some(&rest[..rest.iter().position(|&b| b == 0)?])
+    };
+    // Type ids count from 1, in the order of the records.
+    let mut composites: Vec<Option<Composite>> = vec![None];
+    let mut at = types;
+    while at < types + types_len {
+        let (name_off, info) = (word(at)?, word(at + 4)?);
+        let (kind, count) = ((info >> 24) & 0x1f, (info & 0xffff) as usize);
+        at += 12;
+        let extra = match kind {
+            KIND_INT | KIND_VAR | KIND_DECL_TAG => 4,
+            KIND_ARRAY => 12,
+            KIND_STRUCT | KIND_UNION | KIND_DATASEC | KIND_ENUM64 => 12 * count,
+            KIND_ENUM | KIND_FUNC_PROTO => 8 * count,
+            _ => 0,
+        };
+        composites.push(
+            matches!(kind, KIND_STRUCT | KIND_UNION).then_some(Composite {
+                name: name_off,
+                members: at,
+                count,
+                bitfields: info >> 31 == 1,
+            }),
+        );
+        at += extra;
+    }
+    // (type id, bit offset) of a member, by name.
+    let member = |composite: Composite, wanted: &[u8]| -> Option<(usize, u64)> {
+        (0..composite.count).find_map(|i| {
+            let at = composite.members + 12 * i;
+            if name(word(at)?)? != wanted {
+                return None;
+            }
+            let offset = word(at + 8)?;
+            let bits = if composite.bitfields {
+                offset & 0xff_ffff
+            } else {
+                offset
+            };
+            Some((word(at + 4)? as usize, u64::from(bits)))
+        })
+    };
+    let task = composites
+        .iter()
+        .flatten()
+        .find(|c| name(c.name) == Some(b"task_struct".as_slice()))?;
+    let (thread_type, thread_bits) = member(*task, b"thread")?;
+    let thread = (*composites.get(thread_type)?)?;
+    let (_, fsbase_bits) = member(thread, b"fsbase")?;
+    Some((thread_bits + fsbase_bits) / 8)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A member's bit offset in a struct, as `bpftool btf dump` prints it.
+    fn bpftool_bits(dump: &str, structure: &str, member: &str) -> Option<u64> {
+        let header = format!("STRUCT '{structure}' ");
+        let mut lines = dump.lines().skip_while(|l| !l.contains(&header)).skip(1);
+        lines
+            .by_ref()
+            .take_while(|l| l.starts_with('\t'))
+            .find(|l| l.trim_start().starts_with(&format!("'{member}' ")))?
+            .rsplit("bits_offset=")
+            .next()?
+            .parse()
+            .ok()
+    }
+
+    /// This machine's kernel: the offset bpftool reads from the same BTF.
+    #[test]
+    fn finds_fsbase_in_the_running_kernels_btf() {
+        let Ok(btf) = std::fs::read("/sys/kernel/btf/vmlinux") else {
+            eprintln!("skipped: no /sys/kernel/btf/vmlinux");
+            return;
+        };
+        let offset = fsbase_offset(&btf).expect("task_struct.thread.fsbase");
+        let Ok(dump) = std::process::Command::new("bpftool")
+            .args([
+                "btf",
+                "dump",
+                "file",
+                "/sys/kernel/btf/vmlinux",
+                "format",
+                "raw",
+            ])
+            .output()
+        else {
+            eprintln!("skipped the comparison: no bpftool");
+            return;
+        };
+        let dump = String::from_utf8_lossy(&dump.stdout);
+        let thread = bpftool_bits(&dump, "task_struct", "thread").expect("thread");
+        let fsbase = bpftool_bits(&dump, "thread_struct", "fsbase").expect("fsbase");
+        assert_eq!(offset, (thread + fsbase) / 8);
+    }
+
+    #[test]
+    fn other_data_is_not_btf() {
+        assert_eq!(fsbase_offset(b"not btf at all, not even close"), None);
+        assert_eq!(fsbase_offset(&[]), None);
+    }
+}
