@@ -231,6 +231,7 @@ impl KernelProbes {
             instance,
             allocator,
             allocates: entry.shape.allocates(),
+            slow_path: entry.shape == profiler_common::CallShape::SlowPath,
         });
         Ok(())
     }

@@ -129,6 +129,9 @@ pub struct AttachedProbe {
     pub allocator: crate::discover::AllocatorKind,
     /// Whether the entry point allocates (not a free or a resize).
     pub allocates: bool,
+    /// jemalloc's slow path, reached through its own code (`operator
+    /// new`'s fallback): leading frames in the library are its own.
+    pub slow_path: bool,
 }
 
 /// The kernel links of one attached entry point.

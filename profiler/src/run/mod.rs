@@ -443,11 +443,17 @@ impl Session<'_> {
                 self.probes.trust_frame_pointers(pid, trusted);
             }
             if let Event::Sampled {
-                header, allocator, ..
+                header,
+                allocator,
+                frames,
+                ..
             } = &mut event
                 && let Some(probe) = self.probes.attached.get(header.probe as usize)
             {
                 *allocator = probe.allocator;
+                if probe.slow_path {
+                    t.drop_library_frames(&probe.path, frames);
+                }
             }
             t.heap.apply(event);
         }

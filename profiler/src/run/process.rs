@@ -86,6 +86,26 @@ impl Tracked {
         }
     }
 
+    /// Drops the leading frames inside the shared library `path` (a
+    /// jemalloc copy's own code between its slow path and its caller); not
+    /// in the executable, whose frames are the program's too.
+    pub fn drop_library_frames(&self, path: &str, frames: &mut Vec<u64>) {
+        let mappings = parse_maps(&self.maps);
+        let executable = mappings.first().and_then(|m| m.path.as_deref());
+        if executable == Some(path) {
+            return;
+        }
+        let inside = |address: u64| {
+            mappings
+                .iter()
+                .any(|m| m.path.as_deref() == Some(path) && m.range().contains(address))
+        };
+        let own = frames.iter().take_while(|&&f| inside(f)).count();
+        if own < frames.len() {
+            frames.drain(..own);
+        }
+    }
+
     /// Whether `event` comes from code mapped since the maps were read.
     pub fn comes_from_unmapped_code(&self, event: &Event) -> bool {
         let Event::Sampled { frames, .. } = event else {

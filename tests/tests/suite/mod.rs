@@ -9,6 +9,7 @@ mod outputs;
 mod over_time;
 mod overhead;
 mod price;
+mod slow_path;
 mod stacks;
 mod stripped;
 mod trends;
