@@ -90,6 +90,14 @@ pub fn allocators_fixture() -> PathBuf {
     build_once("allocators", |out| compile("cc", out, "allocators.c", &[]))
 }
 
+/// Two sites in a fixed 64-byte cycle (or irregular sizes), for
+/// `--sampling slow-path`'s trial; linked to libjemalloc.so.2.
+pub fn aliasing_fixture() -> PathBuf {
+    build_once("aliasing", |out| {
+        compile("cc", out, "aliasing.c", &["-ljemalloc"])
+    })
+}
+
 /// A shared library with mimalloc linked in (local symbols, as in pyarrow's
 /// libarrow), exporting `keep_blocks` for the dlopen host.
 pub fn mimalloc_library() -> PathBuf {

@@ -253,6 +253,17 @@ impl ProcessHeap {
         self.stacks.iter().map(|s| s.inuse_bytes).sum()
     }
 
+    /// Estimated bytes allocated so far per call site (the immediate
+    /// caller's return address).
+    pub fn allocated_by_site(&self) -> HashMap<u64, f64> {
+        let mut sites: HashMap<u64, f64> = HashMap::new();
+        for stack in &self.stacks {
+            let site = stack.frames.first().copied().unwrap_or(0);
+            *sites.entry(site).or_default() += stack.alloc_bytes;
+        }
+        sites
+    }
+
     /// Estimated bytes allocated since the probes were attached.
     pub fn alloc_bytes(&self) -> f64 {
         self.stacks.iter().map(|s| s.alloc_bytes).sum()

@@ -7,7 +7,9 @@
 //! build; for now `--verbose` says whether a build is recognised.
 use iced_x86::{Code, Decoder, DecoderOptions, FlowControl, Instruction, OpKind, Register};
 
-use crate::discover::elf::FunctionSymbols;
+use crate::discover::{
+    Allocator, elf::FunctionSymbols, entry_points, entry_points::EntryPoint, placement,
+};
 
 /// Most instructions read from malloc's entry.
 const MAX_INSTRUCTIONS: usize = 24;
@@ -139,6 +141,102 @@ fn final_target(symbols: &FunctionSymbols, data: &[u8], target: u64) -> Option<u
         return Some(first.near_branch_target());
     }
     Some(target)
+}
+
+/// A recognised fast path with its addresses as file offsets (what
+/// uprobes and `/proc/PID/mem` take), and its slow path's probe placed.
+pub(crate) fn in_file_offsets(
+    symbols: &FunctionSymbols,
+    data: &[u8],
+    fast: FastPath,
+) -> Option<SlowPath> {
+    let code = symbols.code(data, fast.slow_path, 64)?;
+    let reads = entry_points::registers_read(profiler_common::CallShape::SlowPath);
+    let placement = placement::place(code, fast.slow_path, reads, true);
+    let tls = match fast.tls {
+        TlsOffset::GotSlot(slot) => TlsOffset::GotSlot(symbols.file_offset(slot)?),
+        immediate => immediate,
+    };
+    Some(SlowPath {
+        fast: FastPath {
+            slow_path: symbols.file_offset(fast.slow_path)?,
+            tls,
+            ..fast
+        },
+        placement,
+    })
+}
+
+impl Allocator {
+    /// This jemalloc copy as probed on its slow path: `malloc` and
+    /// `operator new` give way to it; `None` where the fast path was not
+    /// recognised.
+    pub fn on_slow_path(&self) -> Option<Allocator> {
+        let slow = self.fast_path.clone()?;
+        let served = |symbol: &str| {
+            SERVED
+                .iter()
+                .any(|s| symbol == *s || symbol == format!("{}{s}", self.prefix))
+        };
+        let mut entry_points: Vec<EntryPoint> = self
+            .entry_points
+            .iter()
+            .filter(|e| !served(&e.symbol))
+            .cloned()
+            .collect();
+        entry_points.push(EntryPoint {
+            symbol: format!("{}malloc's slow path", self.prefix),
+            shape: profiler_common::CallShape::SlowPath,
+            file_offset: slow.fast.slow_path,
+            placement: slow.placement.clone(),
+            forwards: false,
+        });
+        Some(Allocator {
+            kind: self.kind,
+            prefix: self.prefix.clone(),
+            entry_points,
+            fast_path: Some(slow),
+            wrappers: self
+                .wrappers
+                .iter()
+                .filter(|(_, inner)| !served(inner))
+                .cloned()
+                .collect(),
+        })
+    }
+}
+
+impl Allocator {
+    /// For trying the slow path against entry sampling: the entry points
+    /// the slow path stands in for, and the slow path alone.
+    pub fn trial_parts(&self) -> Option<(Allocator, Allocator)> {
+        let slow = self.on_slow_path()?;
+        let kept: Vec<&str> = slow
+            .entry_points
+            .iter()
+            .map(|e| e.symbol.as_str())
+            .collect();
+        let part = |entry_points: Vec<EntryPoint>| Allocator {
+            kind: self.kind,
+            prefix: self.prefix.clone(),
+            entry_points,
+            fast_path: self.fast_path.clone(),
+            wrappers: Vec::new(),
+        };
+        let served = self
+            .entry_points
+            .iter()
+            .filter(|e| !kept.contains(&e.symbol.as_str()))
+            .cloned()
+            .collect();
+        let slow_entry = slow
+            .entry_points
+            .iter()
+            .filter(|e| e.shape == profiler_common::CallShape::SlowPath)
+            .cloned()
+            .collect();
+        Some((part(served), part(slow_entry)))
+    }
 }
 
 #[cfg(test)]

@@ -69,45 +69,6 @@ pub struct Found {
     pub allocator: Arc<Allocator>,
 }
 
-impl Allocator {
-    /// This jemalloc copy as probed on its slow path: `malloc` and
-    /// `operator new` give way to it; `None` where the fast path was not
-    /// recognised.
-    pub fn on_slow_path(&self) -> Option<Allocator> {
-        let slow = self.fast_path.clone()?;
-        let served = |symbol: &str| {
-            fast_path::SERVED
-                .iter()
-                .any(|s| symbol == *s || symbol == format!("{}{s}", self.prefix))
-        };
-        let mut entry_points: Vec<EntryPoint> = self
-            .entry_points
-            .iter()
-            .filter(|e| !served(&e.symbol))
-            .cloned()
-            .collect();
-        entry_points.push(EntryPoint {
-            symbol: format!("{}malloc's slow path", self.prefix),
-            shape: profiler_common::CallShape::SlowPath,
-            file_offset: slow.fast.slow_path,
-            placement: slow.placement.clone(),
-            forwards: false,
-        });
-        Some(Allocator {
-            kind: self.kind,
-            prefix: self.prefix.clone(),
-            entry_points,
-            fast_path: Some(slow),
-            wrappers: self
-                .wrappers
-                .iter()
-                .filter(|(_, inner)| !served(inner))
-                .cloned()
-                .collect(),
-        })
-    }
-}
-
 impl Found {
     /// What a process's attached allocators are told apart by.
     pub fn key(&self) -> (FileId, AllocatorKind) {
@@ -320,7 +281,7 @@ fn read_facts(path: &Path, debug: &DebugLookup<'_>, wanted: &[AllocatorKind]) ->
                     .then(|| symbols.function(&format!("{}malloc", found.prefix)))
                     .flatten()
                     .and_then(|malloc| fast_path::recognise(&symbols, &data, malloc.address))
-                    .and_then(|fast| in_file_offsets(&symbols, &data, fast));
+                    .and_then(|fast| fast_path::in_file_offsets(&symbols, &data, fast));
                 Arc::new(Allocator {
                     kind: found.kind,
                     prefix: found.prefix,
@@ -369,32 +330,6 @@ fn split_wrappers(
         }
     }
     (probed, wrappers)
-}
-
-/// A recognised fast path with its addresses as file offsets (what
-/// uprobes and `/proc/PID/mem` take), and its slow path's probe placed.
-fn in_file_offsets(
-    symbols: &FunctionSymbols,
-    data: &[u8],
-    fast: fast_path::FastPath,
-) -> Option<fast_path::SlowPath> {
-    let code = symbols.code(data, fast.slow_path, 64)?;
-    let reads = entry_points::registers_read(profiler_common::CallShape::SlowPath);
-    let placement = placement::place(code, fast.slow_path, reads, true);
-    let tls = match fast.tls {
-        fast_path::TlsOffset::GotSlot(slot) => {
-            fast_path::TlsOffset::GotSlot(symbols.file_offset(slot)?)
-        }
-        immediate => immediate,
-    };
-    Some(fast_path::SlowPath {
-        fast: fast_path::FastPath {
-            slow_path: symbols.file_offset(fast.slow_path)?,
-            tls,
-            ..fast
-        },
-        placement,
-    })
 }
 
 /// Most bytes of a helper without a symbol read when following a branch

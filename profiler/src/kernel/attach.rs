@@ -143,6 +143,15 @@ impl KernelProbes {
         self.detach_links(probes.0);
     }
 
+    /// Detaches the probes at these indexes of `attached`.
+    pub fn detach_probes(&mut self, indexes: &[usize]) {
+        for &index in indexes {
+            if let Some(links) = self.links.get_mut(index).map(std::mem::take) {
+                self.detach_links(links);
+            }
+        }
+    }
+
     /// Detaches every probe scoped to `pid` (its other processes' and the
     /// system-wide ones stay); returns how many entry points were detached.
     pub fn detach_process(&mut self, pid: u32) -> usize {

@@ -10,7 +10,7 @@ use crate::{
     error::{Error, Result},
     kernel::{ReturnHalf, Scope},
     proc::{all_pids, parse_maps, read_maps},
-    run::{Session, Targets, process::Tracked, waits::watch_exit},
+    run::{Session, Targets, process::Tracked, trial::Trial, waits::watch_exit},
 };
 
 impl Session<'_> {
@@ -86,14 +86,22 @@ impl Session<'_> {
         allocator: &Allocator,
     ) -> Result<usize> {
         let instance = self.instance()?;
-        let slow = self.on_slow_path(scope, path, allocator, instance);
-        let allocator = slow.as_ref().unwrap_or(allocator);
+        let trial = self.on_slow_path(scope, path, allocator, instance);
+        let on_slow_path = trial.as_ref().and_then(|_| allocator.on_slow_path());
+        let probed = on_slow_path.as_ref().unwrap_or(allocator);
         let before = self.probes.attached.len();
         let attached = self
             .probes
-            .attach(scope, path, open_path, allocator, instance)?;
+            .attach(scope, path, open_path, probed, instance)?;
         self.print_verbose_probes(before);
         self.print_verbose_wrappers(path, allocator);
+        if let (Some((served, slow)), Scope::Process(pid)) = (trial, scope) {
+            let slow_probes = (before..self.probes.attached.len())
+                .filter(|&i| self.probes.attached[i].slow_path)
+                .collect();
+            let trial = Trial::new(path, open_path, instance, served, slow, slow_probes);
+            self.start_trial(pid, trial);
+        }
         Ok(attached)
     }
 
@@ -253,17 +261,18 @@ fn signed_hex(value: i64) -> String {
 }
 
 impl Session<'_> {
-    /// `--sampling slow-path`: this jemalloc copy probed on its slow path,
-    /// with the kernel told where `pid`'s threads keep their counters;
-    /// `None` (sampled at entry) for other allocators, unrecognised builds,
-    /// system-wide probes and a process not started yet.
+    /// `--sampling slow-path`: this jemalloc copy's parts for a trial of its
+    /// slow path against entry sampling (see `run::trial`), with the kernel
+    /// told where `pid`'s threads keep their counters; `None` (sampled at
+    /// entry) for other allocators, unrecognised builds, system-wide probes
+    /// and a process not started yet.
     fn on_slow_path(
         &mut self,
         scope: Scope,
         path: &str,
         allocator: &Allocator,
         instance: u16,
-    ) -> Option<Allocator> {
+    ) -> Option<(Allocator, Allocator)> {
         let Scope::Process(pid) = scope else {
             return None;
         };
@@ -272,8 +281,8 @@ impl Session<'_> {
         {
             return None;
         }
-        let variant = allocator.on_slow_path()?;
-        let fast = variant.fast_path.as_ref()?.fast;
+        let parts = allocator.trial_parts()?;
+        let fast = allocator.fast_path.as_ref()?.fast;
         let tls = match fast.tls {
             TlsOffset::Immediate(offset) => offset,
             TlsOffset::GotSlot(file_offset) => {
@@ -288,13 +297,7 @@ impl Session<'_> {
         if !self.probes.set_fast_path(pid, instance, config) {
             return None;
         }
-        if self.options.verbose {
-            let _ = writeln!(
-                self.status,
-                "memprobe: pid {pid}: {path}: malloc and operator new sampled on jemalloc's slow path"
-            );
-        }
-        Some(variant)
+        Some(parts)
     }
 }
 

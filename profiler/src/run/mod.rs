@@ -14,6 +14,7 @@ mod publish;
 mod retention;
 mod snapshot;
 mod status;
+mod trial;
 mod waits;
 mod writer;
 
@@ -310,6 +311,7 @@ impl Session<'_> {
         self.rescan()?;
         self.check_growth();
         self.enforce_budget();
+        self.advance_trials();
         self.check_silent_allocators();
         self.publish();
         self.record_written()?;

@@ -6,7 +6,7 @@ use crate::{
     discover::AllocatorKind,
     kernel::events::Event,
     proc::{AddressRange, FileId, command_name, namespace_pid, parse_maps},
-    run::{budget::BudgetWindow, growth::GrowthWindow, retention::KeptSnapshots},
+    run::{budget::BudgetWindow, growth::GrowthWindow, retention::KeptSnapshots, trial::Trial},
     stacks::ProcessStacks,
 };
 
@@ -39,6 +39,8 @@ pub(super) struct Tracked {
     pub snapshots: u64,
     pub skipped_snapshots: u64,
     pub growth: GrowthWindow,
+    /// jemalloc copies whose slow path is on trial (`--sampling slow-path`).
+    pub trials: Vec<Trial>,
     /// Its recent cost, for `--max-overhead`.
     pub budget: BudgetWindow,
     /// Probes detached for costing more than `--max-overhead` (then
@@ -68,6 +70,7 @@ impl Tracked {
             skipped_snapshots: 0,
             growth: GrowthWindow::default(),
             budget: BudgetWindow::default(),
+            trials: Vec::new(),
             detached: None,
             kept: KeptSnapshots::default(),
         };

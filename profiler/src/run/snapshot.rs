@@ -107,6 +107,10 @@ impl Session<'_> {
             head.push(("container_pid".into(), inner.to_string()));
         }
         head.push(("allocators".into(), describe(&t.allocator_calls)));
+        if !t.trials.is_empty() {
+            let notes: Vec<String> = t.trials.iter().map(|trial| trial.note()).collect();
+            head.push(("malloc_sampling".into(), notes.join("; ")));
+        }
         if self.options.collector.allocations_only {
             head.push((
                 "tracking".into(),

@@ -110,3 +110,68 @@ fn each_shape_on_the_slow_path() {
         assert_within(site, flat(&inuse, site), truth, 0.10);
     }
 }
+
+/// Runs the aliasing fixture (14 s) under `--sampling slow-path` at a
+/// 4 KiB interval; stderr and the profile.
+fn trial(test: &str, env: &[(&str, &str)]) -> (String, PathBuf) {
+    let out = output_dir(test);
+    let mut fixture = Fixture::start(&aliasing_fixture(), env);
+    let memprobe = Memprobe::attach(
+        &fixture,
+        &out,
+        &[
+            "--sampling",
+            "slow-path",
+            "--sample-interval",
+            "4096",
+            "--max-overhead",
+            "none",
+            "-v",
+        ],
+    );
+    fixture.run_workload();
+    let stderr = memprobe.stop();
+    assert!(fixture.finish().success());
+    let heaps = heap_files(&out);
+    assert_eq!(heaps.len(), 1, "{stderr}");
+    (stderr, heaps[0].clone())
+}
+
+/// 48 bytes then 16, again and again: the thread threshold (every 64 KiB)
+/// always falls on the same call, which would take every byte. The trial
+/// against entry sampling catches it, goes back to entry sampling and says
+/// so; the sites in use are then right.
+#[test]
+fn an_allocation_cycle_that_aliases_falls_back_to_entry_sampling() {
+    let _guard = shared();
+    let (stderr, heap) = trial("slow_path_aliasing", &[]);
+    assert!(stderr.contains("back to entry sampling"), "{stderr}");
+    let note = heap_notes(&heap)
+        .get("malloc_sampling")
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        note.contains("at entry (jemalloc's slow path disagreed"),
+        "{note}"
+    );
+    let inuse = jeprof_rows(&aliasing_fixture(), &heap, "--inuse_space");
+    assert_within("cycle_48", flat(&inuse, "cycle_48"), 100_000.0 * 48.0, 0.10);
+    assert_within("cycle_16", flat(&inuse, "cycle_16"), 100_000.0 * 16.0, 0.10);
+}
+
+/// The same two sites with irregular sizes: the slow path agrees with
+/// entry sampling and is kept.
+#[test]
+fn irregular_sizes_keep_the_slow_path() {
+    let _guard = shared();
+    let (stderr, heap) = trial("slow_path_irregular", &[("FIXTURE_IRREGULAR", "1")]);
+    assert!(!stderr.contains("back to entry sampling"), "{stderr}");
+    let note = heap_notes(&heap)
+        .get("malloc_sampling")
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        note.contains("on jemalloc's slow path (its sites' shares agreed"),
+        "{note}"
+    );
+}
