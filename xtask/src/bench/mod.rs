@@ -148,6 +148,9 @@ struct LoopResults {
     glibc_memprobe: f64,
     sampled_fp: f64,
     sampled_dwarf: f64,
+    /// Attached with --pid to a running loop: at entry, on the slow path.
+    attached_entry: f64,
+    attached_slow: f64,
     /// memprobe's own CPU and memory over a sustained loop, and its length.
     own: Usage,
     own_wall: Duration,
@@ -212,6 +215,10 @@ fn measure_loops(memprobe: &Path, out: &Path, profiles_dir: &str) -> Result<Loop
     let sampled_fp = loop_ns(under(&malloc_loop, fine_fp, "2000000"), 3)?;
     let fine_dwarf = &["--sample-interval", "16KiB", "--unwind", "dwarf"];
     let sampled_dwarf = loop_ns(under(&malloc_loop, fine_dwarf, "2000000"), 3)?;
+    eprintln!("bench: loops attached with --pid, at entry and on the slow path");
+    let attached_entry = attached_loop_ns(memprobe, &malloc_loop, profiles_dir, &[])?;
+    let slow = ["--sampling", "slow-path"];
+    let attached_slow = attached_loop_ns(memprobe, &malloc_loop, profiles_dir, &slow)?;
     let (own, own_wall) = own_usage(memprobe, &malloc_loop, profiles_dir)?;
     Ok(LoopResults {
         none,
@@ -224,9 +231,43 @@ fn measure_loops(memprobe: &Path, out: &Path, profiles_dir: &str) -> Result<Loop
         glibc_memprobe,
         sampled_fp,
         sampled_dwarf,
+        attached_entry,
+        attached_slow,
         own,
         own_wall,
     })
+}
+
+/// Nanoseconds per pair of a 3-s loop that memprobe attaches to with
+/// `--pid` (and `flags`) before it starts timing; best of three. The slow
+/// path's trial keeps it on the slow path for longer than the loop runs.
+fn attached_loop_ns(
+    memprobe: &Path,
+    malloc_loop: &Path,
+    profiles_dir: &str,
+    flags: &[&str],
+) -> Result<f64> {
+    let mut best = f64::INFINITY;
+    for _ in 0..3 {
+        let child = Command::new(malloc_loop)
+            .args(["0", "3"])
+            .env("FIXTURE_DELAY_MS", "1500")
+            .stdout(Stdio::piped())
+            .spawn()?;
+        let pid = child.id().to_string();
+        let mut args = vec!["--pid", &pid, "-o", profiles_dir];
+        args.extend_from_slice(flags);
+        let (mut probe, _) = start_memprobe(memprobe, &args)?;
+        let output = child.wait_with_output()?;
+        stop(&mut probe);
+        let text = String::from_utf8_lossy(&output.stdout);
+        let ns: f64 = text
+            .trim()
+            .parse()
+            .with_context(|| format!("no timing in {text:?}"))?;
+        best = best.min(ns);
+    }
+    Ok(best)
 }
 
 /// memprobe's own CPU and memory over a 6 s loop at a sustained rate.
@@ -280,6 +321,14 @@ fn loop_table(r: &LoopResults) -> String {
     table.push_str(&row(
         "memprobe `--track allocations` (no free probe, no return half)",
         r.allocations,
+    ));
+    table.push_str(&row(
+        "memprobe attached with `--pid` to the running loop (entry sampling)",
+        r.attached_entry,
+    ));
+    table.push_str(&row(
+        "memprobe attached with `--pid`, `--sampling slow-path` (malloc traps on jemalloc's slow path only)",
+        r.attached_slow,
     ));
     table.push_str(&format!(
         "\n| the same loop on glibc's malloc (libc.so.6) | ns per pair | added ns | vs jemalloc's added ns |\n|---|---|---|---|\n\

@@ -31,10 +31,14 @@ struct Attached {
 }
 
 /// The sampling modes compared: (label, memprobe's flags).
-const MODES: [(&str, &[&str]); 3] = [
+const MODES: [(&str, &[&str]); 4] = [
     ("entry sampling (default)", &[]),
     ("`--sampling slow-path`", &["--sampling", "slow-path"]),
     ("`--track allocations`", &["--track", "allocations"]),
+    (
+        "`--track allocations --sampling slow-path`",
+        &["--track", "allocations", "--sampling", "slow-path"],
+    ),
 ];
 
 pub(super) fn redis_bench(memprobe: &Path, profiles_dir: &str) -> Result<RedisResult> {
@@ -70,6 +74,9 @@ pub(super) fn redis_bench(memprobe: &Path, profiles_dir: &str) -> Result<RedisRe
             let mut args = vec!["--pid", &pid, "-o", profiles_dir];
             args.extend_from_slice(flags);
             let (mut probe, stderr) = start_memprobe(memprobe, &args)?;
+            // A warm-up under load: the slow path's trial (5 s on it, 5 s
+            // at entry) is over before the measured runs.
+            measure()?;
             let (rate, cpu) = measure()?;
             let own = usage(probe.id());
             stop(&mut probe);
