@@ -1,12 +1,12 @@
 //! `--sampling slow-path` is tried, not trusted: a thread's byte threshold
 //! falls every 64 KiB, so a program whose allocations repeat in a cycle
 //! that divides it (48 B then 16 B, say) always crosses on the same call,
-//! and that site would take every byte. Each jemalloc copy is first sampled
-//! on its slow path until [`PHASE`] and [`MIN_SAMPLES`] have passed, then at
-//! entry for as long; the share of bytes each call site allocated in the
-//! two phases is compared: alike, the copy goes back to its slow path;
-//! different beyond sampling noise, it stays at entry for good, and
-//! memprobe says so.
+//! and that site would take every byte. Each jemalloc copy alternates,
+//! a tick at a time, between its slow path and entry sampling until each
+//! has had [`PHASE`] and [`MIN_SAMPLES`]; the share of bytes each call site
+//! allocated in the two modes is compared: alike, the copy stays on its
+//! slow path; different beyond sampling noise, it goes back to entry
+//! sampling for good, and memprobe says so.
 use std::{
     collections::HashMap,
     path::{Path, PathBuf},
@@ -17,13 +17,13 @@ use crate::{discover::Allocator, kernel::Scope, run::Session};
 
 /// Least time in each phase.
 const PHASE: Duration = Duration::from_secs(5);
+/// Least time in a mode before switching to the other.
+const SLICE: Duration = Duration::from_millis(900);
 /// Least samples in each phase before comparing.
 const MIN_SAMPLES: u64 = 30;
-/// Shares further apart than this (total variation distance), and than
-/// their noise, mean the slow path is not a fair sample here.
-const MAX_DISTANCE: f64 = 0.2;
 
-/// Bytes per call site and samples, at one moment.
+/// Bytes per call site and samples, at one moment or gathered over a
+/// mode's slices.
 #[derive(Clone, Debug, Default)]
 struct Totals {
     samples: u64,
@@ -31,38 +31,57 @@ struct Totals {
 }
 
 impl Totals {
-    /// Each site's share of the bytes allocated since `start`, and how
-    /// many samples that took.
-    fn shares_since(&self, start: &Totals) -> (HashMap<u64, f64>, u64) {
-        let grown: HashMap<u64, f64> = self
+    /// Adds what grew from `start` to `now`.
+    fn gather(&mut self, start: &Totals, now: &Totals) {
+        self.samples += now.samples - start.samples;
+        for (&site, &bytes) in &now.sites {
+            let grown = bytes - start.sites.get(&site).copied().unwrap_or(0.0);
+            if grown > 0.0 {
+                *self.sites.entry(site).or_default() += grown;
+            }
+        }
+    }
+
+    /// Each site's share of the bytes, and how many samples that took.
+    fn shares(&self) -> (HashMap<u64, f64>, u64) {
+        let total: f64 = self.sites.values().sum();
+        let shares = self
             .sites
             .iter()
-            .map(|(&site, &bytes)| (site, bytes - start.sites.get(&site).copied().unwrap_or(0.0)))
-            .filter(|(_, bytes)| *bytes > 0.0)
+            .map(|(&site, &bytes)| (site, bytes / total.max(1.0)))
             .collect();
-        let total: f64 = grown.values().sum();
-        let shares = grown
-            .into_iter()
-            .map(|(site, bytes)| (site, bytes / total.max(1.0)))
-            .collect();
-        (shares, self.samples - start.samples)
+        (shares, self.samples)
     }
+}
+
+/// One mode's slices so far.
+#[derive(Clone, Debug, Default)]
+struct Gathered {
+    time: Duration,
+    totals: Totals,
+}
+
+impl Gathered {
+    fn enough(&self) -> bool {
+        self.time >= PHASE && self.totals.samples >= MIN_SAMPLES
+    }
+}
+
+/// Alternating one-tick slices on the slow path and at entry, so that
+/// both see the same mix of the program's work.
+#[derive(Debug)]
+struct Comparison {
+    on_slow_path: bool,
+    /// When the current slice began, and the totals then.
+    slice: (Instant, Totals),
+    slow: Gathered,
+    entry: Gathered,
 }
 
 /// Where a trial is.
 #[derive(Debug)]
 enum Phase {
-    /// On the slow path since `since`.
-    Slow {
-        since: Instant,
-        start: Totals,
-    },
-    /// Sampling at entry since `since`, with the slow path's shares.
-    Entry {
-        since: Instant,
-        start: Totals,
-        slow: (HashMap<u64, f64>, u64),
-    },
+    Comparing(Box<Comparison>),
     /// Decided: on the slow path, or back at entry.
     Kept,
     FellBack,
@@ -106,8 +125,7 @@ impl Trial {
     /// The snapshot note: how this copy's malloc is sampled.
     pub(super) fn note(&self) -> String {
         let state = match self.phase {
-            Phase::Slow { .. } => "on jemalloc's slow path, on trial against entry sampling",
-            Phase::Entry { .. } => "at entry, for a trial of jemalloc's slow path",
+            Phase::Comparing { .. } => "on trial: jemalloc's slow path against entry sampling",
             Phase::Kept => {
                 "on jemalloc's slow path (its sites' shares agreed with entry sampling's)"
             }
@@ -117,21 +135,33 @@ impl Trial {
     }
 }
 
-/// Half the summed differences of two share maps: 0 alike, 1 disjoint.
-fn distance(a: &HashMap<u64, f64>, b: &HashMap<u64, f64>) -> f64 {
-    let sites: std::collections::HashSet<&u64> = a.keys().chain(b.keys()).collect();
-    let sum: f64 = sites
-        .into_iter()
-        .map(|site| (a.get(site).unwrap_or(&0.0) - b.get(site).unwrap_or(&0.0)).abs())
-        .sum();
-    sum / 2.0
-}
+/// Least change in a site's share that counts as a disagreement.
+const MIN_SHIFT: f64 = 0.1;
+/// Standard errors a site's change must exceed.
+const SIGMAS: f64 = 4.0;
 
-/// Whether two phases' shares differ beyond their sampling noise.
+/// The largest change in one site's share between the two phases that is
+/// beyond sampling noise (more than [`SIGMAS`] standard errors of the
+/// difference of two shares estimated from that many samples, and more
+/// than [`MIN_SHIFT`]); `None` when the phases agree. Aliasing moves a
+/// site's bytes wholesale to another; noise spreads thinly over many.
 fn disagree(slow: &(HashMap<u64, f64>, u64), entry: &(HashMap<u64, f64>, u64)) -> Option<f64> {
-    let d = distance(&entry.0, &slow.0);
-    let noise = 2.5 / (entry.1.min(slow.1).max(1) as f64).sqrt();
-    (d > MAX_DISTANCE.max(noise)).then_some(d)
+    let (a, b) = (&slow.0, &entry.0);
+    let spread = 1.0 / slow.1.max(1) as f64 + 1.0 / entry.1.max(1) as f64;
+    let sites: std::collections::HashSet<&u64> = a.keys().chain(b.keys()).collect();
+    sites
+        .into_iter()
+        .filter_map(|site| {
+            let (pa, pb) = (
+                a.get(site).copied().unwrap_or(0.0),
+                b.get(site).copied().unwrap_or(0.0),
+            );
+            let pooled = (pa + pb) / 2.0;
+            let error = (pooled * (1.0 - pooled) * spread).sqrt();
+            let shift = (pa - pb).abs();
+            (shift > MIN_SHIFT && shift > SIGMAS * error).then_some(shift)
+        })
+        .max_by(f64::total_cmp)
 }
 
 impl Session<'_> {
@@ -154,10 +184,12 @@ impl Session<'_> {
                 trial.path
             );
         }
-        trial.phase = Phase::Slow {
-            since: Instant::now(),
-            start: self.totals(pid),
-        };
+        trial.phase = Phase::Comparing(Box::new(Comparison {
+            on_slow_path: true,
+            slice: (Instant::now(), self.totals(pid)),
+            slow: Gathered::default(),
+            entry: Gathered::default(),
+        }));
         if let Some(t) = self.tracked.get_mut(&pid) {
             t.trials.push(trial);
         }
@@ -189,46 +221,64 @@ impl Session<'_> {
     }
 
     fn advance(&mut self, pid: u32, trial: &mut Trial) {
+        if !matches!(trial.phase, Phase::Comparing(_)) {
+            return; // decided
+        }
+        let Phase::Comparing(comparison) = std::mem::replace(&mut trial.phase, Phase::Kept) else {
+            return;
+        };
         let now = Instant::now();
+        if now.duration_since(comparison.slice.0) < SLICE {
+            trial.phase = Phase::Comparing(comparison);
+            return;
+        }
+        let Comparison {
+            on_slow_path,
+            slice,
+            mut slow,
+            mut entry,
+        } = *comparison;
         let totals = self.totals(pid);
-        match &trial.phase {
-            Phase::Slow { since, start } => {
-                let shares = totals.shares_since(start);
-                if now.duration_since(*since) < PHASE || shares.1 < MIN_SAMPLES {
+        let gathered = if on_slow_path { &mut slow } else { &mut entry };
+        gathered.time += now.duration_since(slice.0);
+        gathered.totals.gather(&slice.1, &totals);
+        if !(slow.enough() && entry.enough()) {
+            // The next slice in the other mode (or this one again if the
+            // probes could not be swapped).
+            let swapped = self.swap(pid, trial, !on_slow_path);
+            trial.phase = Phase::Comparing(Box::new(Comparison {
+                on_slow_path: on_slow_path != swapped,
+                slice: (now, totals),
+                slow,
+                entry,
+            }));
+            return;
+        }
+        match disagree(&slow.totals.shares(), &entry.totals.shares()) {
+            Some(shift) => {
+                if on_slow_path && !self.swap(pid, trial, false) {
+                    trial.phase = Phase::Kept;
                     return;
                 }
-                if self.swap(pid, trial, false) {
-                    trial.phase = Phase::Entry {
-                        since: now,
-                        start: totals,
-                        slow: shares,
-                    };
-                }
+                trial.phase = Phase::FellBack;
+                self.clear_progress();
+                let _ = writeln!(
+                    self.status,
+                    "memprobe: pid {pid}: {}: back to entry sampling: on jemalloc's slow path a \
+                     call site's share of bytes differed from entry sampling's by {:.0} points \
+                     (allocations in a cycle that the thread threshold aliases with)",
+                    trial.path,
+                    shift * 100.0
+                );
             }
-            Phase::Entry { since, start, slow } => {
-                let shares = totals.shares_since(start);
-                if now.duration_since(*since) < PHASE || shares.1 < MIN_SAMPLES {
-                    return;
-                }
-                match disagree(slow, &shares) {
-                    Some(d) => {
-                        trial.phase = Phase::FellBack;
-                        self.clear_progress();
-                        let _ = writeln!(
-                            self.status,
-                            "memprobe: pid {pid}: {}: back to entry sampling: on jemalloc's slow \
-                             path its call sites' shares of bytes differed from entry \
-                             sampling's by {:.0}% (allocations in a cycle that the thread \
-                             threshold aliases with)",
-                            trial.path,
-                            d * 100.0
-                        );
-                    }
-                    None if self.swap(pid, trial, true) => trial.phase = Phase::Kept,
-                    None => trial.phase = Phase::FellBack,
-                }
+            None => {
+                let on_slow = on_slow_path || self.swap(pid, trial, true);
+                trial.phase = if on_slow {
+                    Phase::Kept
+                } else {
+                    Phase::FellBack
+                };
             }
-            Phase::Kept | Phase::FellBack => {}
         }
     }
 
@@ -266,5 +316,13 @@ mod tests {
         // Few samples: differences are noise.
         let few = (shares(&[(1, 0.5), (2, 0.5)]), 10);
         assert_eq!(disagree(&entry, &few), None);
+        // Thirty sites of 1/30 each, 160 samples a phase: noise moves each
+        // a little, none by ten points.
+        let even = shares(&(0..30).map(|s| (s, 1.0 / 30.0)).collect::<Vec<_>>());
+        let mut noisy = even.clone();
+        for (site, share) in noisy.iter_mut() {
+            *share *= if site % 2 == 0 { 1.6 } else { 0.4 };
+        }
+        assert_eq!(disagree(&(even, 160), &(noisy, 160)), None);
     }
 }

@@ -24,6 +24,9 @@ struct Attached {
     label: &'static str,
     rate: f64,
     cpu: f64,
+    /// CPU seconds redis-server gained over the warm-up and the measured
+    /// runs: what memprobe's report covers.
+    gained_while_attached: f64,
     /// What memprobe's summary said it added to redis-server.
     reported_added: Option<f64>,
     /// memprobe's own CPU and peak RSS.
@@ -76,7 +79,7 @@ pub(super) fn redis_bench(memprobe: &Path, profiles_dir: &str) -> Result<RedisRe
             let (mut probe, stderr) = start_memprobe(memprobe, &args)?;
             // A warm-up under load: the slow path's trial (5 s on it, 5 s
             // at entry) is over before the measured runs.
-            measure()?;
+            let (_, warm_cpu) = measure()?;
             let (rate, cpu) = measure()?;
             let own = usage(probe.id());
             stop(&mut probe);
@@ -86,6 +89,7 @@ pub(super) fn redis_bench(memprobe: &Path, profiles_dir: &str) -> Result<RedisRe
                 label,
                 rate,
                 cpu,
+                gained_while_attached: warm_cpu + cpu - 2.0 * without.1,
                 reported_added: reported_added_seconds(&stderr),
                 own,
             });
@@ -102,11 +106,11 @@ pub(super) fn redis_bench(memprobe: &Path, profiles_dir: &str) -> Result<RedisRe
 pub(super) fn redis_table(redis: &RedisResult) -> String {
     let (rate, cpu) = redis.without;
     let mut table = format!(
-        "\n| redis-server 7 (libjemalloc), redis-benchmark SET/GET, 50 clients, 2 runs of 200k SET + 200k GET | requests/s | redis-server CPU s | CPU per request vs without | added CPU s: measured / memprobe's report | memprobe's own CPU s, peak RSS |\n|---|---|---|---|---|---|\n\
+        "\n| redis-server 7 (libjemalloc), redis-benchmark SET/GET, 50 clients, 2 runs of 200k SET + 200k GET | requests/s | redis-server CPU s | CPU per request vs without | added CPU s while attached (warm-up included): measured / memprobe's report | memprobe's own CPU s, peak RSS |\n|---|---|---|---|---|---|\n\
          | without memprobe | {rate:.0} | {cpu:.2} | 1.00x | - | - |\n"
     );
     for run in &redis.with {
-        let gained = run.cpu - cpu;
+        let gained = run.gained_while_attached;
         let reported = run.reported_added.map_or("-".to_owned(), |r| {
             format!("{r:.2} ({:.0}%)", 100.0 * r / gained.max(1e-9))
         });
