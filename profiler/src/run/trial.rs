@@ -291,7 +291,14 @@ impl Session<'_> {
         let attached =
             self.probes
                 .attach(scope, &trial.path, &trial.open_path, part, trial.instance);
-        if attached.is_err() {
+        if let Err(error) = attached {
+            self.clear_progress();
+            let _ = writeln!(
+                self.status,
+                "memprobe: warning: pid {pid}: {}: the trial of jemalloc's slow path stops: {}",
+                trial.path,
+                crate::error::chain(&error)
+            );
             return false;
         }
         self.probes.detach_probes(&trial.probes);
