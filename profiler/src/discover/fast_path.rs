@@ -55,6 +55,25 @@ pub const SERVED: [&str; 5] = [
     "_ZnamRKSt9nothrow_t",
 ];
 
+/// jemalloc's version string in a file (`5.3.0-0-g54eaed1d...`): the
+/// release, before its build's git suffix.
+pub fn version(data: &[u8]) -> Option<String> {
+    memchr::memmem::find_iter(data, b"-g").find_map(|at| {
+        let hash = data.get(at + 2..at + 42)?;
+        if !hash.iter().all(u8::is_ascii_hexdigit) {
+            return None;
+        }
+        // Walk back over "MAJOR.MINOR.PATCH-N".
+        let start = data[..at]
+            .iter()
+            .rposition(|b| !(b.is_ascii_digit() || *b == b'.' || *b == b'-'))
+            .map_or(0, |p| p + 1);
+        let release = std::str::from_utf8(&data[start..at]).ok()?;
+        let (release, _commits) = release.rsplit_once('-')?;
+        (release.split('.').count() == 3).then(|| release.to_owned())
+    })
+}
+
 /// Decodes jemalloc's `malloc` at `address` (its code in `code`); `None`
 /// when it is not 5.3's fast path as this knows it.
 pub fn recognise(symbols: &FunctionSymbols, data: &[u8], address: u64) -> Option<FastPath> {
@@ -256,6 +275,18 @@ mod tests {
             recognise(&symbols, &data, address).expect("recognised"),
             symbols,
         ))
+    }
+
+    #[test]
+    fn reads_jemallocs_version_string() {
+        let path = Path::new("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2");
+        let Ok(data) = std::fs::read(path) else {
+            return;
+        };
+        assert_eq!(version(&data).as_deref(), Some("5.3.0"));
+        assert_eq!(version(b"nothing here -gXYZ"), None);
+        let built = b"\0JEMALLOC 5.3.1-12-g0123456789abcdef0123456789abcdef01234567\0";
+        assert_eq!(version(built).as_deref(), Some("5.3.1"));
     }
 
     /// Debian's libjemalloc2 5.3.0: the TLS offset in a GOT slot, the

@@ -277,7 +277,9 @@ fn read_facts(path: &Path, debug: &DebugLookup<'_>, wanted: &[AllocatorKind]) ->
                     entry.placement = place_probe(&symbols, &data, entry);
                     entry.forwards = may_forward(&symbols, &data, entry, &entry_addresses);
                 }
-                let fast_path = (found.kind == AllocatorKind::Jemalloc)
+                let known_version =
+                    fast_path::version(&data).is_some_and(|v| v.starts_with("5.3."));
+                let fast_path = (found.kind == AllocatorKind::Jemalloc && known_version)
                     .then(|| symbols.function(&format!("{}malloc", found.prefix)))
                     .flatten()
                     .and_then(|malloc| fast_path::recognise(&symbols, &data, malloc.address))
