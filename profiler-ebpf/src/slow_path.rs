@@ -69,7 +69,7 @@ fn counters(ctx: &ProbeContext, thread: &Thread) -> Option<(FastPathConfig, u64,
         instance: cookie::instance(probe_cookie(ctx)),
     };
     // SAFETY: a lookup in a map of plain values.
-    let config = *unsafe { FAST_PATHS.get(&key) }?;
+    let config = *unsafe { FAST_PATHS.get(key) }?;
     // SAFETY: a plain read of a global userspace set at load time.
     let fsbase_offset = unsafe { core::ptr::read_volatile(&TASK_FSBASE) };
     if fsbase_offset == 0 {
