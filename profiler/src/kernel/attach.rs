@@ -143,6 +143,12 @@ impl KernelProbes {
         self.detach_links(probes.0);
     }
 
+    /// How many probes are attached now (the slow path's trial detaches
+    /// some and attaches others).
+    pub fn attached_now(&self) -> usize {
+        self.links.iter().filter(|links| !links.is_empty()).count()
+    }
+
     /// Detaches the probes at these indexes of `attached`.
     pub fn detach_probes(&mut self, indexes: &[usize]) {
         for &index in indexes {

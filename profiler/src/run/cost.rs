@@ -80,18 +80,27 @@ impl CostModel {
         }
     }
 
+    /// Hits and added time per entry point, busiest first; an entry point
+    /// attached more than once (the slow path's trial swaps probes) counts
+    /// once.
     pub fn costs(&self, probes: &[AttachedProbe], hits: &[u64]) -> Vec<ProbeCost> {
-        let mut costs: Vec<ProbeCost> = probes
-            .iter()
-            .zip(hits)
-            .filter(|(_, hits)| **hits > 0)
-            .map(|(probe, &hits)| ProbeCost {
-                scope: probe.scope,
-                symbol: probe.symbol.clone(),
-                hits,
-                added: self.per_hit(probe) * hits.min(u32::MAX as u64) as u32,
-            })
-            .collect();
+        let mut costs: Vec<ProbeCost> = Vec::new();
+        for (probe, &hits) in probes.iter().zip(hits).filter(|(_, hits)| **hits > 0) {
+            let added = self.per_hit(probe) * hits.min(u32::MAX as u64) as u32;
+            let same = |c: &&mut ProbeCost| c.scope == probe.scope && c.symbol == probe.symbol;
+            match costs.iter_mut().find(same) {
+                Some(cost) => {
+                    cost.hits += hits;
+                    cost.added += added;
+                }
+                None => costs.push(ProbeCost {
+                    scope: probe.scope,
+                    symbol: probe.symbol.clone(),
+                    hits,
+                    added,
+                }),
+            }
+        }
         costs.sort_by_key(|c| std::cmp::Reverse(c.hits));
         costs
     }

@@ -361,7 +361,7 @@ impl Session<'_> {
             ..
         } = self;
         let kernel_counters = probes.counters();
-        let probe_count = probes.attached.len();
+        let probe_count = probes.attached_now();
         let probe_costs = cost_model.costs(&probes.attached, &probes.probe_hits());
         let return_probes = probes.return_probes_used();
         // Detach before anything else: the targets run unprobed from here on.
