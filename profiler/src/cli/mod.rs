@@ -31,8 +31,9 @@ Examples:
     sudo memprobe --output /tmp/prof -- ./server --port 8080
 
   A busy database, never slowed by more than 5% of a CPU for over 10 s
-  (beyond that memprobe writes its profile and detaches from it):
-    sudo memprobe --pid 1234 --max-overhead 5 --duration 30m
+  (beyond that memprobe writes its profile and detaches from it), its
+  jemalloc sampled on its slow path so that most mallocs do not trap:
+    sudo memprobe --pid 1234 --max-overhead 5 --sampling slow-path --duration 30m
 
   A long run: a snapshot every minute, and one whenever the heap grew by
   20 MiB within 10 minutes; `kill -USR1 <memprobe pid>` takes one at once:
@@ -408,6 +409,7 @@ mod tests {
             "--verbose",
             "--allocator",
             "--max-overhead",
+            "--sampling",
             "Examples:",
         ] {
             assert!(help.contains(flag), "{flag} missing from --help");
