@@ -111,7 +111,7 @@ fn each_shape_on_the_slow_path() {
     }
 }
 
-/// Runs the aliasing fixture (14 s) under `--sampling slow-path` at a
+/// Runs the aliasing fixture (14 s unless `env` says) under `--sampling slow-path` at a
 /// 4 KiB interval; stderr and the profile.
 fn trial(test: &str, env: &[(&str, &str)]) -> (String, PathBuf) {
     let out = output_dir(test);
@@ -144,7 +144,9 @@ fn trial(test: &str, env: &[(&str, &str)]) -> (String, PathBuf) {
 #[test]
 fn an_allocation_cycle_that_aliases_falls_back_to_entry_sampling() {
     let _guard = shared();
-    let (stderr, heap) = trial("slow_path_aliasing", &[]);
+    // 20 s: after the trial (some 10 s), time enough for entry sampling to
+    // see every kept object replaced, even on a loaded machine.
+    let (stderr, heap) = trial("slow_path_aliasing", &[("FIXTURE_SECONDS", "20")]);
     assert!(stderr.contains("back to entry sampling"), "{stderr}");
     let note = heap_notes(&heap)
         .get("malloc_sampling")
