@@ -262,13 +262,14 @@ fn read_facts(path: &Path, debug: &DebugLookup<'_>, wanted: &[AllocatorKind]) ->
     {
         let _ = symbols.adopt_debug_symbols(&debug_data);
     }
-    let entry_addresses: Vec<u64> = find_allocators(&symbols, wanted)
+    let found = find_allocators(&symbols, wanted);
+    let entry_addresses: Vec<u64> = found
         .iter()
         .flat_map(|f| &f.entry_points)
         .filter_map(|e| Some(symbols.function(&e.symbol)?.address))
         .collect();
     FileFacts {
-        allocators: find_allocators(&symbols, wanted)
+        allocators: found
             .into_iter()
             .map(|found| {
                 let (mut entry_points, wrappers) =
