@@ -98,6 +98,19 @@ pub fn aliasing_fixture() -> PathBuf {
     })
 }
 
+/// A JVM's 64 direct buffers of 1 MiB (the DirectBuffers fixture), in use
+/// under Unsafe_AllocateMemory0 -> os::malloc per jeprof, within 10%.
+pub fn assert_direct_buffers_in_use(heap: &Path) {
+    let java = format!("{JAVA_HOME}/bin/java");
+    let inuse = jeprof_rows(Path::new(&java), heap, "--inuse_space");
+    assert_within(
+        "Unsafe_AllocateMemory0 in use",
+        row(&inuse, "Unsafe_AllocateMemory0").cum * MIB,
+        64.0 * MIB,
+        0.10,
+    );
+}
+
 /// A shared library with mimalloc linked in (local symbols, as in pyarrow's
 /// libarrow), exporting `keep_blocks` for the dlopen host.
 pub fn mimalloc_library() -> PathBuf {
@@ -541,6 +554,20 @@ impl Memprobe {
 
     pub fn stderr_text(&self) -> String {
         self.stderr.lock().unwrap().join("\n")
+    }
+
+    /// Waits until memprobe's stderr contains `needle`, failing with
+    /// `what` and the stderr if it does not within `within`.
+    pub fn wait_for_stderr(&self, needle: &str, within: Duration, what: &str) {
+        let started = std::time::Instant::now();
+        while !self.stderr_text().contains(needle) {
+            assert!(
+                started.elapsed() < within,
+                "{what}:\n{}",
+                self.stderr_text()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     /// Waits for memprobe to exit (at most 60 s); its status and stderr.

@@ -1,6 +1,6 @@
 //! Beyond jemalloc: glibc's malloc, mimalloc and tcmalloc in real processes,
 //! each site's estimate within 10% of the truth as the real jeprof reads it.
-use std::process::Command;
+use std::{process::Command, time::Duration};
 
 use tests::*;
 
@@ -101,15 +101,7 @@ fn static_mimalloc_in_a_loaded_library() {
     let memprobe = Memprobe::attach(&fixture, &out, &["--sample-interval", "4096"]);
     fixture.send_and_expect("load", "loaded");
     let needle = format!("pid {pid} loaded mimalloc in {}", library.display());
-    let loaded_at = std::time::Instant::now();
-    while !memprobe.stderr_text().contains(&needle) {
-        assert!(
-            loaded_at.elapsed().as_secs_f64() < 3.0,
-            "not probed in time:\n{}",
-            memprobe.stderr_text()
-        );
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    memprobe.wait_for_stderr(&needle, Duration::from_secs(3), "not probed in time");
     fixture.run_workload();
     memprobe.stop();
     let heap = &heap_files(&out)[0];
@@ -131,15 +123,7 @@ fn jvm_without_preload_sees_direct_buffers_through_glibc() {
     let mut fixture = Fixture::start_command(java_command("DirectBuffers"));
     let (heap, stderr) = profile_workload(&mut fixture, &out, &["--allocator", "glibc"]);
     assert!(stderr.contains("glibc in "), "{stderr}");
-    let java = format!("{JAVA_HOME}/bin/java");
-    let inuse = jeprof_rows(std::path::Path::new(&java), &heap, "--inuse_space");
-    // 64 direct buffers of 1 MiB, through Unsafe_AllocateMemory0 -> os::malloc.
-    assert_within(
-        "Unsafe_AllocateMemory0 in use",
-        row(&inuse, "Unsafe_AllocateMemory0").cum * MIB,
-        64.0 * MIB,
-        0.10,
-    );
+    assert_direct_buffers_in_use(&heap);
 }
 
 /// A process whose allocators are never called (pyarrow's jemalloc copy

@@ -94,15 +94,11 @@ fn attach_failing_half_way_detaches_the_copys_probes_and_the_run_goes_on() {
     // Room to find the library and attach a few of its probes, not all.
     limit_open_files(memprobe.pid(), open_fds(memprobe.pid()) + 8);
     fixture.send_and_expect("load", "loaded");
-    let started = std::time::Instant::now();
-    while !memprobe.stderr_text().contains("warning: attaching") {
-        assert!(
-            started.elapsed().as_secs() < 5,
-            "no warning:\n{}",
-            memprobe.stderr_text()
-        );
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    memprobe.wait_for_stderr(
+        "warning: attaching",
+        std::time::Duration::from_secs(5),
+        "no warning",
+    );
     let stderr = memprobe.stderr_text();
     assert!(stderr.contains(&library.display().to_string()), "{stderr}");
     // Half-way: some of the copy's probes were in place, and went again.

@@ -5,6 +5,7 @@
 use std::{
     io::{BufRead, BufReader, Write},
     process::{Command, Stdio},
+    time::Duration,
 };
 
 use tests::*;
@@ -112,16 +113,7 @@ fn jvm_with_jemalloc_preloaded_sees_direct_buffers() {
     command.env("LD_PRELOAD", "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2");
     let mut fixture = Fixture::start_command(command);
     let (heap, _) = profile_workload(&mut fixture, &out, &[]);
-    let java = format!("{JAVA_HOME}/bin/java");
-    let inuse = jeprof_rows(std::path::Path::new(&java), &heap, "--inuse_space");
-    // 64 direct buffers of 1 MiB, through Unsafe_AllocateMemory0 -> os::malloc.
-    let unsafe_allocate = row(&inuse, "Unsafe_AllocateMemory0");
-    assert_within(
-        "Unsafe_AllocateMemory0 in use",
-        unsafe_allocate.cum * MIB,
-        64.0 * MIB,
-        0.10,
-    );
+    assert_direct_buffers_in_use(&heap);
 }
 
 /// The sites fixture's kept sites, read by jeprof; `what` prefixes messages.
@@ -184,16 +176,8 @@ fn library_loaded_after_attach_is_probed_within_a_second() {
     let pid = fixture.pid.to_string();
     let memprobe = Memprobe::attach(&fixture, &out, &["--sample-interval", "4096"]);
     fixture.send_and_expect("load", "loaded");
-    let loaded_at = std::time::Instant::now();
     let needle = format!("pid {pid} loaded jemalloc in {}", library.display());
-    while !memprobe.stderr_text().contains(&needle) {
-        assert!(
-            loaded_at.elapsed().as_secs_f64() < 3.0,
-            "not probed in time:\n{}",
-            memprobe.stderr_text()
-        );
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    memprobe.wait_for_stderr(&needle, Duration::from_secs(3), "not probed in time");
     fixture.run_workload();
     memprobe.stop();
     let heap = &heap_files(&out)[0];

@@ -49,14 +49,7 @@ fn a_process_over_its_budget_is_written_out_and_detached() {
     let address = memprobe.listening_on();
     let said = format!("pid {busy_pid}: detached, over budget");
     let started = Instant::now();
-    while !memprobe.stderr_text().contains(&said) {
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "not detached:\n{}",
-            memprobe.stderr_text()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    memprobe.wait_for_stderr(&said, Duration::from_secs(30), "not detached");
     // Not before 10 s over budget.
     assert!(
         started.elapsed() >= Duration::from_secs(9),
