@@ -278,6 +278,16 @@ impl Session<'_> {
                 } else {
                     Phase::FellBack
                 };
+                if on_slow {
+                    // Said once: from here on malloc's price drops.
+                    self.clear_progress();
+                    let _ = writeln!(
+                        self.status,
+                        "memprobe: pid {pid}: {}: stays on jemalloc's slow path: its call sites' \
+                         shares of bytes agreed with entry sampling's ({} and {} samples)",
+                        trial.path, slow.totals.samples, entry.totals.samples
+                    );
+                }
             }
         }
     }

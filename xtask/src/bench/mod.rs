@@ -13,7 +13,10 @@ use anyhow::{Context, Result, bail};
 
 use crate::{run_command, workspace_root};
 
+mod attached;
+mod floor;
 mod redis;
+use attached::{AttachedLoops, attached_loops, attached_table};
 use redis::{redis_bench, redis_table};
 
 const LIBJEMALLOC: &str = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2";
@@ -65,8 +68,9 @@ fn usage(pid: u32) -> Usage {
     Some((ticks / hz, peak))
 }
 
-/// memprobe's stderr lines after its first, collected as they come.
-type Stderr = std::sync::Arc<std::sync::Mutex<Vec<String>>>;
+/// memprobe's stderr lines after its first, collected as they come, with
+/// when each came.
+type Stderr = std::sync::Arc<std::sync::Mutex<Vec<(Instant, String)>>>;
 
 /// Starts memprobe and waits for its first line; its other lines are kept.
 /// No budget: the bench measures what memprobe costs, unbounded.
@@ -86,7 +90,7 @@ fn start_memprobe(memprobe: &Path, args: &[&str]) -> Result<(Child, Stderr)> {
             std::thread::spawn(move || {
                 for line in lines.map_while(|l| l.ok()) {
                     if let Ok(mut sink) = sink.lock() {
-                        sink.push(line);
+                        sink.push((Instant::now(), line));
                     }
                 }
             });
@@ -96,11 +100,23 @@ fn start_memprobe(memprobe: &Path, args: &[&str]) -> Result<(Child, Stderr)> {
     bail!("memprobe did not attach")
 }
 
+/// When memprobe first said something containing `text`.
+fn said(stderr: &Stderr, text: &str) -> Option<Instant> {
+    let lines = stderr.lock().ok()?;
+    lines
+        .iter()
+        .find(|(_, l)| l.contains(text))
+        .map(|(at, _)| *at)
+}
+
+/// What memprobe says when a process's slow-path trial keeps the slow path.
+const SLOW_PATH_KEPT: &str = "stays on jemalloc's slow path";
+
 /// The seconds memprobe's summary says it added to the profiled processes.
 fn reported_added_seconds(stderr: &Stderr) -> Option<f64> {
     const KEY: &str = "estimated time added to the profiled processes: ";
     let lines = stderr.lock().ok()?;
-    let line = lines.iter().find(|l| l.contains(KEY))?;
+    let (_, line) = lines.iter().find(|(_, l)| l.contains(KEY))?;
     let after = line.split_once(KEY)?.1;
     after.split_whitespace().next()?.parse().ok()
 }
@@ -123,7 +139,7 @@ pub fn bench() -> Result<()> {
 
     let loops = measure_loops(&memprobe, &out, &profiles_dir)?;
     eprintln!("bench: redis-server under redis-benchmark");
-    let redis = redis_bench(&memprobe, &profiles_dir)?;
+    let redis = redis_bench(&memprobe, &profiles_dir, &loops.attached.places)?;
     eprintln!("bench: offline reports of a large program's profile");
     let offline = offline_bench(&memprobe, &out)?;
 
@@ -148,9 +164,8 @@ struct LoopResults {
     glibc_memprobe: f64,
     sampled_fp: f64,
     sampled_dwarf: f64,
-    /// Attached with --pid to a running loop: at entry, on the slow path.
-    attached_entry: f64,
-    attached_slow: f64,
+    /// Attached to a running loop: the two-trap floor and memprobe.
+    attached: AttachedLoops,
     /// memprobe's own CPU and memory over a sustained loop, and its length.
     own: Usage,
     own_wall: Duration,
@@ -215,10 +230,7 @@ fn measure_loops(memprobe: &Path, out: &Path, profiles_dir: &str) -> Result<Loop
     let sampled_fp = loop_ns(under(&malloc_loop, fine_fp, "2000000"), 3)?;
     let fine_dwarf = &["--sample-interval", "16KiB", "--unwind", "dwarf"];
     let sampled_dwarf = loop_ns(under(&malloc_loop, fine_dwarf, "2000000"), 3)?;
-    eprintln!("bench: loops attached with --pid, at entry and on the slow path");
-    let attached_entry = attached_loop_ns(memprobe, &malloc_loop, profiles_dir, &[])?;
-    let slow = ["--sampling", "slow-path"];
-    let attached_slow = attached_loop_ns(memprobe, &malloc_loop, profiles_dir, &slow)?;
+    let attached = attached_loops(memprobe, &malloc_loop, profiles_dir)?;
     let (own, own_wall) = own_usage(memprobe, &malloc_loop, profiles_dir)?;
     Ok(LoopResults {
         none,
@@ -231,43 +243,10 @@ fn measure_loops(memprobe: &Path, out: &Path, profiles_dir: &str) -> Result<Loop
         glibc_memprobe,
         sampled_fp,
         sampled_dwarf,
-        attached_entry,
-        attached_slow,
+        attached,
         own,
         own_wall,
     })
-}
-
-/// Nanoseconds per pair of a 3-s loop that memprobe attaches to with
-/// `--pid` (and `flags`) before it starts timing; best of three. The slow
-/// path's trial keeps it on the slow path for longer than the loop runs.
-fn attached_loop_ns(
-    memprobe: &Path,
-    malloc_loop: &Path,
-    profiles_dir: &str,
-    flags: &[&str],
-) -> Result<f64> {
-    let mut best = f64::INFINITY;
-    for _ in 0..3 {
-        let child = Command::new(malloc_loop)
-            .args(["0", "3"])
-            .env("FIXTURE_DELAY_MS", "1500")
-            .stdout(Stdio::piped())
-            .spawn()?;
-        let pid = child.id().to_string();
-        let mut args = vec!["--pid", &pid, "-o", profiles_dir];
-        args.extend_from_slice(flags);
-        let (mut probe, _) = start_memprobe(memprobe, &args)?;
-        let output = child.wait_with_output()?;
-        stop(&mut probe);
-        let text = String::from_utf8_lossy(&output.stdout);
-        let ns: f64 = text
-            .trim()
-            .parse()
-            .with_context(|| format!("no timing in {text:?}"))?;
-        best = best.min(ns);
-    }
-    Ok(best)
 }
 
 /// memprobe's own CPU and memory over a 6 s loop at a sustained rate.
@@ -322,14 +301,7 @@ fn loop_table(r: &LoopResults) -> String {
         "memprobe `--track allocations` (no free probe, no return half)",
         r.allocations,
     ));
-    table.push_str(&row(
-        "memprobe attached with `--pid` to the running loop (entry sampling)",
-        r.attached_entry,
-    ));
-    table.push_str(&row(
-        "memprobe attached with `--pid`, `--sampling slow-path` (malloc traps on jemalloc's slow path only)",
-        r.attached_slow,
-    ));
+    table.push_str(&attached_table(none, &r.attached));
     table.push_str(&format!(
         "\n| the same loop on glibc's malloc (libc.so.6) | ns per pair | added ns | vs jemalloc's added ns |\n|---|---|---|---|\n\
          | no profiler | {:.1} | - | - |\n\

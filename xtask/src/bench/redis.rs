@@ -8,20 +8,34 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-use super::{Usage, reported_added_seconds, start_memprobe, stop, usage};
+use super::{
+    SLOW_PATH_KEPT, Usage,
+    floor::{Floor, Place},
+    reported_added_seconds, said, start_memprobe, stop, usage,
+};
 
 /// redis-server under redis-benchmark without memprobe and with it in
 /// each sampling mode.
 pub(super) struct RedisResult {
     /// Requests per second, and redis-server's CPU seconds over the same
-    /// requests, without memprobe.
+    /// requests, without memprobe (the mean of a pair first and a pair
+    /// last).
     without: (f64, f64),
+    /// The CPU seconds of those first and last pairs.
+    drift: (f64, f64),
+    /// The same with counting uprobe events at malloc and free only.
+    floor: (f64, f64),
     with: Vec<Attached>,
 }
 
 /// One run with memprobe attached.
 struct Attached {
     label: &'static str,
+    /// False when a slow-path mode's trial had not kept the slow path
+    /// before the measured runs.
+    kept: bool,
+    /// Run pairs while attached, the warm-up's included.
+    pairs: usize,
     rate: f64,
     cpu: f64,
     /// CPU seconds redis-server gained over the warm-up and the measured
@@ -44,70 +58,145 @@ const MODES: [(&str, &[&str]); 4] = [
     ),
 ];
 
-pub(super) fn redis_bench(memprobe: &Path, profiles_dir: &str) -> Result<RedisResult> {
+pub(super) fn redis_bench(
+    memprobe: &Path,
+    profiles_dir: &str,
+    places: &[Place],
+) -> Result<RedisResult> {
     let port = "6399";
-    let mut server = Command::new("redis-server")
-        .args([
-            "--port",
-            port,
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--bind",
-            "127.0.0.1",
-        ])
+    // redis-server on one CPU, redis-benchmark on the other: neither
+    // takes the other's time, so CPU per request is steady run to run.
+    let mut server = Command::new("taskset")
+        .args(["-c", "0", "redis-server"])
+        .args(["--port", port, "--save", "", "--appendonly", "no"])
+        .args(["--bind", "127.0.0.1"])
         .stdout(Stdio::null())
         .spawn()
         .context("starting redis-server")?;
     std::thread::sleep(Duration::from_millis(500));
     let server_pid = server.id();
-    let cpu = || usage(server_pid).map_or(0.0, |(cpu, _)| cpu);
-    // Two runs each; rates are the better run, CPU the sum of both.
-    let measure = || -> Result<(f64, f64)> {
-        let before = cpu();
-        let rate = requests_per_second(port)?.max(requests_per_second(port)?);
-        Ok((rate, cpu() - before))
-    };
     let result = (|| {
-        let without = measure()?;
-        let pid = server_pid.to_string();
+        fill(port)?;
+        let measure = || measure_pair(server_pid, port);
+        let before = measure()?;
+        let counters = Floor::attach(server_pid, places)?;
+        let floor = measure()?;
+        if counters.hits()? == 0 {
+            bail!("the two-trap floor's uprobes counted no hit in redis-server");
+        }
+        drop(counters);
         let mut with = Vec::new();
         for (label, flags) in MODES {
-            let mut args = vec!["--pid", &pid, "-o", profiles_dir];
-            args.extend_from_slice(flags);
-            let (mut probe, stderr) = start_memprobe(memprobe, &args)?;
-            // A warm-up under load: the slow path's trial (5 s on it, 5 s
-            // at entry) is over before the measured runs.
-            let (_, warm_cpu) = measure()?;
-            let (rate, cpu) = measure()?;
-            let own = usage(probe.id());
-            stop(&mut probe);
-            // The summary comes as memprobe exits; its reader may lag.
-            std::thread::sleep(Duration::from_millis(200));
-            with.push(Attached {
-                label,
-                rate,
-                cpu,
-                gained_while_attached: warm_cpu + cpu - 2.0 * without.1,
-                reported_added: reported_added_seconds(&stderr),
-                own,
-            });
+            with.push(attached_run(
+                memprobe,
+                profiles_dir,
+                server_pid,
+                port,
+                (label, flags),
+                before.1,
+            )?);
         }
-        Ok(RedisResult { without, with })
+        // Without again at the end: the table uses the mean of both, and
+        // the gains are recomputed against it.
+        let after = measure()?;
+        let without = ((before.0 + after.0) / 2.0, (before.1 + after.1) / 2.0);
+        for run in &mut with {
+            run.gained_while_attached += (run.pairs as f64) * (before.1 - without.1);
+        }
+        Ok(RedisResult {
+            without,
+            drift: (before.1, after.1),
+            floor,
+            with,
+        })
     })();
     let _ = server.kill();
     let _ = server.wait();
     result
 }
 
+/// Sets most of the million keys the measured runs use (with pipelining,
+/// in seconds): without this the first runs would find fewer keys to
+/// replace, and free less, than the later ones.
+fn fill(port: &str) -> Result<()> {
+    let status = Command::new("taskset")
+        .args(["-c", "1", "redis-benchmark", "-h", "127.0.0.1", "-p", port])
+        .args(["-t", "set", "-n", "3000000", "-r", "1000000", "-d", "256"])
+        .args(["-P", "16", "-q"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()?;
+    if !status.success() {
+        bail!("redis-benchmark could not fill redis-server");
+    }
+    Ok(())
+}
+
+/// Two redis-benchmark runs: the better rate, and redis-server's CPU
+/// seconds over both.
+fn measure_pair(server_pid: u32, port: &str) -> Result<(f64, f64)> {
+    let cpu = || usage(server_pid).map_or(0.0, |(cpu, _)| cpu);
+    let before = cpu();
+    let rate = requests_per_second(port)?.max(requests_per_second(port)?);
+    Ok((rate, cpu() - before))
+}
+
+/// Most warm-up pairs while the slow path's trial decides.
+const MAX_WARMUP: usize = 4;
+
+/// memprobe attached in one mode: warm-up pairs under load until the slow
+/// path's trial (if any) kept the slow path, then a measured pair.
+fn attached_run(
+    memprobe: &Path,
+    profiles_dir: &str,
+    server_pid: u32,
+    port: &str,
+    (label, flags): (&'static str, &[&str]),
+    cpu_without: f64,
+) -> Result<Attached> {
+    let pid = server_pid.to_string();
+    let mut args = vec!["--pid", &pid, "-o", profiles_dir];
+    args.extend_from_slice(flags);
+    let (mut probe, stderr) = start_memprobe(memprobe, &args)?;
+    let on_trial = flags.contains(&"slow-path");
+    let mut warm_cpu = 0.0;
+    let mut pairs = 0;
+    while pairs < MAX_WARMUP && (pairs == 0 || on_trial && said(&stderr, SLOW_PATH_KEPT).is_none())
+    {
+        warm_cpu += measure_pair(server_pid, port)?.1;
+        pairs += 1;
+    }
+    let kept = !on_trial || said(&stderr, SLOW_PATH_KEPT).is_some();
+    let (rate, cpu) = measure_pair(server_pid, port)?;
+    let own = usage(probe.id());
+    stop(&mut probe);
+    // The summary comes as memprobe exits; its reader may lag.
+    std::thread::sleep(Duration::from_millis(200));
+    Ok(Attached {
+        label,
+        kept,
+        rate,
+        cpu,
+        pairs: pairs + 1,
+        gained_while_attached: warm_cpu + cpu - (pairs + 1) as f64 * cpu_without,
+        reported_added: reported_added_seconds(&stderr),
+        own,
+    })
+}
+
 /// The README's redis table, and how memprobe's reported cost compares
 /// with what redis-server gained.
 pub(super) fn redis_table(redis: &RedisResult) -> String {
     let (rate, cpu) = redis.without;
+    let (floor_rate, floor_cpu) = redis.floor;
     let mut table = format!(
-        "\n| redis-server 7 (libjemalloc), redis-benchmark SET/GET, 50 clients, random keys, 2 runs of 200k SET + 200k GET | requests/s | redis-server CPU s | CPU per request vs without | added CPU s while attached (warm-up included): measured / memprobe's report | memprobe's own CPU s, peak RSS |\n|---|---|---|---|---|---|\n\
-         | without memprobe | {rate:.0} | {cpu:.2} | 1.00x | - | - |\n"
+        "\n| redis-server 7 (libjemalloc), redis-benchmark SET/GET, 50 clients, random keys (a million, mostly set first), each on its own CPU, 2 runs of 200k SET + 200k GET | requests/s | redis-server CPU s | CPU per request vs without | added CPU s while attached (warm-up included): measured / memprobe's report | memprobe's own CPU s, peak RSS |\n|---|---|---|---|---|---|\n\
+         | without memprobe (CPU: mean of {:.2} first and {:.2} last) | {rate:.0} | {cpu:.2} | 1.00x | - | - |\n\
+         | two-trap floor: counting uprobe perf events at malloc and free, no BPF program | {floor_rate:.0} ({:.1}%) | {floor_cpu:.2} | {:.2}x | - | - |\n",
+        redis.drift.0,
+        redis.drift.1,
+        100.0 * floor_rate / rate,
+        floor_cpu / cpu.max(1e-12),
     );
     for run in &redis.with {
         let gained = run.gained_while_attached;
@@ -117,8 +206,13 @@ pub(super) fn redis_table(redis: &RedisResult) -> String {
         let own = run.own.map_or("-".to_owned(), |(cpu, rss)| {
             format!("{cpu:.2} s, {:.1} MiB", rss as f64 / 1024.0)
         });
+        let undecided = if run.kept {
+            ""
+        } else {
+            " (measured before its trial kept the slow path)"
+        };
         table.push_str(&format!(
-            "| memprobe, {} | {:.0} ({:.1}%) | {:.2} | {:.2}x | {gained:.2} / {reported} | {own} |\n",
+            "| memprobe, {}{undecided} | {:.0} ({:.1}%) | {:.2} | {:.2}x | {gained:.2} / {reported} | {own} |\n",
             run.label,
             run.rate,
             100.0 * run.rate / rate,
@@ -132,7 +226,8 @@ pub(super) fn redis_table(redis: &RedisResult) -> String {
 
 /// One redis-benchmark run's mean requests per second over SET and GET.
 fn requests_per_second(port: &str) -> Result<f64> {
-    let output = Command::new("redis-benchmark")
+    let output = Command::new("taskset")
+        .args(["-c", "1", "redis-benchmark"])
         .args([
             "-h",
             "127.0.0.1",
