@@ -317,18 +317,29 @@ pub fn malloc_loop_fixture() -> PathBuf {
 
 /// The Rust fixture on tikv-jemallocator (builds jemalloc from source).
 pub fn rust_fixture() -> PathBuf {
-    let target_dir = workspace_root().join("target/fixtures/rust");
-    build_once("rust-jemalloc-fixture", |_| {
+    cargo_fixture("rust-jemalloc", "rust", "rust-jemalloc-fixture")
+}
+
+/// The same Rust program on tikv-jemallocator 0.4: jemalloc 5.2.1, whose
+/// malloc fast path memprobe does not recognise.
+pub fn rust_jemalloc_5_2_fixture() -> PathBuf {
+    cargo_fixture("rust-jemalloc-5.2", "rust-5.2", "rust-jemalloc-5-2-fixture")
+}
+
+/// A Rust fixture built by cargo from `tests/fixtures/<folder>`.
+fn cargo_fixture(folder: &str, target: &str, binary: &str) -> PathBuf {
+    let target_dir = workspace_root().join("target/fixtures").join(target);
+    build_once(binary, |_| {
         let mut command = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
         command
             .args(["build", "--release", "--quiet", "--manifest-path"])
-            .arg(fixture_source("rust-jemalloc/Cargo.toml"))
+            .arg(fixture_source(&format!("{folder}/Cargo.toml")))
             .arg("--target-dir")
             .arg(&target_dir)
             .env("RUSTFLAGS", "-C force-frame-pointers=yes");
         command
     });
-    target_dir.join("release/rust-jemalloc-fixture")
+    target_dir.join("release").join(binary)
 }
 
 /// The Java fixtures' classes, compiled into one folder.

@@ -31,9 +31,12 @@ Examples:
     sudo memprobe --output /tmp/prof -- ./server --port 8080
 
   A busy database, never slowed by more than 5% of a CPU for over 10 s
-  (beyond that memprobe writes its profile and detaches from it), its
-  jemalloc sampled on its slow path so that most mallocs do not trap:
-    sudo memprobe --pid 1234 --max-overhead 5 --sampling slow-path --duration 30m
+  (beyond that memprobe writes its profile and detaches from it):
+    sudo memprobe --pid 1234 --max-overhead 5 --duration 30m
+
+  Every malloc sampled where it is called (a trap per call), not on
+  jemalloc's slow path:
+    sudo memprobe --pid 1234 --sampling entry
 
   A long run: a snapshot every minute, and one whenever the heap grew by
   20 MiB within 10 minutes; `kill -USR1 <memprobe pid>` takes one at once:
@@ -158,13 +161,16 @@ pub struct Cli {
     #[arg(long, value_name = "PCT", default_value = "10", value_parser = parse_overhead)]
     pub max_overhead: Overhead,
 
-    /// Where jemalloc's malloc and operator new are sampled: `entry` (a
-    /// trap per call) or `slow-path` (on jemalloc's slow path, where their
-    /// inlined fast path falls back: large requests, a thread's 64 KiB byte
-    /// threshold, refills; most calls then never trap). slow-path needs a
-    /// recognised jemalloc 5.3 build (`--verbose` says), --pid, and BTF;
-    /// elsewhere entry is used. Frees are probed either way.
-    #[arg(long, value_name = "WHERE", value_enum, default_value_t = SamplingArg::Entry)]
+    /// Where jemalloc's malloc and operator new are sampled: `slow-path`
+    /// (on jemalloc's slow path, where their inlined fast path falls back:
+    /// large requests, a thread's 64 KiB byte threshold, refills; most
+    /// calls then never trap) or `entry` (a trap per call). The slow path
+    /// needs a recognised jemalloc 5.3 build, --pid, and BTF, and is first
+    /// tried for some 10 s against entry sampling (a program allocating in
+    /// a cycle that aliases with the threshold goes back to entry);
+    /// elsewhere entry is used. Each profile's `# malloc_sampling:` says
+    /// which, and why. Frees are probed either way.
+    #[arg(long, value_name = "WHERE", value_enum, default_value_t = SamplingArg::SlowPath)]
     pub sampling: SamplingArg,
 
     /// Which allocators to probe: jemalloc, glibc (libc.so.6's malloc),

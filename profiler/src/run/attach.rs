@@ -87,7 +87,7 @@ impl Session<'_> {
     ) -> Result<usize> {
         let instance = self.instance()?;
         let trial = self.on_slow_path(scope, path, allocator, instance);
-        let on_slow_path = trial.as_ref().and_then(|_| allocator.on_slow_path());
+        let on_slow_path = trial.as_ref().ok().and_then(|_| allocator.on_slow_path());
         let probed = on_slow_path.as_ref().unwrap_or(allocator);
         let before = self.probes.attached.len();
         let attached = self
@@ -95,12 +95,27 @@ impl Session<'_> {
             .attach(scope, path, open_path, probed, instance)?;
         self.print_verbose_probes(before);
         self.print_verbose_wrappers(path, allocator);
-        if let (Some((served, slow)), Scope::Process(pid)) = (trial, scope) {
-            let slow_probes = (before..self.probes.attached.len())
-                .filter(|&i| self.probes.attached[i].slow_path)
-                .collect();
-            let trial = Trial::new(path, open_path, instance, served, slow, slow_probes);
-            self.start_trial(pid, trial);
+        let Scope::Process(pid) = scope else {
+            return Ok(attached);
+        };
+        match trial {
+            Ok((served, slow)) => {
+                let slow_probes = (before..self.probes.attached.len())
+                    .filter(|&i| self.probes.attached[i].slow_path)
+                    .collect();
+                let trial = Trial::new(path, open_path, instance, served, slow, slow_probes);
+                self.start_trial(pid, trial);
+            }
+            Err(reason) if allocator.kind == crate::discover::AllocatorKind::Jemalloc => {
+                let note = format!("{path}: at entry ({reason})");
+                if self.options.verbose {
+                    let _ = writeln!(self.status, "memprobe: pid {pid}: {note}");
+                }
+                if let Some(t) = self.tracked.get_mut(&pid) {
+                    t.at_entry.push(note);
+                }
+            }
+            Err(_) => {}
         }
         Ok(attached)
     }
@@ -263,31 +278,34 @@ fn signed_hex(value: i64) -> String {
 impl Session<'_> {
     /// `--sampling slow-path`: this jemalloc copy's parts for a trial of its
     /// slow path against entry sampling (see `run::trial`), with the kernel
-    /// told where `pid`'s threads keep their counters; `None` (sampled at
-    /// entry) for other allocators, unrecognised builds, system-wide probes
-    /// and a process not started yet.
+    /// told where `pid`'s threads keep their counters; or why it is sampled
+    /// at entry (other allocators, unrecognised builds, system-wide probes,
+    /// a process not started yet).
     fn on_slow_path(
         &mut self,
         scope: Scope,
         path: &str,
         allocator: &Allocator,
         instance: u16,
-    ) -> Option<(Allocator, Allocator)> {
+    ) -> Result<(Allocator, Allocator), &'static str> {
         let Scope::Process(pid) = scope else {
-            return None;
+            return Err("system-wide probes");
         };
-        if self.options.sampling != crate::run::Sampling::SlowPath
-            || !crate::kernel::KernelProbes::knows_fsbase()
-        {
-            return None;
+        if self.options.sampling != crate::run::Sampling::SlowPath {
+            return Err("--sampling entry");
         }
-        let parts = allocator.trial_parts()?;
-        let fast = allocator.fast_path.as_ref()?.fast;
+        if !crate::kernel::KernelProbes::knows_fsbase() {
+            return Err("the kernel's BTF does not place a task's fs base");
+        }
+        let not_recognised = "its malloc fast path is not a jemalloc 5.3 build memprobe recognises";
+        let parts = allocator.trial_parts().ok_or(not_recognised)?;
+        let fast = allocator.fast_path.as_ref().ok_or(not_recognised)?.fast;
         let tls = match fast.tls {
             TlsOffset::Immediate(offset) => offset,
             TlsOffset::GotSlot(file_offset) => {
-                let maps = &self.tracked.get(&pid)?.maps;
-                read_mapped_word(pid, maps, path, file_offset)? as i64
+                let unread = "its TLS offset is not in its GOT yet: a process not started";
+                let maps = &self.tracked.get(&pid).ok_or(unread)?.maps;
+                read_mapped_word(pid, maps, path, file_offset).ok_or(unread)? as i64
             }
         };
         let config = profiler_common::FastPathConfig {
@@ -295,9 +313,9 @@ impl Session<'_> {
             large_above: fast.large_above,
         };
         if !self.probes.set_fast_path(pid, instance, config) {
-            return None;
+            return Err("the kernel's table of fast paths is full");
         }
-        Some(parts)
+        Ok(parts)
     }
 }
 

@@ -11,12 +11,12 @@ use crate::{
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Sampling {
     /// At their entry: one trap per call.
-    #[default]
     Entry,
     /// On jemalloc's slow path, where their inlined fast path falls back
     /// (large requests, a thread's byte threshold, refills): most calls do
     /// not trap. For `--pid` targets whose build is recognised; the others
     /// are sampled at entry.
+    #[default]
     SlowPath,
 }
 
@@ -121,7 +121,7 @@ impl Default for SessionOptions {
             formats: Format::ALL.to_vec(),
             java_perfmap: true,
             max_overhead: Some(0.10),
-            sampling: Sampling::Entry,
+            sampling: Sampling::SlowPath,
             allocators: crate::discover::AllocatorKind::ALL.to_vec(),
             debug_dir: None,
             listen: None,

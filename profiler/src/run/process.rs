@@ -41,6 +41,8 @@ pub(super) struct Tracked {
     pub growth: GrowthWindow,
     /// jemalloc copies whose slow path is on trial (`--sampling slow-path`).
     pub trials: Vec<Trial>,
+    /// jemalloc copies sampled at entry, and why (the profile's note).
+    pub at_entry: Vec<String>,
     /// Its recent cost, for `--max-overhead`.
     pub budget: BudgetWindow,
     /// Probes detached for costing more than `--max-overhead` (then
@@ -71,6 +73,7 @@ impl Tracked {
             growth: GrowthWindow::default(),
             budget: BudgetWindow::default(),
             trials: Vec::new(),
+            at_entry: Vec::new(),
             detached: None,
             kept: KeptSnapshots::default(),
         };

@@ -107,8 +107,9 @@ impl Session<'_> {
             head.push(("container_pid".into(), inner.to_string()));
         }
         head.push(("allocators".into(), describe(&t.allocator_calls)));
-        if !t.trials.is_empty() {
-            let notes: Vec<String> = t.trials.iter().map(|trial| trial.note()).collect();
+        let notes: Vec<String> = t.trials.iter().map(|trial| trial.note()).collect();
+        let notes = [notes, t.at_entry.clone()].concat();
+        if !notes.is_empty() {
             head.push(("malloc_sampling".into(), notes.join("; ")));
         }
         if self.options.collector.allocations_only {

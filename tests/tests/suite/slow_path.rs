@@ -67,6 +67,33 @@ fn rust_on_tikv_jemallocator_on_the_slow_path() {
     assert_within("churn_vectors allocated", churn, churned, 0.10);
 }
 
+/// The default is the slow path; a jemalloc whose fast path is not 5.3's
+/// (tikv-jemallocator 0.4, jemalloc 5.2.1) is sampled at entry instead,
+/// said in the profile, and its sites are as accurate.
+#[test]
+fn a_build_not_recognised_is_sampled_at_entry() {
+    let _guard = shared();
+    let binary = rust_jemalloc_5_2_fixture();
+    let out = output_dir("slow_path_unrecognised");
+    let mut fixture = Fixture::start(&binary, &[]);
+    let (heap, stderr) = profile_workload(&mut fixture, &out, &["--verbose"]);
+    assert!(fixture.finish().success());
+    let notes = heap_notes(&heap);
+    let note = notes
+        .get("malloc_sampling")
+        .unwrap_or_else(|| panic!("no malloc_sampling note\n{stderr}"));
+    assert!(
+        note.ends_with(
+            "at entry (its malloc fast path is not a jemalloc 5.3 build memprobe recognises)"
+        ),
+        "{note}"
+    );
+    assert!(stderr.contains(": _rjem_malloc at "), "{stderr}");
+    let inuse = jeprof_rows(&binary, &heap, "--inuse_space");
+    let kept = row(&inuse, "keep_vectors").cum * MIB;
+    assert_within("keep_vectors", kept, 1000.0 * 16384.0, 0.10);
+}
+
 #[test]
 fn cxx_new_on_the_slow_path() {
     let _guard = shared();
