@@ -43,6 +43,11 @@ pub struct FastPath {
 pub struct SlowPath {
     pub fast: FastPath,
     pub placement: crate::discover::placement::Placement,
+    /// File-offset extents of jemalloc's own code between its slow path
+    /// and the program: the served entry points and the functions they
+    /// branch to (`operator new`'s fallback). A sample's leading frames
+    /// there are not the program's.
+    pub own_code: Vec<std::ops::Range<u64>>,
 }
 
 /// Entry points whose calls the fast path serves (or the slow path sees):
@@ -168,6 +173,7 @@ pub(crate) fn in_file_offsets(
     symbols: &FunctionSymbols,
     data: &[u8],
     fast: FastPath,
+    prefix: &str,
 ) -> Option<SlowPath> {
     let code = symbols.code(data, fast.slow_path, 64)?;
     let reads = entry_points::registers_read(profiler_common::CallShape::SlowPath);
@@ -183,7 +189,49 @@ pub(crate) fn in_file_offsets(
             ..fast
         },
         placement,
+        own_code: own_code(symbols, data, prefix),
     })
+}
+
+/// The extents (file offsets) of the served entry points and of every
+/// function they branch to directly.
+fn own_code(symbols: &FunctionSymbols, data: &[u8], prefix: &str) -> Vec<std::ops::Range<u64>> {
+    // A function's length: to the next start the call frame information
+    // knows, else its symbol's size.
+    let length = |address: u64, size: u64| {
+        let end = symbols
+            .next_function_start(address)
+            .unwrap_or(address + size);
+        end.saturating_sub(address)
+    };
+    let mut extents = Vec::new();
+    let served = SERVED
+        .iter()
+        .flat_map(|name| [name.to_string(), format!("{prefix}{name}")])
+        .filter_map(|name| symbols.function(&name));
+    for function in served {
+        let len = length(function.address, function.size);
+        extents.push((function.address, len));
+        let Some(code) = symbols.code(data, function.address, len) else {
+            continue;
+        };
+        for target in crate::discover::code::branch_targets(code, function.address) {
+            if target != function.address && symbols.is_function_start(target) {
+                extents.push((target, length(target, 0)));
+            }
+        }
+    }
+    let mut ranges: Vec<std::ops::Range<u64>> = extents
+        .into_iter()
+        .filter(|&(_, len)| len > 0)
+        .filter_map(|(address, len)| {
+            let offset = symbols.file_offset(address)?;
+            Some(offset..offset + len)
+        })
+        .collect();
+    ranges.sort_by_key(|r| (r.start, r.end));
+    ranges.dedup();
+    ranges
 }
 
 impl Allocator {
@@ -304,6 +352,32 @@ mod tests {
         assert!(symbols.is_function_start(fast.slow_path));
         let malloc = symbols.function("malloc").unwrap().address;
         assert_ne!(fast.slow_path, malloc);
+    }
+
+    /// jemalloc's own code between its slow path and the program: malloc,
+    /// operator new and what they branch to, the slow path among it; not
+    /// free, which the program calls itself.
+    #[test]
+    fn own_code_covers_the_served_entry_points_and_their_fallbacks() {
+        let path = Path::new("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2");
+        let Ok(data) = std::fs::read(path) else {
+            return;
+        };
+        let symbols = FunctionSymbols::parse(&data).unwrap();
+        let malloc = symbols.function("malloc").unwrap();
+        let fast = recognise(&symbols, &data, malloc.address).unwrap();
+        let slow = in_file_offsets(&symbols, &data, fast, "").unwrap();
+        let inside = |offset: u64| slow.own_code.iter().any(|r| r.contains(&offset));
+        for name in ["malloc", "_Znwm"] {
+            let function = symbols.function(name).unwrap();
+            assert!(
+                inside(function.file_offset + 1),
+                "{name}: {:x?}",
+                slow.own_code
+            );
+        }
+        assert!(inside(slow.fast.slow_path + 1), "{:x?}", slow.own_code);
+        assert!(!inside(symbols.function("free").unwrap().file_offset + 1));
     }
 
     /// A build without that shape is not recognised: glibc's malloc.

@@ -284,7 +284,9 @@ fn read_facts(path: &Path, debug: &DebugLookup<'_>, wanted: &[AllocatorKind]) ->
                     .then(|| symbols.function(&format!("{}malloc", found.prefix)))
                     .flatten()
                     .and_then(|malloc| fast_path::recognise(&symbols, &data, malloc.address))
-                    .and_then(|fast| fast_path::in_file_offsets(&symbols, &data, fast));
+                    .and_then(|fast| {
+                        fast_path::in_file_offsets(&symbols, &data, fast, &found.prefix)
+                    });
                 Arc::new(Allocator {
                     kind: found.kind,
                     prefix: found.prefix,

@@ -10,7 +10,7 @@ use aya::programs::{
 use profiler_common::{cookie, programs};
 
 use crate::{
-    discover::{Allocator, AllocatorKind, entry_points::EntryPoint, placement::Placement},
+    discover::{Allocator, entry_points::EntryPoint, placement::Placement},
     error::{Error, Result},
     kernel::{
         AttachedProbe, KernelProbes, PlacementMode, ProbeLinks, ReturnHalf, ReturnProbes, Scope,
@@ -96,7 +96,7 @@ impl KernelProbes {
         let mut count = 0;
         for entry in entries {
             count += 1;
-            if let Err(error) = self.attach_entry(&target, entry, allocator.kind, instance) {
+            if let Err(error) = self.attach_entry(&target, entry, allocator, instance) {
                 for links in self.links.split_off(attached_before) {
                     self.detach_links(links);
                 }
@@ -191,7 +191,7 @@ impl KernelProbes {
         &mut self,
         target: &Target,
         entry: &EntryPoint,
-        allocator: AllocatorKind,
+        allocator: &Allocator,
         instance: u16,
     ) -> Result<()> {
         let probe_index = u32::try_from(self.attached.len())
@@ -244,9 +244,12 @@ impl KernelProbes {
             placement,
             return_half,
             instance,
-            allocator,
+            allocator: allocator.kind,
             allocates: entry.shape.allocates(),
-            slow_path: entry.shape == profiler_common::CallShape::SlowPath,
+            own_code: match (&allocator.fast_path, entry.shape) {
+                (Some(slow), profiler_common::CallShape::SlowPath) => Some(slow.own_code.clone()),
+                _ => None,
+            },
         });
         Ok(())
     }

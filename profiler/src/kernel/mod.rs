@@ -129,9 +129,10 @@ pub struct AttachedProbe {
     pub allocator: crate::discover::AllocatorKind,
     /// Whether the entry point allocates (not a free or a resize).
     pub allocates: bool,
-    /// jemalloc's slow path, reached through its own code (`operator
-    /// new`'s fallback): leading frames in the library are its own.
-    pub slow_path: bool,
+    /// For jemalloc's slow path, reached through its own code (`operator
+    /// new`'s fallback): the file-offset extents of that code, where a
+    /// sample's leading frames are not the program's. `None` elsewhere.
+    pub own_code: Option<Vec<std::ops::Range<u64>>>,
 }
 
 /// The kernel links of one attached entry point.

@@ -101,7 +101,7 @@ impl Session<'_> {
         match trial {
             Ok((served, slow)) => {
                 let slow_probes = (before..self.probes.attached.len())
-                    .filter(|&i| self.probes.attached[i].slow_path)
+                    .filter(|&i| self.probes.attached[i].own_code.is_some())
                     .collect();
                 let trial = Trial::new(path, open_path, instance, served, slow, slow_probes);
                 self.start_trial(pid, trial);

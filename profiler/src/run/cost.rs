@@ -145,7 +145,7 @@ mod tests {
             instance: 0,
             allocator: crate::discover::AllocatorKind::Jemalloc,
             allocates: true,
-            slow_path: false,
+            own_code: None,
         }
     }
 

@@ -453,8 +453,8 @@ impl Session<'_> {
                 && let Some(probe) = self.probes.attached.get(header.probe as usize)
             {
                 *allocator = probe.allocator;
-                if probe.slow_path {
-                    t.drop_library_frames(&probe.path, frames);
+                if let Some(own_code) = &probe.own_code {
+                    t.drop_allocator_frames(&probe.path, own_code, frames);
                 }
             }
             t.heap.apply(event);

@@ -1,5 +1,5 @@
 //! What a run keeps per profiled process.
-use std::{collections::HashSet, path::PathBuf};
+use std::{collections::HashSet, ops::Range, path::PathBuf};
 
 use crate::{
     collect::{CollectorOptions, ProcessHeap},
@@ -92,19 +92,25 @@ impl Tracked {
         }
     }
 
-    /// Drops the leading frames inside the shared library `path` (a
-    /// jemalloc copy's own code between its slow path and its caller); not
-    /// in the executable, whose frames are the program's too.
-    pub fn drop_library_frames(&self, path: &str, frames: &mut Vec<u64>) {
+    /// Drops the leading frames in `own_code` (file-offset extents of
+    /// `path`: a jemalloc copy's own code between its slow path and the
+    /// program). Only those: the same file may hold the program's code too
+    /// (jemalloc linked into an executable or a JNI library).
+    pub fn drop_allocator_frames(
+        &self,
+        path: &str,
+        own_code: &[Range<u64>],
+        frames: &mut Vec<u64>,
+    ) {
         let mappings = parse_maps(&self.maps);
-        let executable = mappings.first().and_then(|m| m.path.as_deref());
-        if executable == Some(path) {
-            return;
-        }
         let inside = |address: u64| {
-            mappings
-                .iter()
-                .any(|m| m.path.as_deref() == Some(path) && m.range().contains(address))
+            mappings.iter().any(|m| {
+                m.path.as_deref() == Some(path)
+                    && m.range().contains(address)
+                    && own_code
+                        .iter()
+                        .any(|r| r.contains(&(m.offset + address - m.start)))
+            })
         };
         let own = frames.iter().take_while(|&&f| inside(f)).count();
         if own < frames.len() {

@@ -160,7 +160,10 @@ fn verbose_lists_every_entry_point_it_attached() {
     let out = output_dir("verbose");
     let fixture = Fixture::start(&binary, &[]);
     let pid = fixture.pid.to_string();
-    let stderr = profile_for_a_second(fixture.pid, &out, &["--verbose"]);
+    // At entry: on the slow path (the default) malloc and operator new
+    // give way to it (see slow_path.rs).
+    let flags = ["--verbose", "--sampling", "entry"];
+    let stderr = profile_for_a_second(fixture.pid, &out, &flags);
     for symbol in [
         "malloc",
         "calloc",

@@ -142,7 +142,15 @@ fn an_overflowing_live_table_is_reported_and_memory_stays_bounded() {
     let memprobe = Memprobe::attach(
         &fixture,
         &out,
-        &["--sample-interval", "4096", "--max-live-samples", "100"],
+        // At entry: the slow path samples at most once per thread's 64 KiB.
+        &[
+            "--sample-interval",
+            "4096",
+            "--max-live-samples",
+            "100",
+            "--sampling",
+            "entry",
+        ],
     );
     fixture.run_workload();
     let peak = peak_rss_kib(memprobe.pid());

@@ -139,7 +139,7 @@ fn each_shape_on_the_slow_path() {
 }
 
 /// Runs the aliasing fixture (14 s unless `env` says) under `--sampling slow-path` at a
-/// 4 KiB interval; stderr and the profile.
+/// 1 KiB interval; stderr and the profile.
 fn trial(test: &str, env: &[(&str, &str)]) -> (String, PathBuf) {
     let out = output_dir(test);
     let mut fixture = Fixture::start(&aliasing_fixture(), env);
@@ -149,8 +149,10 @@ fn trial(test: &str, env: &[(&str, &str)]) -> (String, PathBuf) {
         &[
             "--sampling",
             "slow-path",
+            // 1 KiB: cycle_16's 1.6 MB then takes ~1,500 samples, so 10%
+            // is four standard errors (at 4 KiB it was two).
             "--sample-interval",
-            "4096",
+            "1024",
             "--max-overhead",
             "none",
             "-v",

@@ -39,7 +39,9 @@ fn stacks_without_frame_pointers_carry_the_full_call_chain() {
         .unwrap_or_else(|| panic!("{notes:?}\n{stderr}"))
         .parse()
         .unwrap();
-    assert!(unwound > 1000, "{notes:?}");
+    // On jemalloc's slow path (the default) at most one sample per 64 KiB
+    // a thread allocates: a few hundred here.
+    assert!(unwound > 100, "{notes:?}");
     // Frame pointers never matched here: every sample kept its copy.
     assert!(
         !notes.contains_key("stacks_by_trusted_frame_pointers"),
