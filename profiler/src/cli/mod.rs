@@ -8,7 +8,10 @@ pub use values::{
     AllocatorArg, BinariesArgs, ConvertTo, MeasureArg, PlacementArg, ReturnProbesArg, SamplingArg,
     TrackArg, UnwindArg,
 };
-use values::{Overhead, parse_duration, parse_format, parse_growth, parse_overhead, parse_size};
+use values::{
+    Overhead, Recheck, parse_duration, parse_format, parse_growth, parse_overhead, parse_recheck,
+    parse_size,
+};
 
 use clap::{ArgGroup, Parser};
 use profiler::{
@@ -172,6 +175,13 @@ pub struct Cli {
     /// which, and why. Frees are probed either way.
     #[arg(long, value_name = "WHERE", value_enum, default_value_t = SamplingArg::SlowPath)]
     pub sampling: SamplingArg,
+
+    /// How often a jemalloc copy kept on its slow path is tried against
+    /// entry sampling again (some 10 s, half of it at entry's price), to
+    /// catch a program that began allocating in a cycle that aliases with
+    /// jemalloc's threshold; `never` to try once, at attach.
+    #[arg(long, value_name = "DUR", default_value = "10m", value_parser = parse_recheck)]
+    pub recheck_every: Recheck,
 
     /// Which allocators to probe: jemalloc, glibc (libc.so.6's malloc),
     /// mimalloc, tcmalloc (gperftools), or all (each one a process maps; one
@@ -379,6 +389,7 @@ impl Cli {
                 SamplingArg::Entry => Sampling::Entry,
                 SamplingArg::SlowPath => Sampling::SlowPath,
             },
+            recheck_every: self.recheck_every.0,
             listen: self.listen,
             retention: Retention {
                 keep: self.keep.map(|n| n as usize),
@@ -416,6 +427,7 @@ mod tests {
             "--allocator",
             "--max-overhead",
             "--sampling",
+            "--recheck-every",
             "Examples:",
         ] {
             assert!(help.contains(flag), "{flag} missing from --help");

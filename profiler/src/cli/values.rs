@@ -161,6 +161,17 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     Ok(duration)
 }
 
+/// `--recheck-every DUR`: a duration, or never.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Recheck(pub Option<Duration>);
+
+pub fn parse_recheck(text: &str) -> Result<Recheck, String> {
+    if text == "never" {
+        return Ok(Recheck(None));
+    }
+    parse_duration(text).map(|every| Recheck(Some(every)))
+}
+
 pub fn parse_format(text: &str) -> Result<Format, String> {
     Format::from_extension(text.trim()).ok_or_else(|| {
         format!("unknown format '{text}' (use heap, pb.gz, folded, svg or sym.heap)")

@@ -77,8 +77,12 @@ pub struct SessionOptions {
     /// may cost it for 10 s before it is written out and detached; `None`
     /// for no budget. Default: 10%.
     pub max_overhead: Option<f64>,
-    /// `--sampling`. Default: at entry.
+    /// `--sampling`. Default: on jemalloc's slow path where it can be.
     pub sampling: Sampling,
+    /// `--recheck-every`: how long a jemalloc copy stays on its slow path
+    /// before it is tried against entry sampling again; `None` for never.
+    /// Default: 10 minutes.
+    pub recheck_every: Option<std::time::Duration>,
     /// The allocators to probe (`--allocator`). Default: all of them.
     pub allocators: Vec<crate::discover::AllocatorKind>,
     /// Ask JVMs for a perf map (`jcmd PID Compiler.perfmap`) before each
@@ -122,6 +126,7 @@ impl Default for SessionOptions {
             java_perfmap: true,
             max_overhead: Some(0.10),
             sampling: Sampling::SlowPath,
+            recheck_every: Some(std::time::Duration::from_secs(600)),
             allocators: crate::discover::AllocatorKind::ALL.to_vec(),
             debug_dir: None,
             listen: None,

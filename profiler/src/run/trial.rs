@@ -76,14 +76,29 @@ struct Comparison {
     slice: (Instant, Totals),
     slow: Gathered,
     entry: Gathered,
+    /// A re-check (`--recheck-every`) of a copy kept before.
+    again: bool,
+}
+
+impl Comparison {
+    /// Starts on the slow path, where the copy is.
+    fn start(totals: Totals, again: bool) -> Box<Self> {
+        Box::new(Self {
+            on_slow_path: true,
+            slice: (Instant::now(), totals),
+            slow: Gathered::default(),
+            entry: Gathered::default(),
+            again,
+        })
+    }
 }
 
 /// Where a trial is.
 #[derive(Debug)]
 enum Phase {
     Comparing(Box<Comparison>),
-    /// Decided: on the slow path, or back at entry.
-    Kept,
+    /// Decided: on the slow path (since then), or back at entry.
+    Kept(Instant),
     FellBack,
 }
 
@@ -118,7 +133,7 @@ impl Trial {
             served,
             slow,
             probes: slow_probes,
-            phase: Phase::Kept,
+            phase: Phase::FellBack,
         }
     }
 
@@ -126,7 +141,7 @@ impl Trial {
     pub(super) fn note(&self) -> String {
         let state = match self.phase {
             Phase::Comparing { .. } => "on trial: jemalloc's slow path against entry sampling",
-            Phase::Kept => {
+            Phase::Kept(_) => {
                 "on jemalloc's slow path (its sites' shares agreed with entry sampling's)"
             }
             Phase::FellBack => "at entry (jemalloc's slow path disagreed with entry sampling)",
@@ -184,12 +199,7 @@ impl Session<'_> {
                 trial.path
             );
         }
-        trial.phase = Phase::Comparing(Box::new(Comparison {
-            on_slow_path: true,
-            slice: (Instant::now(), self.totals(pid)),
-            slow: Gathered::default(),
-            entry: Gathered::default(),
-        }));
+        trial.phase = Phase::Comparing(Comparison::start(self.totals(pid), false));
         if let Some(t) = self.tracked.get_mut(&pid) {
             t.trials.push(trial);
         }
@@ -221,11 +231,20 @@ impl Session<'_> {
     }
 
     fn advance(&mut self, pid: u32, trial: &mut Trial) {
-        if !matches!(trial.phase, Phase::Comparing(_)) {
-            return; // decided
-        }
-        let Phase::Comparing(comparison) = std::mem::replace(&mut trial.phase, Phase::Kept) else {
+        if let Phase::Kept(since) = trial.phase {
+            // Kept long enough: tried again, in case the program changed.
+            if self
+                .options
+                .recheck_every
+                .is_some_and(|every| since.elapsed() >= every)
+            {
+                trial.phase = Phase::Comparing(Comparison::start(self.totals(pid), true));
+            }
             return;
+        }
+        let Phase::Comparing(comparison) = std::mem::replace(&mut trial.phase, Phase::FellBack)
+        else {
+            return; // back at entry for good
         };
         let now = Instant::now();
         if now.duration_since(comparison.slice.0) < SLICE {
@@ -237,6 +256,7 @@ impl Session<'_> {
             slice,
             mut slow,
             mut entry,
+            again,
         } = *comparison;
         let totals = self.totals(pid);
         let gathered = if on_slow_path { &mut slow } else { &mut entry };
@@ -251,13 +271,14 @@ impl Session<'_> {
                 slice: (now, totals),
                 slow,
                 entry,
+                again,
             }));
             return;
         }
         match disagree(&slow.totals.shares(), &entry.totals.shares()) {
             Some(shift) => {
                 if on_slow_path && !self.swap(pid, trial, false) {
-                    trial.phase = Phase::Kept;
+                    trial.phase = Phase::Kept(now);
                     return;
                 }
                 trial.phase = Phase::FellBack;
@@ -274,12 +295,13 @@ impl Session<'_> {
             None => {
                 let on_slow = on_slow_path || self.swap(pid, trial, true);
                 trial.phase = if on_slow {
-                    Phase::Kept
+                    Phase::Kept(now)
                 } else {
                     Phase::FellBack
                 };
-                if on_slow {
-                    // Said once: from here on malloc's price drops.
+                // Said once: from here on malloc's price drops (a re-check
+                // that agrees again only with --verbose).
+                if on_slow && (!again || self.options.verbose) {
                     self.clear_progress();
                     let _ = writeln!(
                         self.status,

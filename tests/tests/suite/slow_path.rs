@@ -139,25 +139,23 @@ fn each_shape_on_the_slow_path() {
 }
 
 /// Runs the aliasing fixture (14 s unless `env` says) under `--sampling slow-path` at a
-/// 1 KiB interval; stderr and the profile.
-fn trial(test: &str, env: &[(&str, &str)]) -> (String, PathBuf) {
+/// 1 KiB interval (and `extra`); stderr and the profile.
+fn trial(test: &str, env: &[(&str, &str)], extra: &[&str]) -> (String, PathBuf) {
     let out = output_dir(test);
     let mut fixture = Fixture::start(&aliasing_fixture(), env);
-    let memprobe = Memprobe::attach(
-        &fixture,
-        &out,
-        &[
-            "--sampling",
-            "slow-path",
-            // 1 KiB: cycle_16's 1.6 MB then takes ~1,500 samples, so 10%
-            // is four standard errors (at 4 KiB it was two).
-            "--sample-interval",
-            "1024",
-            "--max-overhead",
-            "none",
-            "-v",
-        ],
-    );
+    let mut flags = vec![
+        "--sampling",
+        "slow-path",
+        // 1 KiB: cycle_16's 1.6 MB then takes ~1,500 samples, so 10%
+        // is four standard errors (at 4 KiB it was two).
+        "--sample-interval",
+        "1024",
+        "--max-overhead",
+        "none",
+        "-v",
+    ];
+    flags.extend_from_slice(extra);
+    let memprobe = Memprobe::attach(&fixture, &out, &flags);
     fixture.run_workload();
     let stderr = memprobe.stop();
     assert!(fixture.finish().success());
@@ -175,7 +173,7 @@ fn an_allocation_cycle_that_aliases_falls_back_to_entry_sampling() {
     let _guard = shared();
     // 20 s: after the trial (some 10 s), time enough for entry sampling to
     // see every kept object replaced, even on a loaded machine.
-    let (stderr, heap) = trial("slow_path_aliasing", &[("FIXTURE_SECONDS", "20")]);
+    let (stderr, heap) = trial("slow_path_aliasing", &[("FIXTURE_SECONDS", "20")], &[]);
     assert!(stderr.contains("back to entry sampling"), "{stderr}");
     let note = heap_notes(&heap)
         .get("malloc_sampling")
@@ -185,9 +183,20 @@ fn an_allocation_cycle_that_aliases_falls_back_to_entry_sampling() {
         note.contains("at entry (jemalloc's slow path disagreed"),
         "{note}"
     );
-    let inuse = jeprof_rows(&aliasing_fixture(), &heap, "--inuse_space");
-    assert_within("cycle_48", flat(&inuse, "cycle_48"), 100_000.0 * 48.0, 0.10);
-    assert_within("cycle_16", flat(&inuse, "cycle_16"), 100_000.0 * 16.0, 0.10);
+    assert_cycle_sites(&heap);
+}
+
+/// cycle_48's and cycle_16's bytes in use within 10%; the profile's notes
+/// and both sites' estimates if not.
+fn assert_cycle_sites(heap: &Path) {
+    let inuse = jeprof_rows(&aliasing_fixture(), heap, "--inuse_space");
+    let (b48, b16) = (flat(&inuse, "cycle_48"), flat(&inuse, "cycle_16"));
+    let ok = |bytes: f64, truth: f64| (bytes - truth).abs() <= 0.10 * truth;
+    assert!(
+        ok(b48, 100_000.0 * 48.0) && ok(b16, 100_000.0 * 16.0),
+        "cycle_48 {b48:.0} B (truth 4800000), cycle_16 {b16:.0} B (truth 1600000); {:?}",
+        heap_notes(heap)
+    );
 }
 
 /// The same two sites with irregular sizes: the slow path agrees with
@@ -195,7 +204,7 @@ fn an_allocation_cycle_that_aliases_falls_back_to_entry_sampling() {
 #[test]
 fn irregular_sizes_keep_the_slow_path() {
     let _guard = shared();
-    let (stderr, heap) = trial("slow_path_irregular", &[("FIXTURE_IRREGULAR", "1")]);
+    let (stderr, heap) = trial("slow_path_irregular", &[("FIXTURE_IRREGULAR", "1")], &[]);
     assert!(!stderr.contains("back to entry sampling"), "{stderr}");
     let note = heap_notes(&heap)
         .get("malloc_sampling")
@@ -205,4 +214,32 @@ fn irregular_sizes_keep_the_slow_path() {
         note.contains("on jemalloc's slow path (its sites' shares agreed"),
         "{note}"
     );
+}
+
+/// A program that changes its ways: irregular sizes through the first
+/// trial, which keeps the slow path, then the aliasing cycle (from 16 s).
+/// A re-check (every 2 s here, 10 minutes by default) catches it and goes
+/// back to entry sampling; the sites in use are then right.
+#[test]
+fn a_recheck_catches_a_cycle_that_began_later() {
+    let _guard = shared();
+    let env = [
+        ("FIXTURE_IRREGULAR", "1"),
+        ("FIXTURE_CYCLE_AFTER_S", "16"),
+        ("FIXTURE_SECONDS", "45"),
+    ];
+    let (stderr, heap) = trial("slow_path_recheck", &env, &["--recheck-every", "2s"]);
+    let kept = stderr.find("stays on jemalloc's slow path");
+    let back = stderr.find("back to entry sampling");
+    assert!(
+        kept.zip(back).is_some_and(|(kept, back)| kept < back),
+        "{stderr}"
+    );
+    let notes = heap_notes(&heap);
+    let note = notes.get("malloc_sampling").cloned().unwrap_or_default();
+    assert!(
+        note.contains("at entry (jemalloc's slow path disagreed"),
+        "{note}"
+    );
+    assert_cycle_sites(&heap);
 }
