@@ -63,8 +63,8 @@ pub(super) fn attached_loops(
             Ok(ns)
         })
     };
-    let entry = memprobe_ns(&[], None)?;
-    let slow = memprobe_ns(&["--sampling", "slow-path"], Some(TRIAL_WARMUP))?;
+    let entry = memprobe_ns(&["--sampling", "entry"], None)?;
+    let slow = memprobe_ns(&[], Some(TRIAL_WARMUP))?;
     Ok(AttachedLoops {
         places,
         floor,
@@ -132,9 +132,12 @@ pub(super) fn attached_table(none: f64, r: &AttachedLoops) -> String {
         "two-trap floor: counting uprobe perf events, no BPF program, at memprobe's `malloc` and `free` places",
         r.floor,
     ));
-    table.push_str(&row("memprobe, entry sampling (default)", r.entry));
     table.push_str(&row(
-        "memprobe `--sampling slow-path`, timed after its trial kept the slow path (malloc traps on jemalloc's slow path only)",
+        "memprobe `--sampling entry` (malloc traps at every call)",
+        r.entry,
+    ));
+    table.push_str(&row(
+        "memprobe (default: on jemalloc's slow path), timed after its trial kept it (malloc traps on jemalloc's slow path only)",
         r.slow,
     ));
     table

@@ -103,8 +103,8 @@ impl Floor {
     }
 }
 
-/// Where memprobe places its `malloc` and `free` probes in `library`, as
-/// its `--verbose` lines say (`malloc at PATH+0xFUNC+0xOFFSET ...`), read
+/// Where memprobe places its `malloc` (at entry sampling) and `free`
+/// probes in `library`, as its `--verbose` lines say (`malloc at PATH+0xFUNC+0xOFFSET ...`), read
 /// from a run attached to a short loop.
 pub(super) fn memprobe_places(
     memprobe: &Path,
@@ -117,6 +117,7 @@ pub(super) fn memprobe_places(
         .spawn()?;
     let mut probe = Command::new(memprobe)
         .args(["--pid", &target.id().to_string(), "--verbose", "-o", "/tmp"])
+        .args(["--sampling", "entry"])
         .args(["--format", "heap", "--max-overhead", "none"])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())

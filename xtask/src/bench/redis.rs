@@ -49,13 +49,13 @@ struct Attached {
 
 /// The sampling modes compared: (label, memprobe's flags).
 const MODES: [(&str, &[&str]); 4] = [
-    ("entry sampling (default)", &[]),
-    ("`--sampling slow-path`", &["--sampling", "slow-path"]),
-    ("`--track allocations`", &["--track", "allocations"]),
+    ("`--sampling entry`", &["--sampling", "entry"]),
+    ("default (jemalloc's slow path)", &[]),
     (
-        "`--track allocations --sampling slow-path`",
-        &["--track", "allocations", "--sampling", "slow-path"],
+        "`--track allocations --sampling entry`",
+        &["--track", "allocations", "--sampling", "entry"],
     ),
+    ("`--track allocations`", &["--track", "allocations"]),
 ];
 
 pub(super) fn redis_bench(
@@ -158,7 +158,7 @@ fn attached_run(
     let mut args = vec!["--pid", &pid, "-o", profiles_dir];
     args.extend_from_slice(flags);
     let (mut probe, stderr) = start_memprobe(memprobe, &args)?;
-    let on_trial = flags.contains(&"slow-path");
+    let on_trial = !flags.contains(&"entry");
     let mut warm_cpu = 0.0;
     let mut pairs = 0;
     while pairs < MAX_WARMUP && (pairs == 0 || on_trial && said(&stderr, SLOW_PATH_KEPT).is_none())
