@@ -122,81 +122,8 @@ pub mod programs {
     }
 }
 
-/// How an entry point passes its arguments, and so which programs probe
-/// it: the one table of shapes both sides go by.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum CallShape {
-    /// Size in the first argument: malloc, valloc, operator new.
-    SizeArg0,
-    /// Alignment, then size: aligned_alloc, memalign.
-    SizeArg1,
-    Calloc,
-    /// Old pointer, then size: realloc.
-    Realloc,
-    PosixMemalign,
-    Mallocx,
-    Rallocx,
-    Xallocx,
-    /// Pointer in the first argument: free, dallocx, sdallocx, operator delete.
-    Free,
-    /// jemalloc's `malloc_default`, where `malloc` and `operator new` go
-    /// when their inlined fast path cannot serve: size in the first argument.
-    SlowPath,
-}
-
-impl CallShape {
-    pub const ALL: [CallShape; 10] = [
-        CallShape::SlowPath,
-        CallShape::SizeArg0,
-        CallShape::SizeArg1,
-        CallShape::Calloc,
-        CallShape::Realloc,
-        CallShape::PosixMemalign,
-        CallShape::Mallocx,
-        CallShape::Rallocx,
-        CallShape::Xallocx,
-        CallShape::Free,
-    ];
-
-    /// The plain uprobe program, and the uprobe-session program of shapes
-    /// whose call's result is needed.
-    pub const fn programs(self) -> (&'static str, Option<&'static str>) {
-        use programs::session;
-        match self {
-            CallShape::SizeArg0 => (programs::ALLOC_SIZE_ARG0, Some(session::SIZE_ARG0)),
-            CallShape::SizeArg1 => (programs::ALLOC_SIZE_ARG1, Some(session::SIZE_ARG1)),
-            CallShape::Calloc => (programs::ALLOC_CALLOC, Some(session::CALLOC)),
-            CallShape::Realloc => (programs::ALLOC_REALLOC, Some(session::REALLOC)),
-            CallShape::PosixMemalign => (
-                programs::ALLOC_POSIX_MEMALIGN,
-                Some(session::POSIX_MEMALIGN),
-            ),
-            CallShape::Mallocx => (programs::ALLOC_MALLOCX, Some(session::MALLOCX)),
-            CallShape::Rallocx => (programs::ALLOC_RALLOCX, Some(session::RALLOCX)),
-            CallShape::Xallocx => (programs::RESIZE_XALLOCX, Some(session::XALLOCX)),
-            CallShape::Free => (programs::FREE_ARG0, None),
-            CallShape::SlowPath => (programs::ALLOC_SLOW_PATH, Some(session::SLOW_PATH)),
-        }
-    }
-
-    pub const fn program(self) -> &'static str {
-        self.programs().0
-    }
-
-    pub const fn session_program(self) -> Option<&'static str> {
-        self.programs().1
-    }
-
-    /// Whether the call's result is needed: the new pointer or size.
-    pub const fn needs_return(self) -> bool {
-        self.session_program().is_some()
-    }
-
-    /// Shapes whose entry point allocates (for reports).
-    pub const fn allocates(self) -> bool {
-        !matches!(self, CallShape::Free | CallShape::Xallocx)
-    }
-}
+mod call_shape;
+pub use call_shape::CallShape;
 
 /// Deepest user stack recorded, in frames (the kernel's default
 /// `perf_event_max_stack` is 127).
@@ -456,90 +383,9 @@ impl Counter {
     ];
 }
 
-/// Cookie attached to each probe: which entry point it is (bits 0-30),
-/// whether it may forward its call to another entry point (bit 31, see
-/// [`crate::Forwarder`]), where its return address lies relative to `rsp` at
-/// the probed instruction (bits 32-47), and which allocator instance it
-/// belongs to (bits 48-63).
-pub mod cookie {
-    const FORWARDS: u64 = 1 << 31;
-    /// Probe indexes must stay below this.
-    pub const MAX_PROBES: u32 = 1 << 31;
+pub mod cookie;
 
-    pub const fn encode(
-        probe_index: u32,
-        return_address_offset: u16,
-        instance: u16,
-        forwards: bool,
-    ) -> u64 {
-        let forwards = if forwards { FORWARDS } else { 0 };
-        ((instance as u64) << 48)
-            | ((return_address_offset as u64) << 32)
-            | forwards
-            | (probe_index as u64 & (FORWARDS - 1))
-    }
-    pub const fn probe_index(cookie: u64) -> u32 {
-        (cookie & (FORWARDS - 1)) as u32
-    }
-    pub const fn forwards(cookie: u64) -> bool {
-        cookie & FORWARDS != 0
-    }
-    pub const fn return_address_offset(cookie: u64) -> u64 {
-        (cookie >> 32) & 0xffff
-    }
-    pub const fn instance(cookie: u64) -> u32 {
-        (cookie >> 48) as u32
-    }
-}
-
-/// Drawing exponential countdowns without floating point.
-///
-/// A 32-bit random number `r` stands for `u = r / 2^32`. Writing
-/// `r = 2^(31 - z) * m` with `m` in `[1, 2)` gives
-/// `-ln(u) = (z + 1) ln 2 - ln(m)`, i.e. `z * ln 2 + (-ln(m / 2))`: a
-/// multiple of `ln 2` plus `-ln` of a number in `[0.5, 1)`. The second part
-/// comes from a table of [`QUANTILE_COUNT`] values indexed by the bits after
-/// the leading one; entry [`LN2_INDEX`] holds `ln 2`. All entries are scaled
-/// by the mean sampling interval, so the sum is the next countdown in bytes.
-pub mod sampling {
-    /// Bits of the mantissa used to index the table.
-    pub const QUANTILE_BITS: u32 = 10;
-    pub const QUANTILE_COUNT: u32 = 1 << QUANTILE_BITS;
-    /// Index of the `ln 2 * interval` entry.
-    pub const LN2_INDEX: u32 = QUANTILE_COUNT;
-    /// Length of the table map.
-    pub const TABLE_LEN: u32 = QUANTILE_COUNT + 1;
-
-    /// Splits a random number into (leading zeros, table index).
-    #[inline(always)]
-    pub fn split_random(random: u32) -> (u32, u32) {
-        // r = 0 would have 32 leading zeros and no mantissa; 1 is as rare.
-        let mut x = random | 1;
-        let mut zeros = 0;
-        if x & 0xffff_0000 == 0 {
-            zeros += 16;
-            x <<= 16;
-        }
-        if x & 0xff00_0000 == 0 {
-            zeros += 8;
-            x <<= 8;
-        }
-        if x & 0xf000_0000 == 0 {
-            zeros += 4;
-            x <<= 4;
-        }
-        if x & 0xc000_0000 == 0 {
-            zeros += 2;
-            x <<= 2;
-        }
-        if x & 0x8000_0000 == 0 {
-            zeros += 1;
-            x <<= 1;
-        }
-        let index = (x >> (31 - QUANTILE_BITS)) & (QUANTILE_COUNT - 1);
-        (zeros, index)
-    }
-}
+pub mod sampling;
 
 #[cfg(feature = "user")]
 mod pod {

@@ -1,0 +1,79 @@
+//! How each entry point passes its arguments: the one table of shapes
+//! the eBPF programs and the profiler go by.
+use crate::programs;
+
+/// How an entry point passes its arguments, and so which programs probe
+/// it: the one table of shapes both sides go by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CallShape {
+    /// Size in the first argument: malloc, valloc, operator new.
+    SizeArg0,
+    /// Alignment, then size: aligned_alloc, memalign.
+    SizeArg1,
+    Calloc,
+    /// Old pointer, then size: realloc.
+    Realloc,
+    PosixMemalign,
+    Mallocx,
+    Rallocx,
+    Xallocx,
+    /// Pointer in the first argument: free, dallocx, sdallocx, operator delete.
+    Free,
+    /// jemalloc's `malloc_default`, where `malloc` and `operator new` go
+    /// when their inlined fast path cannot serve: size in the first argument.
+    SlowPath,
+}
+
+impl CallShape {
+    pub const ALL: [CallShape; 10] = [
+        CallShape::SlowPath,
+        CallShape::SizeArg0,
+        CallShape::SizeArg1,
+        CallShape::Calloc,
+        CallShape::Realloc,
+        CallShape::PosixMemalign,
+        CallShape::Mallocx,
+        CallShape::Rallocx,
+        CallShape::Xallocx,
+        CallShape::Free,
+    ];
+
+    /// The plain uprobe program, and the uprobe-session program of shapes
+    /// whose call's result is needed.
+    pub const fn programs(self) -> (&'static str, Option<&'static str>) {
+        use programs::session;
+        match self {
+            CallShape::SizeArg0 => (programs::ALLOC_SIZE_ARG0, Some(session::SIZE_ARG0)),
+            CallShape::SizeArg1 => (programs::ALLOC_SIZE_ARG1, Some(session::SIZE_ARG1)),
+            CallShape::Calloc => (programs::ALLOC_CALLOC, Some(session::CALLOC)),
+            CallShape::Realloc => (programs::ALLOC_REALLOC, Some(session::REALLOC)),
+            CallShape::PosixMemalign => (
+                programs::ALLOC_POSIX_MEMALIGN,
+                Some(session::POSIX_MEMALIGN),
+            ),
+            CallShape::Mallocx => (programs::ALLOC_MALLOCX, Some(session::MALLOCX)),
+            CallShape::Rallocx => (programs::ALLOC_RALLOCX, Some(session::RALLOCX)),
+            CallShape::Xallocx => (programs::RESIZE_XALLOCX, Some(session::XALLOCX)),
+            CallShape::Free => (programs::FREE_ARG0, None),
+            CallShape::SlowPath => (programs::ALLOC_SLOW_PATH, Some(session::SLOW_PATH)),
+        }
+    }
+
+    pub const fn program(self) -> &'static str {
+        self.programs().0
+    }
+
+    pub const fn session_program(self) -> Option<&'static str> {
+        self.programs().1
+    }
+
+    /// Whether the call's result is needed: the new pointer or size.
+    pub const fn needs_return(self) -> bool {
+        self.session_program().is_some()
+    }
+
+    /// Shapes whose entry point allocates (for reports).
+    pub const fn allocates(self) -> bool {
+        !matches!(self, CallShape::Free | CallShape::Xallocx)
+    }
+}

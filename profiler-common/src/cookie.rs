@@ -1,0 +1,34 @@
+//! Cookie attached to each probe: which entry point it is (bits 0-30),
+//! whether it may forward its call to another entry point (bit 31, see
+//! [`crate::Forwarder`]), where its return address lies relative to `rsp` at
+//! the probed instruction (bits 32-47), and which allocator instance it
+//! belongs to (bits 48-63).
+
+const FORWARDS: u64 = 1 << 31;
+/// Probe indexes must stay below this.
+pub const MAX_PROBES: u32 = 1 << 31;
+
+pub const fn encode(
+    probe_index: u32,
+    return_address_offset: u16,
+    instance: u16,
+    forwards: bool,
+) -> u64 {
+    let forwards = if forwards { FORWARDS } else { 0 };
+    ((instance as u64) << 48)
+        | ((return_address_offset as u64) << 32)
+        | forwards
+        | (probe_index as u64 & (FORWARDS - 1))
+}
+pub const fn probe_index(cookie: u64) -> u32 {
+    (cookie & (FORWARDS - 1)) as u32
+}
+pub const fn forwards(cookie: u64) -> bool {
+    cookie & FORWARDS != 0
+}
+pub const fn return_address_offset(cookie: u64) -> u64 {
+    (cookie >> 32) & 0xffff
+}
+pub const fn instance(cookie: u64) -> u32 {
+    (cookie >> 48) as u32
+}
