@@ -1,0 +1,289 @@
+//! The fixtures: C, C++, Rust and Java programs with known allocation
+//! sites, built once per test run.
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+    sync::Mutex,
+};
+
+use crate::*;
+
+static BUILT: Mutex<Vec<(String, PathBuf)>> = Mutex::new(Vec::new());
+
+/// Builds a fixture once per test run with `build(output path)`: rebuilding
+/// a binary that another test is running would leave that process mapping a
+/// deleted file, which jeprof cannot symbolize.
+pub fn build_once(name: &str, build: impl FnOnce(&Path) -> Command) -> PathBuf {
+    let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, path)) = built.iter().find(|(n, _)| n == name) {
+        return path.clone();
+    }
+    let out_dir = workspace_root().join("target/fixtures");
+    std::fs::create_dir_all(&out_dir).unwrap();
+    let output = out_dir.join(name);
+    let mut command = build(&output);
+    let status = command.status().expect("running a compiler");
+    assert!(status.success(), "building {name} failed: {command:?}");
+    built.push((name.to_owned(), output.clone()));
+    output
+}
+
+pub fn fixture_source(name: &str) -> PathBuf {
+    workspace_root().join("tests/fixtures").join(name)
+}
+
+/// Debug info and frame pointers, no inlining of the sites into callers.
+pub const C_FLAGS: &[&str] = &[
+    "-O1",
+    "-g",
+    "-fno-omit-frame-pointer",
+    "-fno-optimize-sibling-calls",
+];
+
+pub const JEMALLOC_STATIC: &str = "/usr/lib/x86_64-linux-gnu/libjemalloc_pic.a";
+pub const JAVA_HOME: &str = "/usr/lib/jvm/java-17-openjdk-amd64";
+
+fn compile(compiler: &str, output: &Path, source: &str, extra: &[&str]) -> Command {
+    let mut command = Command::new(compiler);
+    command
+        .args(C_FLAGS)
+        .arg("-o")
+        .arg(output)
+        .arg(fixture_source(source))
+        .args(extra);
+    command
+}
+
+/// The C fixture with known sites, linked to libjemalloc.so.2.
+pub fn sites_fixture() -> PathBuf {
+    build_once("sites", |out| {
+        compile("cc", out, "sites.c", &["-ljemalloc"])
+    })
+}
+
+/// Sites through each entry-point shape (malloc, realloc(NULL), aligned,
+/// calloc), built without an allocator: glibc's, or the one LD_PRELOAD puts
+/// first.
+pub fn allocators_fixture() -> PathBuf {
+    build_once("allocators", |out| compile("cc", out, "allocators.c", &[]))
+}
+
+/// Two sites in a fixed 64-byte cycle (or irregular sizes), for
+/// `--sampling slow-path`'s trial; linked to libjemalloc.so.2.
+pub fn aliasing_fixture() -> PathBuf {
+    build_once("aliasing", |out| {
+        compile("cc", out, "aliasing.c", &["-ljemalloc"])
+    })
+}
+
+/// A shared library with mimalloc linked in (local symbols, as in pyarrow's
+/// libarrow), exporting `keep_blocks` for the dlopen host.
+pub fn mimalloc_library() -> PathBuf {
+    let target_dir = workspace_root().join("target/fixtures/rust-mimalloc");
+    build_once("rust-mimalloc-lib", |_| {
+        let mut command = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+        command
+            .args(["build", "--release", "--quiet", "--manifest-path"])
+            .arg(fixture_source("rust-mimalloc-lib/Cargo.toml"))
+            .arg("--target-dir")
+            .arg(&target_dir)
+            .env("RUSTFLAGS", "-C force-frame-pointers=yes");
+        command
+    });
+    target_dir.join("release/librust_mimalloc_lib.so")
+}
+
+/// The same sites, with jemalloc linked statically into the executable.
+pub fn sites_static_fixture() -> PathBuf {
+    build_once("sites_static", |out| {
+        compile(
+            "cc",
+            out,
+            "sites.c",
+            &[JEMALLOC_STATIC, "-lpthread", "-lm", "-ldl", "-lstdc++"],
+        )
+    })
+}
+
+/// An allocation in an always-inlined function, -O2 with frame pointers.
+pub fn inlined_fixture() -> PathBuf {
+    build_once("inlined", |out| {
+        let mut command = Command::new("cc");
+        command
+            .args(["-O2", "-g", "-fno-omit-frame-pointer", "-o"])
+            .arg(out)
+            .arg(fixture_source("inlined.c"))
+            .arg("-ljemalloc");
+        command
+    })
+}
+
+/// A known call chain, -O2 without frame pointers (DWARF unwinding).
+pub fn unwind_fixture() -> PathBuf {
+    build_once("unwind", |out| {
+        let mut command = Command::new("cc");
+        command
+            .args(["-O2", "-g", "-fomit-frame-pointer", "-o"])
+            .arg(out)
+            .arg(fixture_source("unwind.c"))
+            .arg("-ljemalloc");
+        command
+    })
+}
+
+/// Functions in [`big_binary`].
+pub const BIG_BINARY_FUNCTIONS: usize = 20_000;
+
+/// A generated binary with many functions and their debug info
+/// (`f0`..`f19999`, each with a type of its own), for symbolizing at scale.
+pub fn big_binary() -> PathBuf {
+    build_once("big", |out| {
+        let source = out.with_extension("c");
+        let mut text = String::from("#include <stdlib.h>\n#include <string.h>\n");
+        for i in 0..BIG_BINARY_FUNCTIONS {
+            text.push_str(&format!(
+                "struct s{i} {{ int a; long b; char name[{}]; }};\n\
+                 void *f{i}(int x) {{ struct s{i} *p = malloc(sizeof(struct s{i}) + x); \
+                 if (p) {{ p->a = x; p->b = {i}; memset(p->name, {}, sizeof p->name); }} \
+                 return p; }}\n",
+                i % 32 + 1,
+                i % 256
+            ));
+        }
+        text.push_str("int main(void) { return f0(1) == 0; }\n");
+        std::fs::write(&source, text).unwrap();
+        let mut command = Command::new("cc");
+        command.args(["-O0", "-g", "-o"]).arg(out).arg(source);
+        command
+    })
+}
+
+/// Three sites with different trends over 6 seconds.
+pub fn trends_fixture() -> PathBuf {
+    build_once("trends", |out| {
+        compile("cc", out, "trends.c", &["-ljemalloc"])
+    })
+}
+
+/// C++ new/delete sites against libjemalloc.so.2's operators.
+pub fn new_delete_fixture() -> PathBuf {
+    build_once("new_delete", |out| {
+        compile("g++", out, "new_delete.cpp", &["-ljemalloc"])
+    })
+}
+
+/// A shared library with its own static jemalloc and a JNI entry point.
+pub fn static_jemalloc_library() -> PathBuf {
+    let include = format!("-I{JAVA_HOME}/include");
+    let include_linux = format!("-I{JAVA_HOME}/include/linux");
+    build_once("libstaticje.so", |out| {
+        compile(
+            "cc",
+            out,
+            "static_je_lib.c",
+            &[
+                "-shared",
+                "-fPIC",
+                &include,
+                &include_linux,
+                JEMALLOC_STATIC,
+                "-Wl,-Bsymbolic",
+                "-lpthread",
+                "-lstdc++",
+            ],
+        )
+    })
+}
+
+/// Linked to libjemalloc.so.2 even though the compiler may drop its only
+/// malloc call (Debian links --as-needed).
+pub fn dlopen_host_fixture() -> PathBuf {
+    build_once("dlopen_host", |out| {
+        compile(
+            "cc",
+            out,
+            "dlopen_host.c",
+            &["-Wl,--no-as-needed", "-ljemalloc", "-ldl"],
+        )
+    })
+}
+
+/// jemalloc linked statically uses initial-exec TLS; a library holding it
+/// needs room in glibc's static TLS block when loaded with dlopen, as in
+/// production (ClickHouse's libch.so is loaded the same way).
+pub const STATIC_TLS_TUNABLE: (&str, &str) =
+    ("GLIBC_TUNABLES", "glibc.rtld.optional_static_tls=65536");
+
+pub fn malloc_loop_fixture() -> PathBuf {
+    build_once("malloc_loop", |out| {
+        let mut command = Command::new("cc");
+        command
+            .args(["-O2", "-o"])
+            .arg(out)
+            .arg(fixture_source("malloc_loop.c"))
+            .arg("-ljemalloc");
+        command
+    })
+}
+
+/// The Rust fixture on tikv-jemallocator (builds jemalloc from source).
+pub fn rust_fixture() -> PathBuf {
+    cargo_fixture("rust-jemalloc", "rust", "rust-jemalloc-fixture")
+}
+
+/// The same Rust program on tikv-jemallocator 0.4: jemalloc 5.2.1, whose
+/// malloc fast path memprobe does not recognise.
+pub fn rust_jemalloc_5_2_fixture() -> PathBuf {
+    cargo_fixture("rust-jemalloc-5.2", "rust-5.2", "rust-jemalloc-5-2-fixture")
+}
+
+/// A Rust fixture built by cargo from `tests/fixtures/<folder>`.
+fn cargo_fixture(folder: &str, target: &str, binary: &str) -> PathBuf {
+    let target_dir = workspace_root().join("target/fixtures").join(target);
+    build_once(binary, |_| {
+        let mut command = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+        command
+            .args(["build", "--release", "--quiet", "--manifest-path"])
+            .arg(fixture_source(&format!("{folder}/Cargo.toml")))
+            .arg("--target-dir")
+            .arg(&target_dir)
+            .env("RUSTFLAGS", "-C force-frame-pointers=yes");
+        command
+    });
+    target_dir.join("release").join(binary)
+}
+
+/// The Java fixtures' classes, compiled into one folder.
+pub fn java_classes() -> PathBuf {
+    build_once("java", |out| {
+        std::fs::create_dir_all(out).unwrap();
+        let mut command = Command::new(format!("{JAVA_HOME}/bin/javac"));
+        command
+            .arg("-d")
+            .arg(out)
+            .arg(fixture_source("java/DirectBuffers.java"))
+            .arg(fixture_source("java/JniAlloc.java"))
+            .arg(fixture_source("java/HotAlloc.java"));
+        command
+    })
+}
+
+pub fn java_command(main_class: &str) -> Command {
+    java_command_with(main_class, &[])
+}
+
+/// `java` with extra JVM flags (before the main class).
+pub fn java_command_with(main_class: &str, flags: &[&str]) -> Command {
+    let mut command = Command::new(format!("{JAVA_HOME}/bin/java"));
+    command
+        .args([
+            "-Xmx64m",
+            "-XX:MaxDirectMemorySize=256m",
+            "-XX:+UseSerialGC",
+        ])
+        .args(flags)
+        .arg("-cp")
+        .arg(java_classes())
+        .arg(main_class);
+    command
+}

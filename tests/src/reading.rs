@@ -1,0 +1,164 @@
+//! Reading what memprobe wrote, with the real jeprof and go tool pprof,
+//! and checking estimates against the truth.
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use crate::*;
+
+/// A JVM's 64 direct buffers of 1 MiB (the DirectBuffers fixture), in use
+/// under Unsafe_AllocateMemory0 -> os::malloc per jeprof, within 10%.
+pub fn assert_direct_buffers_in_use(heap: &Path) {
+    let java = format!("{JAVA_HOME}/bin/java");
+    let inuse = jeprof_rows(Path::new(&java), heap, "--inuse_space");
+    assert_within(
+        "Unsafe_AllocateMemory0 in use",
+        row(&inuse, "Unsafe_AllocateMemory0").cum * MIB,
+        64.0 * MIB,
+        0.10,
+    );
+}
+
+/// The `# key: value` notes of a `.heap` file.
+pub fn heap_notes(heap: &Path) -> HashMap<String, String> {
+    std::fs::read_to_string(heap)
+        .unwrap()
+        .lines()
+        .take_while(|l| !l.starts_with('@'))
+        .filter_map(|l| l.strip_prefix("# ")?.split_once(": "))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
+}
+
+/// `go tool pprof -top -sample_index=SAMPLE_TYPE OPTIONS FILE`, which must
+/// succeed: its table.
+pub fn pprof_top(file: &Path, sample_type: &str, options: &[&str]) -> String {
+    let out = Command::new("go")
+        .args(["tool", "pprof", "-top"])
+        .arg(format!("-sample_index={sample_type}"))
+        .args(options)
+        .arg(file)
+        .output()
+        .expect("running go tool pprof");
+    assert!(
+        out.status.success(),
+        "go tool pprof {sample_type}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The flat value of `name` in `go tool pprof -top` output, in bytes or
+/// objects ("16MB" is 16 MiB, as pprof counts).
+pub fn pprof_flat(top: &str, name: &str) -> f64 {
+    let row = top
+        .lines()
+        .find(|l| l.split_whitespace().nth(5) == Some(name))
+        .unwrap_or_else(|| panic!("{name} not in:\n{top}"));
+    let flat = row.split_whitespace().next().unwrap();
+    let split = flat
+        .find(|c: char| c.is_ascii_alphabetic())
+        .unwrap_or(flat.len());
+    let (number, unit) = flat.split_at(split);
+    let scale = match unit {
+        "" | "B" => 1.0,
+        "kB" => 1024.0,
+        "MB" => 1048576.0,
+        "GB" => 1073741824.0,
+        other => panic!("unit {other:?} in {row}"),
+    };
+    number.parse::<f64>().unwrap() * scale
+}
+
+/// `jeprof --text <flag>`: flat megabytes per function.
+pub fn jeprof_text(binary: &Path, heap: &Path, flag: &str) -> HashMap<String, f64> {
+    jeprof_rows(binary, heap, flag)
+        .into_iter()
+        .map(|r| (r.name, r.flat))
+        .collect()
+}
+
+/// One row of `jeprof --text`, in megabytes.
+#[derive(Clone, Debug)]
+pub struct JeprofRow {
+    pub name: String,
+    pub flat: f64,
+    pub cum: f64,
+}
+
+/// `jeprof --text <flag>` rows, with the cumulative column.
+pub fn jeprof_rows(binary: &Path, heap: &Path, flag: &str) -> Vec<JeprofRow> {
+    let out = Command::new("jeprof")
+        .args(["--text", flag])
+        .arg(binary)
+        .arg(heap)
+        .output()
+        .expect("running jeprof");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "jeprof failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    parse_jeprof_rows(&text)
+}
+
+/// Rows of `jeprof --text` output.
+pub fn parse_jeprof_rows(text: &str) -> Vec<JeprofRow> {
+    text.lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            if fields.len() < 6 || !fields[1].ends_with('%') {
+                return None;
+            }
+            Some(JeprofRow {
+                name: fields[5..].join(" "),
+                flat: fields[0].parse().ok()?,
+                cum: fields[3].parse().ok()?,
+            })
+        })
+        .collect()
+}
+
+/// Flat megabytes by function name, from `jeprof --text` output.
+pub fn parse_jeprof_text(text: &str) -> HashMap<String, f64> {
+    parse_jeprof_rows(text)
+        .into_iter()
+        .map(|r| (r.name, r.flat))
+        .collect()
+}
+
+/// The row whose function name contains `needle`, with the largest cum.
+pub fn row<'a>(rows: &'a [JeprofRow], needle: &str) -> &'a JeprofRow {
+    rows.iter()
+        .filter(|r| r.name.contains(needle))
+        .max_by(|a, b| a.cum.total_cmp(&b.cum))
+        .unwrap_or_else(|| panic!("no {needle} in jeprof's output: {rows:#?}"))
+}
+
+/// The `heap_v2` files in `dir` (not the self-symbolized `.sym.heap`), sorted.
+pub fn heap_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "heap"))
+        .filter(|p| !p.to_string_lossy().ends_with(".sym.heap"))
+        .collect();
+    files.sort();
+    files
+}
+
+pub const MIB: f64 = 1024.0 * 1024.0;
+
+/// Asserts `actual` is within `fraction` of `expected`.
+pub fn assert_within(what: &str, actual: f64, expected: f64, fraction: f64) {
+    let error = (actual - expected).abs() / expected;
+    assert!(
+        error <= fraction,
+        "{what}: {actual:.3} vs expected {expected:.3} ({:.1}% off, bound {:.0}%)",
+        error * 100.0,
+        fraction * 100.0
+    );
+}
