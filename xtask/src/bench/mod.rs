@@ -111,6 +111,8 @@ fn said(stderr: &Stderr, text: &str) -> Option<Instant> {
 
 /// What memprobe says when a process's slow-path trial keeps the slow path.
 const SLOW_PATH_KEPT: &str = "stays on jemalloc's slow path";
+/// What it says when the trial sends it back to entry sampling.
+const FELL_BACK: &str = "back to entry sampling";
 
 /// The seconds memprobe's summary says it added to the profiled processes.
 fn reported_added_seconds(stderr: &Stderr) -> Option<f64> {

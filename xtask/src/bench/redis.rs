@@ -9,7 +9,7 @@ use std::{
 use anyhow::{Context, Result, bail};
 
 use super::{
-    SLOW_PATH_KEPT, Usage,
+    FELL_BACK, SLOW_PATH_KEPT, Usage,
     floor::{Floor, Place},
     reported_added_seconds, said, start_memprobe, stop, usage,
 };
@@ -167,6 +167,14 @@ fn attached_run(
         pairs += 1;
     }
     let kept = !on_trial || said(&stderr, SLOW_PATH_KEPT).is_some();
+    if on_trial {
+        let decision = said(&stderr, SLOW_PATH_KEPT).map(|_| "kept the slow path");
+        let decision = decision.or(said(&stderr, FELL_BACK).map(|_| "fell back to entry"));
+        eprintln!(
+            "bench: {label}: after {pairs} warm-up pairs the trial {}",
+            decision.unwrap_or("had not decided")
+        );
+    }
     let (rate, cpu) = measure_pair(server_pid, port)?;
     let own = usage(probe.id());
     stop(&mut probe);
