@@ -180,7 +180,7 @@ pub struct Cli {
     /// entry sampling again (some 10 s, half of it at entry's price), to
     /// catch a program that began allocating in a cycle that aliases with
     /// jemalloc's threshold; `never` to try once, at attach.
-    #[arg(long, value_name = "DUR", default_value = "10m", value_parser = parse_recheck)]
+    #[arg(long, value_name = "DUR", default_value = "1h", value_parser = parse_recheck)]
     pub recheck_every: Recheck,
 
     /// Which allocators to probe: jemalloc, glibc (libc.so.6's malloc),

@@ -81,7 +81,7 @@ pub struct SessionOptions {
     pub sampling: Sampling,
     /// `--recheck-every`: how long a jemalloc copy stays on its slow path
     /// before it is tried against entry sampling again; `None` for never.
-    /// Default: 10 minutes.
+    /// Default: an hour.
     pub recheck_every: Option<std::time::Duration>,
     /// The allocators to probe (`--allocator`). Default: all of them.
     pub allocators: Vec<crate::discover::AllocatorKind>,
@@ -126,7 +126,7 @@ impl Default for SessionOptions {
             java_perfmap: true,
             max_overhead: Some(0.10),
             sampling: Sampling::SlowPath,
-            recheck_every: Some(std::time::Duration::from_secs(600)),
+            recheck_every: Some(std::time::Duration::from_secs(3600)),
             allocators: crate::discover::AllocatorKind::ALL.to_vec(),
             debug_dir: None,
             listen: None,

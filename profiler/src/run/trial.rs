@@ -17,8 +17,13 @@ use crate::{discover::Allocator, kernel::Scope, run::Session};
 
 /// Least time in each phase.
 const PHASE: Duration = Duration::from_secs(5);
-/// Least time in a mode before switching to the other.
-const SLICE: Duration = Duration::from_millis(900);
+/// A slice's length in a mode before switching to the other: one to three
+/// ticks at random (less a margin for the ticks' jitter), so that a
+/// program whose work changes in phases (redis-benchmark's SETs, then its
+/// GETs) does not keep meeting the same mode in the same phase.
+fn slice_length() -> Duration {
+    Duration::from_millis(rand::random_range(1..=3u64) * 1000 - 100)
+}
 /// Least samples in each phase before comparing.
 const MIN_SAMPLES: u64 = 30;
 
@@ -72,8 +77,8 @@ impl Gathered {
 #[derive(Debug)]
 struct Comparison {
     on_slow_path: bool,
-    /// When the current slice began, and the totals then.
-    slice: (Instant, Totals),
+    /// When the current slice began, the totals then, and how long it lasts.
+    slice: (Instant, Totals, Duration),
     slow: Gathered,
     entry: Gathered,
     /// A re-check (`--recheck-every`) of a copy kept before.
@@ -85,7 +90,7 @@ impl Comparison {
     fn start(totals: Totals, again: bool) -> Box<Self> {
         Box::new(Self {
             on_slow_path: true,
-            slice: (Instant::now(), totals),
+            slice: (Instant::now(), totals, slice_length()),
             slow: Gathered::default(),
             entry: Gathered::default(),
             again,
@@ -247,7 +252,7 @@ impl Session<'_> {
             return; // back at entry for good
         };
         let now = Instant::now();
-        if now.duration_since(comparison.slice.0) < SLICE {
+        if now.duration_since(comparison.slice.0) < comparison.slice.2 {
             trial.phase = Phase::Comparing(comparison);
             return;
         }
@@ -268,7 +273,7 @@ impl Session<'_> {
             let swapped = self.swap(pid, trial, !on_slow_path);
             trial.phase = Phase::Comparing(Box::new(Comparison {
                 on_slow_path: on_slow_path != swapped,
-                slice: (now, totals),
+                slice: (now, totals, slice_length()),
                 slow,
                 entry,
                 again,

@@ -171,9 +171,10 @@ fn trial(test: &str, env: &[(&str, &str)], extra: &[&str]) -> (String, PathBuf) 
 #[test]
 fn an_allocation_cycle_that_aliases_falls_back_to_entry_sampling() {
     let _guard = shared();
-    // 20 s: after the trial (some 10 s), time enough for entry sampling to
-    // see every kept object replaced, even on a loaded machine.
-    let (stderr, heap) = trial("slow_path_aliasing", &[("FIXTURE_SECONDS", "20")], &[]);
+    // 28 s: after the trial (10 to 16 s: slices of one to three ticks),
+    // time enough for entry sampling to see every kept object replaced,
+    // even on a loaded machine.
+    let (stderr, heap) = trial("slow_path_aliasing", &[("FIXTURE_SECONDS", "28")], &[]);
     assert!(stderr.contains("back to entry sampling"), "{stderr}");
     let note = heap_notes(&heap)
         .get("malloc_sampling")
@@ -204,7 +205,11 @@ fn assert_cycle_sites(heap: &Path) {
 #[test]
 fn irregular_sizes_keep_the_slow_path() {
     let _guard = shared();
-    let (stderr, heap) = trial("slow_path_irregular", &[("FIXTURE_IRREGULAR", "1")], &[]);
+    let (stderr, heap) = trial(
+        "slow_path_irregular",
+        &[("FIXTURE_IRREGULAR", "1"), ("FIXTURE_SECONDS", "24")],
+        &[],
+    );
     assert!(!stderr.contains("back to entry sampling"), "{stderr}");
     let note = heap_notes(&heap)
         .get("malloc_sampling")
@@ -217,7 +222,7 @@ fn irregular_sizes_keep_the_slow_path() {
 }
 
 /// A program that changes its ways: irregular sizes through the first
-/// trial, which keeps the slow path, then the aliasing cycle (from 16 s).
+/// trial, which keeps the slow path, then the aliasing cycle (from 24 s).
 /// A re-check (every 2 s here, 10 minutes by default) catches it and goes
 /// back to entry sampling; the sites in use are then right.
 #[test]
@@ -225,8 +230,8 @@ fn a_recheck_catches_a_cycle_that_began_later() {
     let _guard = shared();
     let env = [
         ("FIXTURE_IRREGULAR", "1"),
-        ("FIXTURE_CYCLE_AFTER_S", "16"),
-        ("FIXTURE_SECONDS", "45"),
+        ("FIXTURE_CYCLE_AFTER_S", "24"),
+        ("FIXTURE_SECONDS", "60"),
     ];
     let (stderr, heap) = trial("slow_path_recheck", &env, &["--recheck-every", "2s"]);
     let kept = stderr.find("stays on jemalloc's slow path");

@@ -27,7 +27,7 @@ pub(super) struct AttachedLoops {
 
 /// Seconds the loop allocates untimed while the slow path's trial (5 s on
 /// each side, in alternating slices) decides.
-const TRIAL_WARMUP: &str = "14";
+const TRIAL_WARMUP: &str = "20";
 
 pub(super) fn attached_loops(
     memprobe: &Path,
