@@ -31,9 +31,9 @@ pub(super) struct RedisResult {
 /// One run with memprobe attached.
 struct Attached {
     label: &'static str,
-    /// False when a slow-path mode's trial had not kept the slow path
-    /// before the measured runs.
-    kept: bool,
+    /// What a slow-path mode's trial had decided before the measured runs,
+    /// unless it kept the slow path.
+    trial: Option<&'static str>,
     /// Run pairs while attached, the warm-up's included.
     pairs: usize,
     rate: f64,
@@ -166,14 +166,11 @@ fn attached_run(
         warm_cpu += measure_pair(server_pid, port)?.1;
         pairs += 1;
     }
-    let kept = !on_trial || said(&stderr, SLOW_PATH_KEPT).is_some();
-    if on_trial {
-        let decision = said(&stderr, SLOW_PATH_KEPT).map(|_| "kept the slow path");
-        let decision = decision.or(said(&stderr, FELL_BACK).map(|_| "fell back to entry"));
-        eprintln!(
-            "bench: {label}: after {pairs} warm-up pairs the trial {}",
-            decision.unwrap_or("had not decided")
-        );
+    let kept = said(&stderr, SLOW_PATH_KEPT).map(|_| "kept the slow path");
+    let fell_back = said(&stderr, FELL_BACK).map(|_| "fell back to entry sampling");
+    let trial = on_trial.then(|| kept.or(fell_back).unwrap_or("had not decided"));
+    if let Some(decision) = trial {
+        eprintln!("bench: {label}: after {pairs} warm-up pairs the trial {decision}");
     }
     let (rate, cpu) = measure_pair(server_pid, port)?;
     let own = usage(probe.id());
@@ -182,7 +179,7 @@ fn attached_run(
     std::thread::sleep(Duration::from_millis(200));
     Ok(Attached {
         label,
-        kept,
+        trial: trial.filter(|&decision| decision != "kept the slow path"),
         rate,
         cpu,
         pairs: pairs + 1,
@@ -214,11 +211,9 @@ pub(super) fn redis_table(redis: &RedisResult) -> String {
         let own = run.own.map_or("-".to_owned(), |(cpu, rss)| {
             format!("{cpu:.2} s, {:.1} MiB", rss as f64 / 1024.0)
         });
-        let undecided = if run.kept {
-            ""
-        } else {
-            " (measured before its trial kept the slow path)"
-        };
+        let undecided = run
+            .trial
+            .map_or(String::new(), |decision| format!(" (its trial {decision})"));
         table.push_str(&format!(
             "| memprobe, {}{undecided} | {:.0} ({:.1}%) | {:.2} | {:.2}x | {gained:.2} / {reported} | {own} |\n",
             run.label,
