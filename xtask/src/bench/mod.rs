@@ -100,6 +100,15 @@ fn start_memprobe(memprobe: &Path, args: &[&str]) -> Result<(Child, Stderr)> {
     bail!("memprobe did not attach")
 }
 
+/// memprobe's first line containing `text`.
+fn line_with(stderr: &Stderr, text: &str) -> Option<String> {
+    let lines = stderr.lock().ok()?;
+    lines
+        .iter()
+        .find(|(_, l)| l.contains(text))
+        .map(|(_, l)| l.clone())
+}
+
 /// When memprobe first said something containing `text`.
 fn said(stderr: &Stderr, text: &str) -> Option<Instant> {
     let lines = stderr.lock().ok()?;

@@ -11,7 +11,7 @@ use anyhow::{Context, Result, bail};
 use super::{
     FELL_BACK, SLOW_PATH_KEPT, Usage,
     floor::{Floor, Place},
-    reported_added_seconds, said, start_memprobe, stop, usage,
+    line_with, reported_added_seconds, said, start_memprobe, stop, usage,
 };
 
 /// redis-server under redis-benchmark without memprobe and with it in
@@ -171,6 +171,9 @@ fn attached_run(
     let trial = on_trial.then(|| kept.or(fell_back).unwrap_or("had not decided"));
     if let Some(decision) = trial {
         eprintln!("bench: {label}: after {pairs} warm-up pairs the trial {decision}");
+        if let Some(line) = line_with(&stderr, FELL_BACK) {
+            eprintln!("bench:   {line}");
+        }
     }
     let (rate, cpu) = measure_pair(server_pid, port)?;
     let own = usage(probe.id());
