@@ -5,7 +5,7 @@ use crate::{
     collect::{CollectorOptions, ProcessHeap},
     discover::AllocatorKind,
     kernel::events::Event,
-    proc::{AddressRange, FileId, command_name, namespace_pid, parse_maps},
+    proc::{FileId, Mapping, command_name, namespace_pid, parse_maps},
     run::{budget::BudgetWindow, growth::GrowthWindow, retention::KeptSnapshots, trial::Trial},
     stacks::ProcessStacks,
 };
@@ -17,9 +17,10 @@ pub(super) struct Tracked {
     pub heap: ProcessHeap,
     /// `/proc/PID/maps` as last read: written with each profile.
     pub maps: String,
-    /// The address ranges of `maps`, to notice samples from code mapped
-    /// since (a library just loaded, a launched command just exec'd).
-    ranges: Vec<AddressRange>,
+    /// `maps` parsed once: to notice samples from code mapped since (a
+    /// library just loaded, a launched command just exec'd), and to place
+    /// slow-path samples' frames by file offset.
+    mappings: Vec<Mapping>,
     /// Unwinding, frame-pointer trust, the uretprobe trampoline.
     pub stacks: ProcessStacks,
     /// Allocators (per file) probed for this process (or whose attach
@@ -60,7 +61,7 @@ impl Tracked {
             container_pid: namespace_pid(pid),
             heap: ProcessHeap::new(pid, sample_interval, collector),
             maps: String::new(),
-            ranges: Vec::new(),
+            mappings: Vec::new(),
             stacks: ProcessStacks::default(),
             attached_files: HashSet::new(),
             exited: false,
@@ -85,9 +86,8 @@ impl Tracked {
     /// (the process may be gone).
     pub fn set_maps(&mut self, maps: Option<String>) {
         if let Some(maps) = maps {
-            let mappings = parse_maps(&maps);
-            self.ranges = mappings.iter().map(|m| m.range()).collect();
-            self.stacks.set_mappings(self.pid, &mappings);
+            self.mappings = parse_maps(&maps);
+            self.stacks.set_mappings(self.pid, &self.mappings);
             self.maps = maps;
         }
     }
@@ -102,9 +102,8 @@ impl Tracked {
         own_code: &[Range<u64>],
         frames: &mut Vec<u64>,
     ) {
-        let mappings = parse_maps(&self.maps);
         let inside = |address: u64| {
-            mappings.iter().any(|m| {
+            self.mappings.iter().any(|m| {
                 m.path.as_deref() == Some(path)
                     && m.range().contains(address)
                     && own_code
@@ -125,6 +124,6 @@ impl Tracked {
         };
         frames
             .first()
-            .is_some_and(|&caller| !self.ranges.iter().any(|r| r.contains(caller)))
+            .is_some_and(|&caller| !self.mappings.iter().any(|m| m.range().contains(caller)))
     }
 }

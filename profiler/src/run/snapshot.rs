@@ -107,8 +107,8 @@ impl Session<'_> {
             head.push(("container_pid".into(), inner.to_string()));
         }
         head.push(("allocators".into(), describe(&t.allocator_calls)));
-        let notes: Vec<String> = t.trials.iter().map(|trial| trial.note()).collect();
-        let notes = [notes, t.at_entry.clone()].concat();
+        let trials = t.trials.iter().map(|trial| trial.note());
+        let notes: Vec<String> = trials.chain(t.at_entry.iter().cloned()).collect();
         if !notes.is_empty() {
             head.push(("malloc_sampling".into(), notes.join("; ")));
         }
