@@ -5,7 +5,6 @@
 //! memprobe.
 use std::{
     ffi::CString,
-    io::{BufRead, BufReader},
     os::fd::{AsRawFd, FromRawFd, OwnedFd},
     path::Path,
     process::{Command, Stdio},
@@ -13,7 +12,7 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-use super::stop;
+use super::{line_with, start_memprobe, stop};
 
 /// `struct perf_event_attr` up to `config2` (`PERF_ATTR_SIZE_VER1`).
 #[repr(C)]
@@ -115,29 +114,24 @@ pub(super) fn memprobe_places(
         .args(["0", "2"])
         .stdout(Stdio::null())
         .spawn()?;
-    let mut probe = Command::new(memprobe)
-        .args(["--pid", &target.id().to_string(), "--verbose", "-o", "/tmp"])
-        .args(["--sampling", "entry"])
-        .args(["--format", "heap", "--max-overhead", "none"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()?;
-    let mut lines = Vec::new();
-    for line in BufReader::new(probe.stderr.take().context("stderr")?).lines() {
-        let line = line?;
-        let attached = line.contains("memprobe: attached");
-        lines.push(line);
-        if attached {
-            break;
-        }
-    }
+    let pid = target.id().to_string();
+    let args = [
+        "--pid",
+        &pid,
+        "--verbose",
+        "--sampling",
+        "entry",
+        "-o",
+        "/tmp",
+        "--format",
+        "heap",
+    ];
+    let (mut probe, stderr) = start_memprobe(memprobe, &args)?;
     stop(&mut probe);
     let _ = target.wait();
     let place = |symbol: &str| -> Result<Place> {
         let key = format!(": {symbol} at {library}+");
-        let line = lines
-            .iter()
-            .find(|l| l.contains(&key))
+        let line = line_with(&stderr, &key)
             .with_context(|| format!("memprobe --verbose named no {symbol} in {library}"))?;
         let rest = &line[line.find(&key).unwrap_or(0) + key.len()..];
         let mut offsets = rest.split(['+', ' ']).take(2).map(|hex| {

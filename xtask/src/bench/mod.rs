@@ -68,11 +68,11 @@ fn usage(pid: u32) -> Usage {
     Some((ticks / hz, peak))
 }
 
-/// memprobe's stderr lines after its first, collected as they come, with
-/// when each came.
+/// memprobe's stderr lines, collected as they come, with when each came.
 type Stderr = std::sync::Arc<std::sync::Mutex<Vec<(Instant, String)>>>;
 
-/// Starts memprobe and waits for its first line; its other lines are kept.
+/// Starts memprobe and waits for its line saying it attached; every line
+/// is kept.
 /// No budget: the bench measures what memprobe costs, unbounded.
 fn start_memprobe(memprobe: &Path, args: &[&str]) -> Result<(Child, Stderr)> {
     let mut child = Command::new(memprobe)
@@ -82,10 +82,15 @@ fn start_memprobe(memprobe: &Path, args: &[&str]) -> Result<(Child, Stderr)> {
         .stderr(Stdio::piped())
         .spawn()?;
     let mut lines = BufReader::new(child.stderr.take().context("stderr")?).lines();
+    let kept = Stderr::default();
     for line in lines.by_ref() {
-        if line?.contains("memprobe: attached") {
+        let line = line?;
+        let attached = line.contains("memprobe: attached");
+        if let Ok(mut kept) = kept.lock() {
+            kept.push((Instant::now(), line));
+        }
+        if attached {
             // Keep draining stderr so memprobe never blocks on it.
-            let kept = Stderr::default();
             let sink = kept.clone();
             std::thread::spawn(move || {
                 for line in lines.map_while(|l| l.ok()) {

@@ -38,9 +38,9 @@ struct Attached {
     pairs: usize,
     rate: f64,
     cpu: f64,
-    /// CPU seconds redis-server gained over the warm-up and the measured
-    /// runs: what memprobe's report covers.
-    gained_while_attached: f64,
+    /// redis-server's CPU seconds over the warm-up and the measured runs:
+    /// the time memprobe's report covers.
+    cpu_while_attached: f64,
     /// What memprobe's summary said it added to redis-server.
     reported_added: Option<f64>,
     /// memprobe's own CPU and peak RSS.
@@ -93,16 +93,11 @@ pub(super) fn redis_bench(
                 server_pid,
                 port,
                 (label, flags),
-                before.1,
             )?);
         }
-        // Without again at the end: the table uses the mean of both, and
-        // the gains are recomputed against it.
+        // Without again at the end: the table uses the mean of both.
         let after = measure()?;
         let without = ((before.0 + after.0) / 2.0, (before.1 + after.1) / 2.0);
-        for run in &mut with {
-            run.gained_while_attached += (run.pairs as f64) * (before.1 - without.1);
-        }
         Ok(RedisResult {
             without,
             drift: (before.1, after.1),
@@ -152,7 +147,6 @@ fn attached_run(
     server_pid: u32,
     port: &str,
     (label, flags): (&'static str, &[&str]),
-    cpu_without: f64,
 ) -> Result<Attached> {
     let pid = server_pid.to_string();
     let mut args = vec!["--pid", &pid, "-o", profiles_dir];
@@ -186,7 +180,7 @@ fn attached_run(
         rate,
         cpu,
         pairs: pairs + 1,
-        gained_while_attached: warm_cpu + cpu - (pairs + 1) as f64 * cpu_without,
+        cpu_while_attached: warm_cpu + cpu,
         reported_added: reported_added_seconds(&stderr),
         own,
     })
@@ -207,7 +201,8 @@ pub(super) fn redis_table(redis: &RedisResult) -> String {
         floor_cpu / cpu.max(1e-12),
     );
     for run in &redis.with {
-        let gained = run.gained_while_attached;
+        // What it gained: its CPU while attached less the same pairs' without.
+        let gained = run.cpu_while_attached - run.pairs as f64 * cpu;
         let reported = run.reported_added.map_or("-".to_owned(), |r| {
             format!("{r:.2} ({:.0}%)", 100.0 * r / gained.max(1e-9))
         });
