@@ -154,13 +154,26 @@ pub fn bench() -> Result<()> {
     let profiles_dir = profiles.to_str().context("path")?.to_owned();
 
     let loops = measure_loops(&memprobe, &out, &profiles_dir)?;
-    eprintln!("bench: redis-server under redis-benchmark");
-    let redis = redis_bench(&memprobe, &profiles_dir, &loops.attached.places)?;
+    // redis-benchmark's own value size (3 bytes), and 256-byte values,
+    // whose SETs repeat one cycle of sizes that jemalloc's threshold
+    // aliases with (see README).
+    let mut redis = Vec::new();
+    for value_bytes in [3, 256] {
+        eprintln!("bench: redis-server under redis-benchmark, {value_bytes}-byte values");
+        redis.push(redis_bench(
+            &memprobe,
+            &profiles_dir,
+            &loops.attached.places,
+            value_bytes,
+        )?);
+    }
     eprintln!("bench: offline reports of a large program's profile");
     let offline = offline_bench(&memprobe, &out)?;
 
     let mut table = loop_table(&loops);
-    table.push_str(&redis_table(&redis));
+    for result in &redis {
+        table.push_str(&redis_table(result));
+    }
     table.push_str(&offline);
     std::fs::write(out.join("results.md"), &table)?;
     println!("{table}");

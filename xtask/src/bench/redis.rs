@@ -17,13 +17,14 @@ use super::{
 /// redis-server under redis-benchmark without memprobe and with it in
 /// each sampling mode.
 pub(super) struct RedisResult {
+    /// The size of the values SET.
+    value_bytes: u32,
     /// Requests per second, and redis-server's CPU seconds over the same
-    /// requests, without memprobe (the mean of a pair first and a pair
-    /// last).
-    without: (f64, f64),
-    /// The CPU seconds of those first and last pairs.
-    drift: (f64, f64),
-    /// The same with counting uprobe events at malloc and free only.
+    /// requests, without memprobe: one pair before the floor's and before
+    /// each mode's, one last.
+    without: Vec<(f64, f64)>,
+    /// The same with counting uprobe events at malloc and free only (its
+    /// baseline is the first pair without).
     floor: (f64, f64),
     with: Vec<Attached>,
 }
@@ -34,6 +35,9 @@ struct Attached {
     /// What a slow-path mode's trial had decided before the measured runs,
     /// unless it kept the slow path.
     trial: Option<&'static str>,
+    /// The pair without memprobe just before: what this run is compared
+    /// with (redis-server's CPU per pair drifts by 10-20% over the bench).
+    baseline: (f64, f64),
     /// Run pairs while attached, the warm-up's included.
     pairs: usize,
     rate: f64,
@@ -58,10 +62,22 @@ const MODES: [(&str, &[&str]); 4] = [
     ("`--track allocations`", &["--track", "allocations"]),
 ];
 
+/// The redis-server under load, and the value size of its SETs.
+#[derive(Clone, Copy)]
+struct Server {
+    pid: u32,
+    port: &'static str,
+    value_bytes: u32,
+}
+
+/// redis-server started afresh, filled, and measured without memprobe,
+/// with the two-trap floor and with memprobe in each mode, its SETs storing
+/// values of `value_bytes`.
 pub(super) fn redis_bench(
     memprobe: &Path,
     profiles_dir: &str,
     places: &[Place],
+    value_bytes: u32,
 ) -> Result<RedisResult> {
     let port = "6399";
     // redis-server on one CPU, redis-benchmark on the other: neither
@@ -74,12 +90,16 @@ pub(super) fn redis_bench(
         .spawn()
         .context("starting redis-server")?;
     std::thread::sleep(Duration::from_millis(500));
-    let server_pid = server.id();
+    let target = Server {
+        pid: server.id(),
+        port,
+        value_bytes,
+    };
     let result = (|| {
-        fill(port)?;
-        let measure = || measure_pair(server_pid, port);
-        let before = measure()?;
-        let counters = Floor::attach(server_pid, places)?;
+        fill(target)?;
+        let measure = || measure_pair(target);
+        let mut without = vec![measure()?];
+        let counters = Floor::attach(target.pid, places)?;
         let floor = measure()?;
         if counters.hits()? == 0 {
             bail!("the two-trap floor's uprobes counted no hit in redis-server");
@@ -87,20 +107,14 @@ pub(super) fn redis_bench(
         drop(counters);
         let mut with = Vec::new();
         for (label, flags) in MODES {
-            with.push(attached_run(
-                memprobe,
-                profiles_dir,
-                server_pid,
-                port,
-                (label, flags),
-            )?);
+            let run = attached_run(memprobe, profiles_dir, target, (label, flags))?;
+            without.push(run.baseline);
+            with.push(run);
         }
-        // Without again at the end: the table uses the mean of both.
-        let after = measure()?;
-        let without = ((before.0 + after.0) / 2.0, (before.1 + after.1) / 2.0);
+        without.push(measure()?);
         Ok(RedisResult {
+            value_bytes,
             without,
-            drift: (before.1, after.1),
             floor,
             with,
         })
@@ -113,10 +127,19 @@ pub(super) fn redis_bench(
 /// Sets most of the million keys the measured runs use (with pipelining,
 /// in seconds): without this the first runs would find fewer keys to
 /// replace, and free less, than the later ones.
-fn fill(port: &str) -> Result<()> {
+fn fill(server: Server) -> Result<()> {
     let status = Command::new("taskset")
-        .args(["-c", "1", "redis-benchmark", "-h", "127.0.0.1", "-p", port])
-        .args(["-t", "set", "-n", "3000000", "-r", "1000000", "-d", "256"])
+        .args([
+            "-c",
+            "1",
+            "redis-benchmark",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            server.port,
+        ])
+        .args(["-t", "set", "-n", "3000000", "-r", "1000000"])
+        .args(["-d", &server.value_bytes.to_string()])
         .args(["-P", "16", "-q"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -129,26 +152,27 @@ fn fill(port: &str) -> Result<()> {
 
 /// Two redis-benchmark runs: the better rate, and redis-server's CPU
 /// seconds over both.
-fn measure_pair(server_pid: u32, port: &str) -> Result<(f64, f64)> {
-    let cpu = || usage(server_pid).map_or(0.0, |(cpu, _)| cpu);
+fn measure_pair(server: Server) -> Result<(f64, f64)> {
+    let cpu = || usage(server.pid).map_or(0.0, |(cpu, _)| cpu);
     let before = cpu();
-    let rate = requests_per_second(port)?.max(requests_per_second(port)?);
+    let rate = requests_per_second(server)?.max(requests_per_second(server)?);
     Ok((rate, cpu() - before))
 }
 
 /// Most warm-up pairs while the slow path's trial decides.
 const MAX_WARMUP: usize = 4;
 
-/// memprobe attached in one mode: warm-up pairs under load until the slow
-/// path's trial (if any) kept the slow path, then a measured pair.
+/// A pair without memprobe, then memprobe attached in one mode: warm-up
+/// pairs under load until the slow path's trial (if any) kept the slow
+/// path, then a measured pair.
 fn attached_run(
     memprobe: &Path,
     profiles_dir: &str,
-    server_pid: u32,
-    port: &str,
+    server: Server,
     (label, flags): (&'static str, &[&str]),
 ) -> Result<Attached> {
-    let pid = server_pid.to_string();
+    let baseline = measure_pair(server)?;
+    let pid = server.pid.to_string();
     let mut args = vec!["--pid", &pid, "-o", profiles_dir];
     args.extend_from_slice(flags);
     let (mut probe, stderr) = start_memprobe(memprobe, &args)?;
@@ -157,7 +181,7 @@ fn attached_run(
     let mut pairs = 0;
     while pairs < MAX_WARMUP && (pairs == 0 || on_trial && said(&stderr, SLOW_PATH_KEPT).is_none())
     {
-        warm_cpu += measure_pair(server_pid, port)?.1;
+        warm_cpu += measure_pair(server)?.1;
         pairs += 1;
     }
     let kept = said(&stderr, SLOW_PATH_KEPT).map(|_| "kept the slow path");
@@ -169,7 +193,7 @@ fn attached_run(
             eprintln!("bench:   {line}");
         }
     }
-    let (rate, cpu) = measure_pair(server_pid, port)?;
+    let (rate, cpu) = measure_pair(server)?;
     let own = usage(probe.id());
     stop(&mut probe);
     // The summary comes as memprobe exits; its reader may lag.
@@ -177,6 +201,7 @@ fn attached_run(
     Ok(Attached {
         label,
         trial: trial.filter(|&decision| decision != "kept the slow path"),
+        baseline,
         rate,
         cpu,
         pairs: pairs + 1,
@@ -187,59 +212,82 @@ fn attached_run(
 }
 
 /// The README's redis table, and how memprobe's reported cost compares
-/// with what redis-server gained.
+/// with what redis-server gained. Each row is compared with the pair
+/// without memprobe measured just before it.
 pub(super) fn redis_table(redis: &RedisResult) -> String {
-    let (rate, cpu) = redis.without;
-    let (floor_rate, floor_cpu) = redis.floor;
+    let cpus: Vec<f64> = redis.without.iter().map(|&(_, cpu)| cpu).collect();
+    let mean = |values: &[f64]| values.iter().sum::<f64>() / values.len().max(1) as f64;
+    let rates: Vec<f64> = redis.without.iter().map(|&(rate, _)| rate).collect();
+    let (low, high) = cpus
+        .iter()
+        .fold((f64::MAX, f64::MIN), |(l, h), &c| (l.min(c), h.max(c)));
+    let first = redis.without.first().copied().unwrap_or((1.0, 1.0));
     let mut table = format!(
-        "\n| redis-server 7 (libjemalloc), redis-benchmark SET/GET, 50 clients, random keys (a million, mostly set first), each on its own CPU, 2 runs of 200k SET + 200k GET | requests/s | redis-server CPU s | CPU per request vs without | added CPU s while attached (warm-up included): measured / memprobe's report | memprobe's own CPU s, peak RSS |\n|---|---|---|---|---|---|\n\
-         | without memprobe (CPU: mean of {:.2} first and {:.2} last) | {rate:.0} | {cpu:.2} | 1.00x | - | - |\n\
-         | two-trap floor: counting uprobe perf events at malloc and free, no BPF program | {floor_rate:.0} ({:.1}%) | {floor_cpu:.2} | {:.2}x | - | - |\n",
-        redis.drift.0,
-        redis.drift.1,
-        100.0 * floor_rate / rate,
-        floor_cpu / cpu.max(1e-12),
+        "\n| redis-server 7 (libjemalloc), redis-benchmark SET/GET of {}-byte values, 50 clients, random keys (a million, mostly set first), each on its own CPU, 2 runs of 200k SET + 200k GET | requests/s (vs the pair without just before) | redis-server CPU s (without, just before) | CPU per request vs without just before | added CPU s while attached (warm-up included): measured / memprobe's report | memprobe's own CPU s, peak RSS |\n|---|---|---|---|---|---|\n\
+         | without memprobe: mean of {} pairs, one before each row below and one last (CPU {low:.2} to {high:.2}) | {:.0} | {:.2} | 1.00x | - | - |\n",
+        redis.value_bytes,
+        cpus.len(),
+        mean(&rates),
+        mean(&cpus),
     );
-    for run in &redis.with {
-        // What it gained: its CPU while attached less the same pairs' without.
-        let gained = run.cpu_while_attached - run.pairs as f64 * cpu;
-        let reported = run.reported_added.map_or("-".to_owned(), |r| {
-            format!("{r:.2} ({:.0}%)", 100.0 * r / gained.max(1e-9))
-        });
-        let own = run.own.map_or("-".to_owned(), |(cpu, rss)| {
-            format!("{cpu:.2} s, {:.1} MiB", rss as f64 / 1024.0)
-        });
+    let rows = std::iter::once((
+        "two-trap floor: counting uprobe perf events at malloc and free, no BPF program".to_owned(),
+        redis.floor,
+        first,
+        None,
+    ))
+    .chain(redis.with.iter().map(|run| {
         let undecided = run
             .trial
             .map_or(String::new(), |decision| format!(" (its trial {decision})"));
+        (
+            format!("memprobe, {}{undecided}", run.label),
+            (run.rate, run.cpu),
+            run.baseline,
+            Some(run),
+        )
+    }));
+    for (label, (rate, cpu), (base_rate, base_cpu), run) in rows {
+        let (added, own) = run.map_or(("-".to_owned(), "-".to_owned()), added_and_own);
         table.push_str(&format!(
-            "| memprobe, {}{undecided} | {:.0} ({:.1}%) | {:.2} | {:.2}x | {gained:.2} / {reported} | {own} |\n",
-            run.label,
-            run.rate,
-            100.0 * run.rate / rate,
-            run.cpu,
+            "| {label} | {rate:.0} ({:.1}%) | {cpu:.2} ({base_cpu:.2}) | {:.2}x | {added} | {own} |\n",
+            100.0 * rate / base_rate.max(1e-12),
             // The same requests each time: CPU per request is CPU.
-            run.cpu / cpu.max(1e-12),
+            cpu / base_cpu.max(1e-12),
         ));
     }
     table
 }
 
+/// What redis-server gained while attached (its CPU less the same pairs'
+/// without, at the baseline's rate) against memprobe's report; memprobe's
+/// own CPU and RSS.
+fn added_and_own(run: &Attached) -> (String, String) {
+    let gained = run.cpu_while_attached - run.pairs as f64 * run.baseline.1;
+    let reported = run.reported_added.map_or("-".to_owned(), |r| {
+        format!("{r:.2} ({:.0}%)", 100.0 * r / gained.max(1e-9))
+    });
+    let own = run.own.map_or("-".to_owned(), |(cpu, rss)| {
+        format!("{cpu:.2} s, {:.1} MiB", rss as f64 / 1024.0)
+    });
+    (format!("{gained:.2} / {reported}"), own)
+}
+
 /// One redis-benchmark run's mean requests per second over SET and GET.
-fn requests_per_second(port: &str) -> Result<f64> {
+fn requests_per_second(server: Server) -> Result<f64> {
     let output = Command::new("taskset")
         .args(["-c", "1", "redis-benchmark"])
         .args([
             "-h",
             "127.0.0.1",
             "-p",
-            port,
+            server.port,
             "-t",
             "set,get",
             "-n",
             "200000",
             "-d",
-            "256",
+            &server.value_bytes.to_string(),
             // Random keys, as real clients' are: with one fixed key every
             // request allocates the same sizes, a cycle the slow path's
             // trial rightly refuses (see README).
