@@ -47,7 +47,7 @@ pub struct SlowPath {
     /// and the program: the served entry points and the functions they
     /// branch to (`operator new`'s fallback). A sample's leading frames
     /// there are not the program's.
-    pub own_code: Vec<std::ops::Range<u64>>,
+    pub own_code: std::sync::Arc<[std::ops::Range<u64>]>,
 }
 
 /// Entry points whose calls the fast path serves (or the slow path sees):
@@ -189,7 +189,7 @@ pub(crate) fn in_file_offsets(
             ..fast
         },
         placement,
-        own_code: own_code(symbols, data, prefix),
+        own_code: own_code(symbols, data, prefix).into(),
     })
 }
 

@@ -86,6 +86,33 @@ impl KernelProbes {
         instance: u16,
     ) -> Result<usize> {
         let target = Target::new(scope, path, open_path)?;
+        Ok(self.attach_into(&target, allocator, instance, &[])?.len())
+    }
+
+    /// As [`Self::attach`], each entry point into the probe index it held
+    /// before (`slots`, in the same order; detached since), so that a part
+    /// of a copy attached again and again (the slow path's trial) keeps its
+    /// counters instead of taking new ones; new indexes where `slots` has
+    /// none. Returns the indexes used.
+    pub fn attach_again(
+        &mut self,
+        scope: Scope,
+        (path, open_path): (&str, &Path),
+        allocator: &Allocator,
+        instance: u16,
+        slots: &[usize],
+    ) -> Result<Vec<usize>> {
+        let target = Target::new(scope, path, open_path)?;
+        self.attach_into(&target, allocator, instance, slots)
+    }
+
+    fn attach_into(
+        &mut self,
+        target: &Target,
+        allocator: &Allocator,
+        instance: u16,
+        slots: &[usize],
+    ) -> Result<Vec<usize>> {
         let attached_before = self.attached.len();
         // `--track allocations`: frees and resizes are not probed at all.
         let allocations_only = self.allocations_only;
@@ -93,22 +120,27 @@ impl KernelProbes {
             .entry_points
             .iter()
             .filter(|e| !allocations_only || e.shape.allocates());
-        let mut count = 0;
-        for entry in entries {
-            count += 1;
-            if let Err(error) = self.attach_entry(&target, entry, allocator, instance) {
-                for links in self.links.split_off(attached_before) {
-                    self.detach_links(links);
+        let mut used = Vec::new();
+        for (k, entry) in entries.enumerate() {
+            let slot = slots.get(k).copied().filter(|&i| i < attached_before);
+            match self.attach_entry(target, entry, allocator, instance, slot) {
+                Ok(index) => used.push(index),
+                Err(error) => {
+                    let detached = used.len();
+                    for index in used {
+                        let links = std::mem::take(&mut self.links[index]);
+                        self.detach_links(links);
+                    }
+                    self.links.truncate(attached_before);
+                    self.attached.truncate(attached_before);
+                    return Err(Error::AttachUndone {
+                        cause: Box::new(error),
+                        detached,
+                    });
                 }
-                let detached = self.attached.len() - attached_before;
-                self.attached.truncate(attached_before);
-                return Err(Error::AttachUndone {
-                    cause: Box::new(error),
-                    detached,
-                });
             }
         }
-        Ok(count)
+        Ok(used)
     }
 
     /// Attaches `programs` (each with a byte offset past `offset`) to the
@@ -193,8 +225,10 @@ impl KernelProbes {
         entry: &EntryPoint,
         allocator: &Allocator,
         instance: u16,
-    ) -> Result<()> {
-        let probe_index = u32::try_from(self.attached.len())
+        slot: Option<usize>,
+    ) -> Result<usize> {
+        let index = slot.unwrap_or(self.attached.len());
+        let probe_index = u32::try_from(index)
             .ok()
             .filter(|&i| i < cookie::MAX_PROBES)
             .ok_or(Error::TooManyCopies)?;
@@ -235,8 +269,7 @@ impl KernelProbes {
                 }
             }
         }
-        self.links.push(links);
-        self.attached.push(AttachedProbe {
+        let probe = AttachedProbe {
             scope: target.scope,
             symbol: entry.symbol.clone(),
             path: target.path.to_owned(),
@@ -250,8 +283,15 @@ impl KernelProbes {
                 (Some(slow), profiler_common::CallShape::SlowPath) => Some(slow.own_code.clone()),
                 _ => None,
             },
-        });
-        Ok(())
+        };
+        if index < self.attached.len() {
+            self.links[index] = links;
+            self.attached[index] = probe;
+        } else {
+            self.links.push(links);
+            self.attached.push(probe);
+        }
+        Ok(index)
     }
 
     fn attach_uprobe(

@@ -132,7 +132,7 @@ pub struct AttachedProbe {
     /// For jemalloc's slow path, reached through its own code (`operator
     /// new`'s fallback): the file-offset extents of that code, where a
     /// sample's leading frames are not the program's. `None` elsewhere.
-    pub own_code: Option<Vec<std::ops::Range<u64>>>,
+    pub own_code: Option<std::sync::Arc<[std::ops::Range<u64>]>>,
 }
 
 /// The kernel links of one attached entry point.

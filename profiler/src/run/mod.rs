@@ -327,6 +327,23 @@ impl Session<'_> {
         Ok(())
     }
 
+    /// `--verbose`: why the run stops, and how many probe counter slots
+    /// it used (bounded: a part attached again takes back its own).
+    fn say_why_stopping(&mut self, stop: &Stop) {
+        let reason = match stop {
+            Stop::Duration => "duration reached",
+            Stop::Signal(libc::SIGINT) => "interrupted",
+            Stop::Signal(_) => "terminated",
+            Stop::AllExited => "every process exited",
+        };
+        let _ = writeln!(self.status, "memprobe: stopping: {reason}");
+        let _ = writeln!(
+            self.status,
+            "memprobe: {} probe counter slots used over the run",
+            self.probes.attached.len()
+        );
+    }
+
     /// The last snapshots, detaching, waiting for a launched command, and
     /// the summary.
     async fn finish(
@@ -340,13 +357,7 @@ impl Session<'_> {
         let elapsed = self.started.elapsed();
         self.clear_progress();
         if self.options.verbose {
-            let reason = match stop {
-                Stop::Duration => "duration reached",
-                Stop::Signal(libc::SIGINT) => "interrupted",
-                Stop::Signal(_) => "terminated",
-                Stop::AllExited => "every process exited",
-            };
-            let _ = writeln!(self.status, "memprobe: stopping: {reason}");
+            self.say_why_stopping(&stop);
         }
         // The last snapshots hold owned data: the probes can go before
         // they are written.

@@ -76,7 +76,6 @@ impl Gathered {
 /// both see the same mix of the program's work.
 #[derive(Debug)]
 struct Comparison {
-    on_slow_path: bool,
     /// When the current slice began, the totals then, and how long it lasts.
     slice: (Instant, Totals, Duration),
     slow: Gathered,
@@ -89,7 +88,6 @@ impl Comparison {
     /// Starts on the slow path, where the copy is.
     fn start(totals: Totals, again: bool) -> Box<Self> {
         Box::new(Self {
-            on_slow_path: true,
             slice: (Instant::now(), totals, slice_length()),
             slow: Gathered::default(),
             entry: Gathered::default(),
@@ -116,9 +114,13 @@ pub(super) struct Trial {
     /// The entry points the slow path stands in for, and the slow path.
     served: Allocator,
     slow: Allocator,
-    /// The probes attached now for whichever is in use (the slow path's
-    /// at first).
-    probes: Vec<usize>,
+    /// The probe indexes of the slow path's part and of the served entry
+    /// points' (none until first attached): each part goes back into its
+    /// own at every swap.
+    slow_slots: Vec<usize>,
+    served_slots: Vec<usize>,
+    /// Which part is attached now (the slow path's at first).
+    on_slow_path: bool,
     phase: Phase,
 }
 
@@ -137,7 +139,9 @@ impl Trial {
             instance,
             served,
             slow,
-            probes: slow_probes,
+            slow_slots: slow_probes,
+            served_slots: Vec::new(),
+            on_slow_path: true,
             phase: Phase::FellBack,
         }
     }
@@ -256,8 +260,8 @@ impl Session<'_> {
             trial.phase = Phase::Comparing(comparison);
             return;
         }
+        let on_slow_path = trial.on_slow_path;
         let Comparison {
-            on_slow_path,
             slice,
             mut slow,
             mut entry,
@@ -270,9 +274,8 @@ impl Session<'_> {
         if !(slow.enough() && entry.enough()) {
             // The next slice in the other mode (or this one again if the
             // probes could not be swapped).
-            let swapped = self.swap(pid, trial, !on_slow_path);
+            self.swap(pid, trial, !on_slow_path);
             trial.phase = Phase::Comparing(Box::new(Comparison {
-                on_slow_path: on_slow_path != swapped,
                 slice: (now, totals, slice_length()),
                 slow,
                 entry,
@@ -280,7 +283,21 @@ impl Session<'_> {
             }));
             return;
         }
-        match disagree(&slow.totals.shares(), &entry.totals.shares()) {
+        self.decide(pid, trial, (&slow.totals, &entry.totals), again);
+    }
+
+    /// Both modes have had enough: keeps the slow path or goes back to
+    /// entry sampling for good, and says so.
+    fn decide(
+        &mut self,
+        pid: u32,
+        trial: &mut Trial,
+        (slow, entry): (&Totals, &Totals),
+        again: bool,
+    ) {
+        let now = Instant::now();
+        let on_slow_path = trial.on_slow_path;
+        match disagree(&slow.shares(), &entry.shares()) {
             Some(shift) => {
                 if on_slow_path && !self.swap(pid, trial, false) {
                     trial.phase = Phase::Kept(now);
@@ -312,7 +329,7 @@ impl Session<'_> {
                         self.status,
                         "memprobe: pid {pid}: {}: stays on jemalloc's slow path: its call sites' \
                          shares of bytes agreed with entry sampling's ({} and {} samples)",
-                        trial.path, slow.totals.samples, entry.totals.samples
+                        trial.path, slow.samples, entry.samples
                     );
                 }
             }
@@ -320,26 +337,43 @@ impl Session<'_> {
     }
 
     /// Moves a trial's copy to its slow path (`to_slow`) or back to entry
-    /// sampling; false (nothing changed) if the new probes cannot attach.
+    /// sampling, each part into its own probe indexes; false (nothing
+    /// changed) if the new probes cannot attach.
     fn swap(&mut self, pid: u32, trial: &mut Trial, to_slow: bool) -> bool {
-        let part = if to_slow { &trial.slow } else { &trial.served };
-        let before = self.probes.attached.len();
-        let scope = Scope::Process(pid);
-        let attached =
-            self.probes
-                .attach(scope, &trial.path, &trial.open_path, part, trial.instance);
-        if let Err(error) = attached {
-            self.clear_progress();
-            let _ = writeln!(
-                self.status,
-                "memprobe: warning: pid {pid}: {}: the trial of jemalloc's slow path stops: {}",
-                trial.path,
-                crate::error::chain(&error)
-            );
-            return false;
+        if trial.on_slow_path == to_slow {
+            return true;
         }
-        self.probes.detach_probes(&trial.probes);
-        trial.probes = (before..self.probes.attached.len()).collect();
+        let (part, slots) = if to_slow {
+            (&trial.slow, &trial.slow_slots)
+        } else {
+            (&trial.served, &trial.served_slots)
+        };
+        let scope = Scope::Process(pid);
+        let file = (trial.path.as_str(), trial.open_path.as_path());
+        let attached = self
+            .probes
+            .attach_again(scope, file, part, trial.instance, slots);
+        let used = match attached {
+            Ok(used) => used,
+            Err(error) => {
+                self.clear_progress();
+                let _ = writeln!(
+                    self.status,
+                    "memprobe: warning: pid {pid}: {}: the trial of jemalloc's slow path stops: {}",
+                    trial.path,
+                    crate::error::chain(&error)
+                );
+                return false;
+            }
+        };
+        let (now, before) = if to_slow {
+            (&mut trial.slow_slots, &trial.served_slots)
+        } else {
+            (&mut trial.served_slots, &trial.slow_slots)
+        };
+        *now = used;
+        self.probes.detach_probes(before);
+        trial.on_slow_path = to_slow;
         true
     }
 }

@@ -184,18 +184,18 @@ fn an_allocation_cycle_that_aliases_falls_back_to_entry_sampling() {
         note.contains("at entry (jemalloc's slow path disagreed"),
         "{note}"
     );
-    assert_cycle_sites(&heap);
+    assert_cycle_sites(&heap, &stderr);
 }
 
-/// cycle_48's and cycle_16's bytes in use within 10%; the profile's notes
-/// and both sites' estimates if not.
-fn assert_cycle_sites(heap: &Path) {
+/// cycle_48's and cycle_16's bytes in use within 10%; the profile's notes,
+/// both sites' estimates and memprobe's output if not.
+fn assert_cycle_sites(heap: &Path, stderr: &str) {
     let inuse = jeprof_rows(&aliasing_fixture(), heap, "--inuse_space");
     let (b48, b16) = (flat(&inuse, "cycle_48"), flat(&inuse, "cycle_16"));
     let ok = |bytes: f64, truth: f64| (bytes - truth).abs() <= 0.10 * truth;
     assert!(
         ok(b48, 100_000.0 * 48.0) && ok(b16, 100_000.0 * 16.0),
-        "cycle_48 {b48:.0} B (truth 4800000), cycle_16 {b16:.0} B (truth 1600000); {:?}",
+        "cycle_48 {b48:.0} B (truth 4800000), cycle_16 {b16:.0} B (truth 1600000); {:?}\n{stderr}",
         heap_notes(heap)
     );
 }
@@ -246,5 +246,24 @@ fn a_recheck_catches_a_cycle_that_began_later() {
         note.contains("at entry (jemalloc's slow path disagreed"),
         "{note}"
     );
-    assert_cycle_sites(&heap);
+    assert_cycle_sites(&heap, &stderr);
+    // Every swap of the re-checks put each part back into its own probe
+    // slots: the run used those first attached and the served entry
+    // points' (malloc and operator new's, at most four), not ~25 a trial.
+    let first = number_in(&stderr, "attached ", " probes to pid");
+    let slots = number_in(&stderr, "memprobe: ", " probe counter slots used");
+    assert!(
+        first > 0 && slots <= first + 4,
+        "{first} then {slots}: {stderr}"
+    );
+}
+
+/// The number between `before` and `after` on the first line that has both.
+fn number_in(text: &str, before: &str, after: &str) -> usize {
+    text.lines()
+        .find_map(|line| {
+            let (head, _) = line.split_once(after)?;
+            head.rsplit_once(before)?.1.trim().parse().ok()
+        })
+        .unwrap_or(0)
 }
