@@ -37,14 +37,18 @@ pub(crate) fn on_free(ctx: &ProbeContext, ptr: u64) {
     if SAMPLED.get_ptr(key).is_none() {
         return;
     }
-    let _ = SAMPLED.remove(key);
     let event = FreeEvent {
         header: header(event_kind::FREE, id, cookie::probe_index(probe_cookie)),
         ptr,
     };
     if EVENTS.output::<FreeEvent>(event, 0).is_err() {
+        // Kept in the set: the address's next free, once reused, reports
+        // it; dropped here the sample would stay in use for good.
         count(Counter::RingBufferFull);
+        return;
     }
+    // Only now: the region is not free (nor reusable) before this returns.
+    let _ = SAMPLED.remove(key);
 }
 
 /// xallocx of a sampled pointer: its new size comes at return. Returns
