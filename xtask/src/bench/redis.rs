@@ -35,9 +35,10 @@ struct Attached {
     /// What a slow-path mode's trial had decided before the measured runs,
     /// unless it kept the slow path.
     trial: Option<&'static str>,
-    /// The pair without memprobe just before: what this run is compared
-    /// with (redis-server's CPU per pair drifts by 10-20% over the bench).
-    baseline: (f64, f64),
+    /// The pair without memprobe measured just before attaching (the
+    /// table compares each run with the pairs before and after it:
+    /// redis-server's CPU per pair drifts by 10-20% over the bench).
+    before: (f64, f64),
     /// Run pairs while attached, the warm-up's included.
     pairs: usize,
     rate: f64,
@@ -108,7 +109,7 @@ pub(super) fn redis_bench(
         let mut with = Vec::new();
         for (label, flags) in MODES {
             let run = attached_run(memprobe, profiles_dir, target, (label, flags))?;
-            without.push(run.baseline);
+            without.push(run.before);
             with.push(run);
         }
         without.push(measure()?);
@@ -171,7 +172,7 @@ fn attached_run(
     server: Server,
     (label, flags): (&'static str, &[&str]),
 ) -> Result<Attached> {
-    let baseline = measure_pair(server)?;
+    let before = measure_pair(server)?;
     let pid = server.pid.to_string();
     let mut args = vec!["--pid", &pid, "-o", profiles_dir];
     args.extend_from_slice(flags);
@@ -201,7 +202,7 @@ fn attached_run(
     Ok(Attached {
         label,
         trial: trial.filter(|&decision| decision != "kept the slow path"),
-        baseline,
+        before,
         rate,
         cpu,
         pairs: pairs + 1,
@@ -212,43 +213,41 @@ fn attached_run(
 }
 
 /// The README's redis table, and how memprobe's reported cost compares
-/// with what redis-server gained. Each row is compared with the pair
-/// without memprobe measured just before it.
+/// with what redis-server gained. Each row is compared with the pairs
+/// without memprobe measured just before and just after it.
 pub(super) fn redis_table(redis: &RedisResult) -> String {
     let cpus: Vec<f64> = redis.without.iter().map(|&(_, cpu)| cpu).collect();
-    let mean = |values: &[f64]| values.iter().sum::<f64>() / values.len().max(1) as f64;
     let rates: Vec<f64> = redis.without.iter().map(|&(rate, _)| rate).collect();
+    let mean = |values: &[f64]| values.iter().sum::<f64>() / values.len().max(1) as f64;
     let (low, high) = cpus
         .iter()
         .fold((f64::MAX, f64::MIN), |(l, h), &c| (l.min(c), h.max(c)));
-    let first = redis.without.first().copied().unwrap_or((1.0, 1.0));
     let mut table = format!(
-        "\n| redis-server 7 (libjemalloc), redis-benchmark SET/GET of {}-byte values, 50 clients, random keys (a million, mostly set first), each on its own CPU, 2 runs of 200k SET + 200k GET | requests/s (vs the pair without just before) | redis-server CPU s (without, just before) | CPU per request vs without just before | added CPU s while attached (warm-up included): measured / memprobe's report | memprobe's own CPU s, peak RSS |\n|---|---|---|---|---|---|\n\
-         | without memprobe: mean of {} pairs, one before each row below and one last (CPU {low:.2} to {high:.2}) | {:.0} | {:.2} | 1.00x | - | - |\n",
+        "\n| redis-server 7 (libjemalloc), redis-benchmark SET/GET of {}-byte values, 50 clients, random keys (a million, mostly set first), each on its own CPU, 2 runs of 200k SET + 200k GET | requests/s (vs without, around it) | redis-server CPU s (without, around it) | CPU per request vs without, around it | added CPU s while attached (warm-up included): measured / memprobe's report | memprobe's own CPU s, peak RSS |\n|---|---|---|---|---|---|\n\
+         | without memprobe: mean of {} pairs, one before and after each row below (CPU {low:.2} to {high:.2}) | {:.0} | {:.2} | 1.00x | - | - |\n",
         redis.value_bytes,
         cpus.len(),
         mean(&rates),
         mean(&cpus),
     );
-    let rows = std::iter::once((
-        "two-trap floor: counting uprobe perf events at malloc and free, no BPF program".to_owned(),
-        redis.floor,
-        first,
-        None,
-    ))
-    .chain(redis.with.iter().map(|run| {
-        let undecided = run
-            .trial
-            .map_or(String::new(), |decision| format!(" (its trial {decision})"));
-        (
-            format!("memprobe, {}{undecided}", run.label),
-            (run.rate, run.cpu),
-            run.baseline,
-            Some(run),
-        )
-    }));
-    for (label, (rate, cpu), (base_rate, base_cpu), run) in rows {
-        let (added, own) = run.map_or(("-".to_owned(), "-".to_owned()), added_and_own);
+    let floor = "two-trap floor: counting uprobe perf events at malloc and free, no BPF program";
+    let rows = std::iter::once((floor.to_owned(), redis.floor, None)).chain(redis.with.iter().map(
+        |run| {
+            let undecided = run
+                .trial
+                .map_or(String::new(), |decision| format!(" (its trial {decision})"));
+            let label = format!("memprobe, {}{undecided}", run.label);
+            (label, (run.rate, run.cpu), Some(run))
+        },
+    ));
+    for (row, (label, (rate, cpu), run)) in rows.enumerate() {
+        // Row k ran between pairs k and k + 1 without.
+        let around =
+            |values: &[f64]| mean(&values[row.min(values.len())..(row + 2).min(values.len())]);
+        let (base_rate, base_cpu) = (around(&rates), around(&cpus));
+        let (added, own) = run.map_or(("-".to_owned(), "-".to_owned()), |run| {
+            added_and_own(run, base_cpu)
+        });
         table.push_str(&format!(
             "| {label} | {rate:.0} ({:.1}%) | {cpu:.2} ({base_cpu:.2}) | {:.2}x | {added} | {own} |\n",
             100.0 * rate / base_rate.max(1e-12),
@@ -260,10 +259,10 @@ pub(super) fn redis_table(redis: &RedisResult) -> String {
 }
 
 /// What redis-server gained while attached (its CPU less the same pairs'
-/// without, at the baseline's rate) against memprobe's report; memprobe's
+/// without, at `base_cpu` a pair) against memprobe's report; memprobe's
 /// own CPU and RSS.
-fn added_and_own(run: &Attached) -> (String, String) {
-    let gained = run.cpu_while_attached - run.pairs as f64 * run.baseline.1;
+fn added_and_own(run: &Attached, base_cpu: f64) -> (String, String) {
+    let gained = run.cpu_while_attached - run.pairs as f64 * base_cpu;
     let reported = run.reported_added.map_or("-".to_owned(), |r| {
         format!("{r:.2} ({:.0}%)", 100.0 * r / gained.max(1e-9))
     });
