@@ -8,8 +8,26 @@ use tests::*;
 #[test]
 fn every_format_reads_without_the_binary() {
     let _guard = shared();
+    let (out, stderr) = profile_a_deleted_binary();
+    let file = |ext: &str| {
+        let found = std::fs::read_dir(&out)
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| p.to_string_lossy().ends_with(&format!(".0.{ext}")));
+        found.unwrap_or_else(|| panic!("no .{ext} file: {stderr}"))
+    };
+    assert_pprof_sites(&file("pb.gz"));
+    assert_jeprof_and_folded(&file("sym.heap"), &file("folded"), &file("heap"));
+    // The flame graph names the sites and counts bytes.
+    let svg = std::fs::read_to_string(file("svg")).unwrap();
+    assert!(svg.contains("keep_1m") && svg.contains("keep_4k") && svg.contains("bytes"));
+}
+
+/// The sites fixture launched from a private copy, profiled to its end,
+/// the copy deleted: the output folder and memprobe's stderr.
+fn profile_a_deleted_binary() -> (std::path::PathBuf, String) {
     let out = output_dir("formats");
-    // A private copy of the fixture, deleted once profiled.
     let app = out.join("app");
     std::fs::copy(sites_fixture(), &app).unwrap();
     let mut memprobe = Command::new(memprobe_bin());
@@ -31,27 +49,21 @@ fn every_format_reads_without_the_binary() {
     writeln!(stdin, "go").unwrap();
     drop(stdin);
     let output = child.wait_with_output().unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
     assert!(output.status.success(), "{stderr}");
     std::fs::remove_file(&app).unwrap();
+    (out, stderr)
+}
 
-    let file = |ext: &str| {
-        let found = std::fs::read_dir(&out)
-            .unwrap()
-            .flatten()
-            .map(|e| e.path())
-            .find(|p| p.to_string_lossy().ends_with(&format!(".0.{ext}")));
-        found.unwrap_or_else(|| panic!("no .{ext} file: {stderr}"))
-    };
-
-    // go tool pprof: symbolized, no binary needed, sites in order.
-    let top = pprof_top(&file("pb.gz"), "inuse_space", &[]);
+/// go tool pprof: symbolized, no binary needed, sites in order, each
+/// sample type's values against what the fixture did.
+fn assert_pprof_sites(pb: &std::path::Path) {
+    let top = pprof_top(pb, "inuse_space", &[]);
     let position = |name: &str| {
         top.find(name)
             .unwrap_or_else(|| panic!("{name} not in:\n{top}"))
     };
     assert!(position("keep_1m") < position("keep_4k"), "{top}");
-    // Each sample type's values, against what the fixture did.
     for (sample_type, site, truth) in [
         ("inuse_space", "keep_1m", 16.0 * 1048576.0),
         ("inuse_space", "keep_4k", 2000.0 * 4096.0),
@@ -60,7 +72,7 @@ fn every_format_reads_without_the_binary() {
         ("alloc_space", "churn_512", 50000.0 * 512.0),
         ("alloc_objects", "churn_512", 50000.0),
     ] {
-        let top = pprof_top(&file("pb.gz"), sample_type, &[]);
+        let top = pprof_top(pb, sample_type, &[]);
         assert_within(
             &format!("pprof {sample_type} {site}"),
             pprof_flat(&top, site),
@@ -68,11 +80,18 @@ fn every_format_reads_without_the_binary() {
             0.1,
         );
     }
+}
 
-    // jeprof reads the self-symbolized .heap alone.
+/// jeprof reads the self-symbolized .heap alone; folded stacks sum to the
+/// bytes in use, root first.
+fn assert_jeprof_and_folded(
+    sym_heap: &std::path::Path,
+    folded: &std::path::Path,
+    heap: &std::path::Path,
+) {
     let jeprof = Command::new("jeprof")
         .arg("--text")
-        .arg(file("sym.heap"))
+        .arg(sym_heap)
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&jeprof.stdout);
@@ -89,14 +108,11 @@ fn every_format_reads_without_the_binary() {
         2000.0 * 4096.0,
         0.10,
     );
-
-    // Folded stacks sum to the bytes in use, root first.
-    let folded = std::fs::read_to_string(file("folded")).unwrap();
+    let folded = std::fs::read_to_string(folded).unwrap();
     let total: f64 = folded
         .lines()
         .map(|l| l.rsplit_once(' ').unwrap().1.parse::<f64>().unwrap())
         .sum();
-    let heap = std::fs::read_to_string(file("heap")).unwrap();
     assert!(
         folded.lines().any(|l| l.contains("main;keep_1m ")),
         "{folded}"
@@ -118,11 +134,8 @@ fn every_format_reads_without_the_binary() {
         jeprof_total * MIB,
         0.01,
     );
+    let heap = std::fs::read_to_string(heap).unwrap();
     assert!(heap.starts_with("heap_v2/4096"));
-
-    // The flame graph names the sites and counts bytes.
-    let svg = std::fs::read_to_string(file("svg")).unwrap();
-    assert!(svg.contains("keep_1m") && svg.contains("keep_4k") && svg.contains("bytes"));
 }
 
 #[test]
