@@ -176,10 +176,12 @@ pub struct Cli {
     #[arg(long, value_name = "WHERE", value_enum, default_value_t = SamplingArg::SlowPath)]
     pub sampling: SamplingArg,
 
-    /// How often a jemalloc copy kept on its slow path is tried against
-    /// entry sampling again (some 10 s, half of it at entry's price), to
-    /// catch a program that began allocating in a cycle that aliases with
-    /// jemalloc's threshold; `never` to try once, at attach.
+    /// How often a jemalloc copy's slow path is tried against entry
+    /// sampling again (some 10 s, half of it at entry's price): a copy kept
+    /// on its slow path, to catch a program that began allocating in a
+    /// cycle that aliases with jemalloc's threshold; a copy sent back to
+    /// entry, to return to the slow path once that cycle ended. `never` to
+    /// try once, at attach.
     #[arg(long, value_name = "DUR", default_value = "1h", value_parser = parse_recheck)]
     pub recheck_every: Recheck,
 

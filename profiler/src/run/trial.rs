@@ -6,7 +6,8 @@
 //! has had [`PHASE`] and [`MIN_SAMPLES`]; the share of bytes each call site
 //! allocated in the two modes is compared: alike, the copy stays on its
 //! slow path; different beyond sampling noise, it goes back to entry
-//! sampling for good, and memprobe says so.
+//! sampling, and memprobe says so. Either way it is tried again after
+//! `--recheck-every`: programs change their ways.
 use std::{
     collections::HashMap,
     path::{Path, PathBuf},
@@ -80,18 +81,19 @@ struct Comparison {
     slice: (Instant, Totals, Duration),
     slow: Gathered,
     entry: Gathered,
-    /// A re-check (`--recheck-every`) of a copy kept before.
-    again: bool,
+    /// For a re-check (`--recheck-every`), whether the copy was on its
+    /// slow path before; `None` for the trial at attach.
+    was_kept: Option<bool>,
 }
 
 impl Comparison {
     /// Starts on the slow path, where the copy is.
-    fn start(totals: Totals, again: bool) -> Box<Self> {
+    fn start(totals: Totals, was_kept: Option<bool>) -> Box<Self> {
         Box::new(Self {
             slice: (Instant::now(), totals, slice_length()),
             slow: Gathered::default(),
             entry: Gathered::default(),
-            again,
+            was_kept,
         })
     }
 }
@@ -100,9 +102,10 @@ impl Comparison {
 #[derive(Debug)]
 enum Phase {
     Comparing(Box<Comparison>),
-    /// Decided: on the slow path (since then), or back at entry.
+    /// Decided (since then): on the slow path, or back at entry; tried
+    /// again after `--recheck-every` either way.
     Kept(Instant),
-    FellBack,
+    FellBack(Instant),
 }
 
 /// One jemalloc copy of one process on trial.
@@ -142,18 +145,23 @@ impl Trial {
             slow_slots: slow_probes,
             served_slots: Vec::new(),
             on_slow_path: true,
-            phase: Phase::FellBack,
+            // Until `start_trial` begins the comparison.
+            phase: Phase::Kept(Instant::now()),
         }
     }
 
     /// The snapshot note: how this copy's malloc is sampled.
     pub(super) fn note(&self) -> String {
-        let state = match self.phase {
-            Phase::Comparing { .. } => "on trial: jemalloc's slow path against entry sampling",
-            Phase::Kept(_) => {
-                "on jemalloc's slow path (its sites' shares agreed with entry sampling's)"
-            }
-            Phase::FellBack => "at entry (jemalloc's slow path disagreed with entry sampling)",
+        let kept = "on jemalloc's slow path (its sites' shares agreed with entry sampling's)";
+        let back = "at entry (jemalloc's slow path disagreed with entry sampling)";
+        let state = match &self.phase {
+            Phase::Comparing(comparison) => match comparison.was_kept {
+                None => "on trial: jemalloc's slow path against entry sampling".to_owned(),
+                Some(true) => format!("{kept}; being tried again"),
+                Some(false) => format!("{back}; being tried again"),
+            },
+            Phase::Kept(_) => kept.to_owned(),
+            Phase::FellBack(_) => back.to_owned(),
         };
         format!("{}: {state}", self.path)
     }
@@ -208,7 +216,7 @@ impl Session<'_> {
                 trial.path
             );
         }
-        trial.phase = Phase::Comparing(Comparison::start(self.totals(pid), false));
+        trial.phase = Phase::Comparing(Comparison::start(self.totals(pid), None));
         if let Some(t) = self.tracked.get_mut(&pid) {
             t.trials.push(trial);
         }
@@ -239,21 +247,38 @@ impl Session<'_> {
         }
     }
 
-    fn advance(&mut self, pid: u32, trial: &mut Trial) {
-        if let Phase::Kept(since) = trial.phase {
-            // Kept long enough: tried again, in case the program changed.
-            if self
-                .options
-                .recheck_every
-                .is_some_and(|every| since.elapsed() >= every)
-            {
-                trial.phase = Phase::Comparing(Comparison::start(self.totals(pid), true));
-            }
+    /// A decided copy, tried again once `--recheck-every` has passed, in
+    /// case the program changed its ways: a kept one may have begun a
+    /// cycle, one back at entry may have ended its cycle.
+    fn recheck(&mut self, pid: u32, trial: &mut Trial) {
+        let (since, was_kept) = match trial.phase {
+            Phase::Kept(since) => (since, true),
+            Phase::FellBack(since) => (since, false),
+            Phase::Comparing(_) => return,
+        };
+        let due = self
+            .options
+            .recheck_every
+            .is_some_and(|every| since.elapsed() >= every);
+        if !due {
             return;
         }
-        let Phase::Comparing(comparison) = std::mem::replace(&mut trial.phase, Phase::FellBack)
-        else {
-            return; // back at entry for good
+        // The comparison starts on the slow path.
+        if !self.swap(pid, trial, true) {
+            trial.phase = Phase::FellBack(Instant::now());
+            return;
+        }
+        trial.phase = Phase::Comparing(Comparison::start(self.totals(pid), Some(was_kept)));
+    }
+
+    fn advance(&mut self, pid: u32, trial: &mut Trial) {
+        if !matches!(trial.phase, Phase::Comparing(_)) {
+            self.recheck(pid, trial);
+            return;
+        }
+        let taken = std::mem::replace(&mut trial.phase, Phase::FellBack(Instant::now()));
+        let Phase::Comparing(comparison) = taken else {
+            return;
         };
         let now = Instant::now();
         if now.duration_since(comparison.slice.0) < comparison.slice.2 {
@@ -265,7 +290,7 @@ impl Session<'_> {
             slice,
             mut slow,
             mut entry,
-            again,
+            was_kept,
         } = *comparison;
         let totals = self.totals(pid);
         let gathered = if on_slow_path { &mut slow } else { &mut entry };
@@ -279,61 +304,61 @@ impl Session<'_> {
                 slice: (now, totals, slice_length()),
                 slow,
                 entry,
-                again,
+                was_kept,
             }));
             return;
         }
-        self.decide(pid, trial, (&slow.totals, &entry.totals), again);
+        self.decide(pid, trial, (&slow.totals, &entry.totals), was_kept);
     }
 
-    /// Both modes have had enough: keeps the slow path or goes back to
-    /// entry sampling for good, and says so.
+    /// Both modes have had enough: keeps the slow path, or goes back to
+    /// entry sampling until the next re-check; says so when that changed
+    /// (after every trial with --verbose).
     fn decide(
         &mut self,
         pid: u32,
         trial: &mut Trial,
         (slow, entry): (&Totals, &Totals),
-        again: bool,
+        was_kept: Option<bool>,
     ) {
         let now = Instant::now();
-        let on_slow_path = trial.on_slow_path;
-        match disagree(&slow.shares(), &entry.shares()) {
-            Some(shift) => {
-                if on_slow_path && !self.swap(pid, trial, false) {
-                    trial.phase = Phase::Kept(now);
-                    return;
-                }
-                trial.phase = Phase::FellBack;
-                self.clear_progress();
-                let _ = writeln!(
-                    self.status,
-                    "memprobe: pid {pid}: {}: back to entry sampling: on jemalloc's slow path a \
-                     call site's share of bytes differed from entry sampling's by {:.0} points \
-                     (allocations in a cycle that the thread threshold aliases with)",
-                    trial.path,
-                    shift * 100.0
-                );
-            }
-            None => {
-                let on_slow = on_slow_path || self.swap(pid, trial, true);
-                trial.phase = if on_slow {
-                    Phase::Kept(now)
-                } else {
-                    Phase::FellBack
-                };
-                // Said once: from here on malloc's price drops (a re-check
-                // that agrees again only with --verbose).
-                if on_slow && (!again || self.options.verbose) {
-                    self.clear_progress();
-                    let _ = writeln!(
-                        self.status,
-                        "memprobe: pid {pid}: {}: stays on jemalloc's slow path: its call sites' \
-                         shares of bytes agreed with entry sampling's ({} and {} samples)",
-                        trial.path, slow.samples, entry.samples
-                    );
-                }
-            }
+        let shift = disagree(&slow.shares(), &entry.shares());
+        // Where the copy ends up (where it is, if the probes cannot swap).
+        let kept = match shift {
+            Some(_) => !self.swap(pid, trial, false),
+            None => self.swap(pid, trial, true),
+        };
+        trial.phase = if kept {
+            Phase::Kept(now)
+        } else {
+            Phase::FellBack(now)
+        };
+        if was_kept == Some(kept) && !self.options.verbose {
+            return;
         }
+        let line = match (shift, kept) {
+            (Some(shift), false) => format!(
+                "back to entry sampling: on jemalloc's slow path a call site's share of bytes \
+                 differed from entry sampling's by {:.0} points (allocations in a cycle that the \
+                 thread threshold aliases with)",
+                shift * 100.0
+            ),
+            (None, true) => format!(
+                "{}: its call sites' shares of bytes agreed with entry sampling's ({} and {} \
+                 samples)",
+                if was_kept == Some(false) {
+                    "on jemalloc's slow path again"
+                } else {
+                    "stays on jemalloc's slow path"
+                },
+                slow.samples,
+                entry.samples
+            ),
+            // The probes could not swap: the warning said so.
+            _ => return,
+        };
+        self.clear_progress();
+        let _ = writeln!(self.status, "memprobe: pid {pid}: {}: {line}", trial.path);
     }
 
     /// Moves a trial's copy to its slow path (`to_slow`) or back to entry
