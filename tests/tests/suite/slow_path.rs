@@ -229,23 +229,13 @@ fn irregular_sizes_keep_the_slow_path() {
 #[test]
 fn a_recheck_catches_a_cycle_that_began_later() {
     let _guard = shared();
-    let env = [
-        ("FIXTURE_IRREGULAR", "1"),
-        ("FIXTURE_CYCLE_AFTER_S", "24"),
-        ("FIXTURE_SECONDS", "60"),
-    ];
-    let (stderr, heap) = trial("slow_path_recheck", &env, &["--recheck-every", "2s"]);
-    let kept = stderr.find("stays on jemalloc's slow path");
-    let back = stderr.find("back to entry sampling");
-    assert!(
-        kept.zip(back).is_some_and(|(kept, back)| kept < back),
-        "{stderr}"
-    );
-    let notes = heap_notes(&heap);
-    let note = notes.get("malloc_sampling").cloned().unwrap_or_default();
-    assert!(
-        note.contains("at entry (jemalloc's slow path disagreed"),
-        "{note}"
+    let env = [("FIXTURE_IRREGULAR", "1"), ("FIXTURE_CYCLE_AFTER_S", "24")];
+    let said = ("stays on jemalloc's slow path", "back to entry sampling");
+    let stderr = recheck(
+        "slow_path_recheck",
+        &env,
+        said,
+        "at entry (jemalloc's slow path disagreed",
     );
     // Every swap of the re-checks put each part back into its own probe
     // slots: the run used those first attached and the served entry
@@ -264,23 +254,28 @@ fn a_recheck_catches_a_cycle_that_began_later() {
 #[test]
 fn a_recheck_returns_to_the_slow_path_once_the_cycle_ended() {
     let _guard = shared();
-    let env = [
-        ("FIXTURE_IRREGULAR_AFTER_S", "24"),
-        ("FIXTURE_SECONDS", "60"),
-    ];
-    let (stderr, heap) = trial("slow_path_return", &env, &["--recheck-every", "2s"]);
-    let back = stderr.find("back to entry sampling");
-    let again = stderr.find("on jemalloc's slow path again");
+    let env = [("FIXTURE_IRREGULAR_AFTER_S", "24")];
+    let said = ("back to entry sampling", "on jemalloc's slow path again");
+    let kept = "on jemalloc's slow path (its sites' shares agreed";
+    recheck("slow_path_return", &env, said, kept);
+}
+
+/// The fixture for 60 s with `env`, re-checked every 2 s: memprobe says
+/// `said.0`, later `said.1`, and the profile's last note has `note`.
+/// Returns memprobe's output.
+fn recheck(test: &str, env: &[(&str, &str)], said: (&str, &str), note: &str) -> String {
+    let env = [env, &[("FIXTURE_SECONDS", "60")]].concat();
+    let (stderr, heap) = trial(test, &env, &["--recheck-every", "2s"]);
+    let first = stderr.find(said.0);
+    let then = stderr.find(said.1);
     assert!(
-        back.zip(again).is_some_and(|(back, again)| back < again),
+        first.zip(then).is_some_and(|(first, then)| first < then),
         "{stderr}"
     );
     let notes = heap_notes(&heap);
-    let note = notes.get("malloc_sampling").cloned().unwrap_or_default();
-    assert!(
-        note.contains("on jemalloc's slow path (its sites' shares agreed"),
-        "{note}"
-    );
+    let last = notes.get("malloc_sampling").cloned().unwrap_or_default();
+    assert!(last.contains(note), "{last}");
+    stderr
 }
 
 /// The number between `before` and `after` on the first line that has both.
