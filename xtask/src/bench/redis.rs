@@ -19,19 +19,14 @@ use super::{
 pub(super) struct RedisResult {
     /// The size of the values SET.
     value_bytes: u32,
-    /// Both servers with nothing attached: how alike they are.
-    without: Interleaved,
-    /// Counting uprobe events at malloc and free only, on the profiled one.
-    floor: Interleaved,
+    /// Requests per second, and redis-server's CPU seconds over the same
+    /// requests, without memprobe: one pair before the floor's and before
+    /// each mode's, one last.
+    without: Vec<(f64, f64)>,
+    /// The same with counting uprobe events at malloc and free only (its
+    /// baseline is the first pair without).
+    floor: (f64, f64),
     with: Vec<Attached>,
-}
-
-/// Requests per second and redis-server's CPU seconds a pair of runs,
-/// means over pairs taken in turn on the profiled server and the control.
-#[derive(Clone, Copy)]
-struct Interleaved {
-    profiled: (f64, f64),
-    control: (f64, f64),
 }
 
 /// One run with memprobe attached.
@@ -40,12 +35,16 @@ struct Attached {
     /// What a slow-path mode's trial had decided before the measured runs,
     /// unless it kept the slow path.
     trial: Option<&'static str>,
-    /// Run pairs on the profiled server while attached, the warm-up's
-    /// included.
+    /// The pair without memprobe measured just before attaching (the
+    /// table compares each run with the pairs before and after it:
+    /// redis-server's CPU per pair drifts by 10-20% over the bench).
+    before: (f64, f64),
+    /// Run pairs while attached, the warm-up's included.
     pairs: usize,
-    measured: Interleaved,
-    /// The profiled server's CPU seconds over the warm-up and the measured
-    /// runs: the time memprobe's report covers.
+    rate: f64,
+    cpu: f64,
+    /// redis-server's CPU seconds over the warm-up and the measured runs:
+    /// the time memprobe's report covers.
     cpu_while_attached: f64,
     /// What memprobe's summary said it added to redis-server.
     reported_added: Option<f64>,
@@ -64,10 +63,7 @@ const MODES: [(&str, &[&str]); 4] = [
     ("`--track allocations`", &["--track", "allocations"]),
 ];
 
-/// Pairs measured on each server, in turn, for a row.
-const TURNS: usize = 2;
-
-/// A redis-server under load, and the value size of its SETs.
+/// The redis-server under load, and the value size of its SETs.
 #[derive(Clone, Copy)]
 struct Server {
     pid: u32,
@@ -75,57 +71,48 @@ struct Server {
     value_bytes: u32,
 }
 
-/// Two redis-servers alike, started afresh and filled: memprobe (or the
-/// floor's counters) attaches to the first only, and each row's runs on it
-/// take turns with the same runs on the second, so that both meet the same
-/// moments of a VM whose speed wanders (a pair's CPU varied by up to 20%
-/// over a bench run). Their SETs store values of `value_bytes`.
+/// redis-server started afresh, filled, and measured without memprobe,
+/// with the two-trap floor and with memprobe in each mode, its SETs storing
+/// values of `value_bytes`.
 pub(super) fn redis_bench(
     memprobe: &Path,
     profiles_dir: &str,
     places: &[Place],
     value_bytes: u32,
 ) -> Result<RedisResult> {
-    let mut children = Vec::new();
-    let mut servers = Vec::new();
-    for port in ["6399", "6398"] {
-        // redis-server on one CPU, redis-benchmark on the other: neither
-        // takes the other's time.
-        let child = Command::new("taskset")
-            .args(["-c", "0", "redis-server"])
-            .args(["--port", port, "--save", "", "--appendonly", "no"])
-            .args(["--bind", "127.0.0.1"])
-            .stdout(Stdio::null())
-            .spawn()
-            .context("starting redis-server")?;
-        servers.push(Server {
-            pid: child.id(),
-            port,
-            value_bytes,
-        });
-        children.push(child);
-    }
+    let port = "6399";
+    // redis-server on one CPU, redis-benchmark on the other: neither
+    // takes the other's time, so CPU per request is steady run to run.
+    let mut server = Command::new("taskset")
+        .args(["-c", "0", "redis-server"])
+        .args(["--port", port, "--save", "", "--appendonly", "no"])
+        .args(["--bind", "127.0.0.1"])
+        .stdout(Stdio::null())
+        .spawn()
+        .context("starting redis-server")?;
     std::thread::sleep(Duration::from_millis(500));
-    let (profiled, control) = (servers[0], servers[1]);
+    let target = Server {
+        pid: server.id(),
+        port,
+        value_bytes,
+    };
     let result = (|| {
-        fill(profiled)?;
-        fill(control)?;
-        let without = interleave(profiled, control)?;
-        let counters = Floor::attach(profiled.pid, places)?;
-        let floor = interleave(profiled, control)?;
+        fill(target)?;
+        let measure = || measure_pair(target);
+        let mut without = vec![measure()?];
+        let counters = Floor::attach(target.pid, places)?;
+        let floor = measure()?;
         if counters.hits()? == 0 {
             bail!("the two-trap floor's uprobes counted no hit in redis-server");
         }
         drop(counters);
         let mut with = Vec::new();
-        for mode in MODES {
-            with.push(attached_run(
-                memprobe,
-                profiles_dir,
-                (profiled, control),
-                mode,
-            )?);
+        for (label, flags) in MODES {
+            let run = attached_run(memprobe, profiles_dir, target, (label, flags))?;
+            without.push(run.before);
+            with.push(run);
         }
+        without.push(measure()?);
         Ok(RedisResult {
             value_bytes,
             without,
@@ -133,27 +120,9 @@ pub(super) fn redis_bench(
             with,
         })
     })();
-    for mut child in children {
-        let _ = child.kill();
-        let _ = child.wait();
-    }
+    let _ = server.kill();
+    let _ = server.wait();
     result
-}
-
-/// [`TURNS`] pairs on each server, in turn: the means.
-fn interleave(profiled: Server, control: Server) -> Result<Interleaved> {
-    let mut sums = [(0.0, 0.0); 2];
-    for _ in 0..TURNS {
-        for (sum, server) in sums.iter_mut().zip([profiled, control]) {
-            let (rate, cpu) = measure_pair(server)?;
-            *sum = (sum.0 + rate, sum.1 + cpu);
-        }
-    }
-    let mean = |(rate, cpu): (f64, f64)| (rate / TURNS as f64, cpu / TURNS as f64);
-    Ok(Interleaved {
-        profiled: mean(sums[0]),
-        control: mean(sums[1]),
-    })
 }
 
 /// Sets most of the million keys the measured runs use (with pipelining,
@@ -194,15 +163,16 @@ fn measure_pair(server: Server) -> Result<(f64, f64)> {
 /// Most warm-up pairs while the slow path's trial decides.
 const MAX_WARMUP: usize = 4;
 
-/// memprobe attached to the profiled server in one mode: warm-up pairs
-/// under load until the slow path's trial (if any) kept the slow path,
-/// then pairs in turn with the control.
+/// A pair without memprobe, then memprobe attached in one mode: warm-up
+/// pairs under load until the slow path's trial (if any) kept the slow
+/// path, then a measured pair.
 fn attached_run(
     memprobe: &Path,
     profiles_dir: &str,
-    (server, control): (Server, Server),
+    server: Server,
     (label, flags): (&'static str, &[&str]),
 ) -> Result<Attached> {
+    let before = measure_pair(server)?;
     let pid = server.pid.to_string();
     let mut args = vec!["--pid", &pid, "-o", profiles_dir];
     args.extend_from_slice(flags);
@@ -224,7 +194,7 @@ fn attached_run(
             eprintln!("bench:   {line}");
         }
     }
-    let measured = interleave(server, control)?;
+    let (rate, cpu) = measure_pair(server)?;
     let own = usage(probe.id());
     stop(&mut probe);
     // The summary comes as memprobe exits; its reader may lag.
@@ -232,44 +202,49 @@ fn attached_run(
     Ok(Attached {
         label,
         trial: trial.filter(|&decision| decision != "kept the slow path"),
-        pairs: pairs + TURNS,
-        measured,
-        cpu_while_attached: warm_cpu + TURNS as f64 * measured.profiled.1,
+        before,
+        rate,
+        cpu,
+        pairs: pairs + 1,
+        cpu_while_attached: warm_cpu + cpu,
         reported_added: reported_added_seconds(&stderr),
         own,
     })
 }
 
 /// The README's redis table, and how memprobe's reported cost compares
-/// with what redis-server gained. Each row compares the profiled server
-/// with the control's runs taken in turn with its own.
+/// with what redis-server gained. Each row is compared with the pairs
+/// without memprobe measured just before and just after it.
 pub(super) fn redis_table(redis: &RedisResult) -> String {
+    let cpus: Vec<f64> = redis.without.iter().map(|&(_, cpu)| cpu).collect();
+    let rates: Vec<f64> = redis.without.iter().map(|&(rate, _)| rate).collect();
+    let mean = |values: &[f64]| values.iter().sum::<f64>() / values.len().max(1) as f64;
+    let (low, high) = cpus
+        .iter()
+        .fold((f64::MAX, f64::MIN), |(l, h), &c| (l.min(c), h.max(c)));
     let mut table = format!(
-        "\n| redis-server 7 (libjemalloc), redis-benchmark SET/GET of {}-byte values, 50 clients, random keys (a million, mostly set first), each server and redis-benchmark on its own CPU, {TURNS} pairs of runs (200k SET + 200k GET each) on the profiled server in turn with {TURNS} on an unprofiled control | requests/s (vs the control) | redis-server CPU s a pair (the control's) | CPU per request vs the control | added CPU s while attached (warm-up included): measured / memprobe's report | memprobe's own CPU s, peak RSS |\n|---|---|---|---|---|---|\n",
+        "\n| redis-server 7 (libjemalloc), redis-benchmark SET/GET of {}-byte values, 50 clients, random keys (a million, mostly set first), each on its own CPU, 2 runs of 200k SET + 200k GET | requests/s (vs without, around it) | redis-server CPU s (without, around it) | CPU per request vs without, around it | added CPU s while attached (warm-up included): measured / memprobe's report | memprobe's own CPU s, peak RSS |\n|---|---|---|---|---|---|\n\
+         | without memprobe: mean of {} pairs, one before and after each row below (CPU {low:.2} to {high:.2}) | {:.0} | {:.2} | 1.00x | - | - |\n",
         redis.value_bytes,
+        cpus.len(),
+        mean(&rates),
+        mean(&cpus),
     );
     let floor = "two-trap floor: counting uprobe perf events at malloc and free, no BPF program";
-    let rows = [
-        (
-            "without memprobe (both servers unprofiled)".to_owned(),
-            redis.without,
-            None,
-        ),
-        (floor.to_owned(), redis.floor, None),
-    ]
-    .into_iter()
-    .chain(redis.with.iter().map(|run| {
-        let undecided = run
-            .trial
-            .map_or(String::new(), |decision| format!(" (its trial {decision})"));
-        let label = format!("memprobe, {}{undecided}", run.label);
-        (label, run.measured, Some(run))
-    }));
-    for (label, measured, run) in rows {
-        let Interleaved {
-            profiled: (rate, cpu),
-            control: (base_rate, base_cpu),
-        } = measured;
+    let rows = std::iter::once((floor.to_owned(), redis.floor, None)).chain(redis.with.iter().map(
+        |run| {
+            let undecided = run
+                .trial
+                .map_or(String::new(), |decision| format!(" (its trial {decision})"));
+            let label = format!("memprobe, {}{undecided}", run.label);
+            (label, (run.rate, run.cpu), Some(run))
+        },
+    ));
+    for (row, (label, (rate, cpu), run)) in rows.enumerate() {
+        // Row k ran between pairs k and k + 1 without.
+        let around =
+            |values: &[f64]| mean(&values[row.min(values.len())..(row + 2).min(values.len())]);
+        let (base_rate, base_cpu) = (around(&rates), around(&cpus));
         let (added, own) = run.map_or(("-".to_owned(), "-".to_owned()), |run| {
             added_and_own(run, base_cpu)
         });
