@@ -272,13 +272,14 @@ impl Session<'_> {
     }
 
     fn advance(&mut self, pid: u32, trial: &mut Trial) {
-        if !matches!(trial.phase, Phase::Comparing(_)) {
-            self.recheck(pid, trial);
-            return;
-        }
-        let taken = std::mem::replace(&mut trial.phase, Phase::FellBack(Instant::now()));
-        let Phase::Comparing(comparison) = taken else {
-            return;
+        let comparison = match std::mem::replace(&mut trial.phase, Phase::FellBack(Instant::now()))
+        {
+            Phase::Comparing(comparison) => comparison,
+            decided => {
+                trial.phase = decided;
+                self.recheck(pid, trial);
+                return;
+            }
         };
         let now = Instant::now();
         if now.duration_since(comparison.slice.0) < comparison.slice.2 {
@@ -368,18 +369,19 @@ impl Session<'_> {
         if trial.on_slow_path == to_slow {
             return true;
         }
-        let (part, slots) = if to_slow {
-            (&trial.slow, &trial.slow_slots)
+        // The part to attach, its slots, and the attached part's slots.
+        let (part, slots, attached_now) = if to_slow {
+            (&trial.slow, &mut trial.slow_slots, &trial.served_slots)
         } else {
-            (&trial.served, &trial.served_slots)
+            (&trial.served, &mut trial.served_slots, &trial.slow_slots)
         };
         let scope = Scope::Process(pid);
         let file = (trial.path.as_str(), trial.open_path.as_path());
-        let attached = self
+        match self
             .probes
-            .attach_again(scope, file, part, trial.instance, slots);
-        let used = match attached {
-            Ok(used) => used,
+            .attach_again(scope, file, part, trial.instance, slots)
+        {
+            Ok(used) => *slots = used,
             Err(error) => {
                 self.clear_progress();
                 let _ = writeln!(
@@ -390,14 +392,8 @@ impl Session<'_> {
                 );
                 return false;
             }
-        };
-        let (now, before) = if to_slow {
-            (&mut trial.slow_slots, &trial.served_slots)
-        } else {
-            (&mut trial.served_slots, &trial.slow_slots)
-        };
-        *now = used;
-        self.probes.detach_probes(before);
+        }
+        self.probes.detach_probes(attached_now);
         trial.on_slow_path = to_slow;
         true
     }

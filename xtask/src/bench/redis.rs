@@ -23,8 +23,8 @@ pub(super) struct RedisResult {
     /// requests, without memprobe: one pair before the floor's and before
     /// each mode's, one last.
     without: Vec<(f64, f64)>,
-    /// The same with counting uprobe events at malloc and free only (its
-    /// baseline is the first pair without).
+    /// The same with counting uprobe events at malloc and free only
+    /// (measured between the first two pairs without).
     floor: (f64, f64),
     with: Vec<Attached>,
 }
