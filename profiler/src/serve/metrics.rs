@@ -63,20 +63,22 @@ fn exposition(published: &Published, resident_bytes: Option<u64>) -> String {
     for (index, (name, kind, help)) in PER_PROCESS.iter().enumerate() {
         let _ = writeln!(text, "# HELP {name} {help}\n# TYPE {name} {kind}");
         for p in &published.processes {
+            // Bytes and counts are whole; seconds keep their milliseconds
+            // (a scrape's rate over a minute would read 0 or 1 s otherwise).
             let value = match index {
-                0 => p.inuse_bytes,
-                1 => p.allocated_bytes,
+                0 => p.inuse_bytes.round(),
+                1 => p.allocated_bytes.round(),
                 2 => p.samples as f64,
                 3 => p.dropped_samples as f64,
                 4 => p.probe_hits as f64,
-                _ => p.added_seconds,
+                _ => (p.added_seconds * 1000.0).round() / 1000.0,
             };
             let _ = writeln!(
                 text,
                 "{name}{{pid=\"{}\",comm=\"{}\"}} {}",
                 p.pid,
                 label_value(&p.command),
-                value.max(0.0).round()
+                value.max(0.0)
             );
         }
     }
@@ -125,6 +127,7 @@ mod tests {
                 command: "we\"ird".into(),
                 inuse_bytes: 1024.4,
                 samples: 3,
+                added_seconds: 2.71828,
                 ..ProcessStatus::default()
             }],
             system_wide_hits: 0,
@@ -133,5 +136,8 @@ mod tests {
         assert!(text.contains("memprobe_inuse_bytes{pid=\"42\",comm=\"we\\\"ird\"} 1024\n"));
         assert!(text.contains("# TYPE memprobe_samples_total counter\n"));
         assert!(text.contains("process_resident_memory_bytes 4096\n"));
+        assert!(
+            text.contains("memprobe_added_seconds_total{pid=\"42\",comm=\"we\\\"ird\"} 2.718\n")
+        );
     }
 }
