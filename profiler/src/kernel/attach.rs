@@ -278,7 +278,7 @@ impl KernelProbes {
             return_half,
             instance,
             allocator: allocator.kind,
-            allocates: entry.shape.allocates(),
+            shape: entry.shape,
             own_code: match (&allocator.fast_path, entry.shape) {
                 (Some(slow), profiler_common::CallShape::SlowPath) => Some(slow.own_code.clone()),
                 _ => None,

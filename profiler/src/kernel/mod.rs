@@ -127,8 +127,8 @@ pub struct AttachedProbe {
     pub return_half: ReturnHalf,
     pub instance: u16,
     pub allocator: crate::discover::AllocatorKind,
-    /// Whether the entry point allocates (not a free or a resize).
-    pub allocates: bool,
+    /// What the entry point's arguments are: a free, an allocation...
+    pub shape: profiler_common::CallShape,
     /// For jemalloc's slow path, reached through its own code (`operator
     /// new`'s fallback): the file-offset extents of that code, where a
     /// sample's leading frames are not the program's. `None` elsewhere.

@@ -34,7 +34,7 @@ impl Session<'_> {
                 }
             };
             if let Some(total) = &mut calls[index].1
-                && probe.allocates
+                && probe.shape.allocates()
             {
                 *total += hits.get(index_of_probe).copied().unwrap_or(0);
             }

@@ -3,9 +3,10 @@
 //! mislead): memprobe starts a copy of itself that calls a two-instruction
 //! function in a loop, and times the loop with no probe, with the
 //! allocation program on the first instruction (`nop`, which the kernel
-//! emulates), on the second (`ret`, which it single-steps) and with a
-//! uretprobe added; and a probe on `endbr64`, which CET builds (Ubuntu's,
-//! Fedora's glibc) start every function with. The function is called with
+//! emulates), on the second (`ret`, which it single-steps), with a
+//! uretprobe added and with a free's program on the `nop` instead; and a
+//! probe on `endbr64`, which CET builds (Ubuntu's, Fedora's glibc) start
+//! every function with. The function is called with
 //! a size of 0, so the countdown never samples: each hit costs what an
 //! unsampled call costs.
 use std::{
@@ -171,9 +172,12 @@ pub fn measure(probes: &mut KernelProbes) -> Result<CostModel, String> {
     let returns = [(entry, NOP), (programs::CALL_RETURN, NOP)];
     let with_return = timed(probes, &returns, FAST_CALLS)?;
     let endbr64 = timed(probes, &[(entry, ENDBR64)], SLOW_CALLS)?;
+    // A free's program: a pointer of 0, never sampled, looked up.
+    let free = timed(probes, &[(programs::FREE_ARG0, NOP)], FAST_CALLS)?;
     let nanos = |ns: f64| Duration::from_nanos(ns.max(1.0) as u64);
     Ok(CostModel {
         emulated: nanos(emulated - baseline),
+        free: nanos(free - baseline),
         single_stepped: nanos(single_stepped - baseline),
         return_half: nanos(with_return - emulated),
         endbr64: nanos(endbr64 - baseline),
