@@ -37,7 +37,11 @@ enum Task {
     /// Set up, build, and measure what memprobe costs the profiled process,
     /// side by side with no profiler and with bcc memleak's probe placement;
     /// writes target/bench/results.md.
-    Bench,
+    Bench {
+        /// Only this part of the bench.
+        #[arg(long)]
+        only: Option<bench::Part>,
+    },
     /// Set up, then run every check: rustfmt, clippy (userspace and eBPF),
     /// unit tests, the integration tests that attach to real processes, and
     /// a bounded run of the fuzz target of the .heap reader.
@@ -71,11 +75,11 @@ fn main() -> Result<()> {
             build_release()?;
             demo::show(&duration)
         }
-        Task::Bench => {
+        Task::Bench { only } => {
             setup::install()?;
             setup::install_bench_tools()?;
             build_release()?;
-            bench::bench()
+            bench::bench(only)
         }
         Task::Test { filter } => {
             setup::install()?;

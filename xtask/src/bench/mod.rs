@@ -128,22 +128,24 @@ const SLOW_PATH_KEPT: &str = "stays on jemalloc's slow path";
 /// What it says when the trial sends it back to entry sampling.
 const FELL_BACK: &str = "back to entry sampling";
 
-/// The seconds memprobe's summary says it added to the profiled processes.
-fn reported_added_seconds(stderr: &Stderr) -> Option<f64> {
-    const KEY: &str = "estimated time added to the profiled processes: ";
-    let lines = stderr.lock().ok()?;
-    let (_, line) = lines.iter().find(|(_, l)| l.contains(KEY))?;
-    let after = line.split_once(KEY)?.1;
-    after.split_whitespace().next()?.parse().ok()
-}
-
 fn stop(child: &mut Child) {
     // SAFETY: signalling our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
     let _ = child.wait();
 }
 
-pub fn bench() -> Result<()> {
+/// A part of the bench run alone (while working on it).
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Part {
+    /// The malloc/free loops.
+    Loops,
+    /// redis-server under redis-benchmark.
+    Redis,
+    /// Offline reports of a large profile.
+    Offline,
+}
+
+pub fn bench(only: Option<Part>) -> Result<()> {
     let root = workspace_root();
     let out = root.join("target/bench");
     let _ = std::fs::remove_dir_all(&out);
@@ -152,29 +154,36 @@ pub fn bench() -> Result<()> {
     let profiles = out.join("profiles");
     std::fs::create_dir_all(&profiles)?;
     let profiles_dir = profiles.to_str().context("path")?.to_owned();
+    let runs = |part| only.is_none_or(|only| only == part);
 
-    let loops = measure_loops(&memprobe, &out, &profiles_dir)?;
-    // redis-benchmark's own value size (3 bytes), and 256-byte values,
-    // whose SETs repeat one cycle of sizes that jemalloc's threshold
-    // aliases with (see README).
-    let mut redis = Vec::new();
-    for value_bytes in [3, 256] {
-        eprintln!("bench: redis-server under redis-benchmark, {value_bytes}-byte values");
-        redis.push(redis_bench(
-            &memprobe,
-            &profiles_dir,
-            &loops.attached.places,
-            value_bytes,
-        )?);
+    let mut table = String::new();
+    let mut places = None;
+    if runs(Part::Loops) {
+        let loops = measure_loops(&memprobe, &out, &profiles_dir)?;
+        table.push_str(&loop_table(&loops));
+        places = Some(loops.attached.places);
     }
-    eprintln!("bench: offline reports of a large program's profile");
-    let offline = offline_bench(&memprobe, &out)?;
-
-    let mut table = loop_table(&loops);
-    for result in &redis {
-        table.push_str(&redis_table(result));
+    if runs(Part::Redis) {
+        let places = match places {
+            Some(places) => places,
+            None => {
+                let malloc_loop = build_loop(&out, "malloc_loop", &["-ljemalloc"])?;
+                floor::memprobe_places(&memprobe, &malloc_loop, LIBJEMALLOC)?
+            }
+        };
+        // redis-benchmark's own value size (3 bytes), and 256-byte values,
+        // whose SETs repeat one cycle of sizes that jemalloc's threshold
+        // aliases with (see README).
+        for value_bytes in [3, 256] {
+            eprintln!("bench: redis-server under redis-benchmark, {value_bytes}-byte values");
+            let redis = redis_bench(&memprobe, &profiles_dir, &places, value_bytes)?;
+            table.push_str(&redis_table(&redis));
+        }
     }
-    table.push_str(&offline);
+    if runs(Part::Offline) {
+        eprintln!("bench: offline reports of a large program's profile");
+        table.push_str(&offline_bench(&memprobe, &out)?);
+    }
     std::fs::write(out.join("results.md"), &table)?;
     println!("{table}");
     eprintln!("bench: results in {}", out.join("results.md").display());

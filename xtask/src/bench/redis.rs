@@ -1,8 +1,20 @@
 //! redis-server under redis-benchmark, with and without memprobe: the
-//! request rate, redis-server's CPU time, and what memprobe said it added.
+//! request rate, redis-server's CPU per request, and what memprobe said it
+//! added.
+//!
+//! Two redis-servers, twins filled alike, take turns in a crossover: while
+//! one has memprobe (or the floor's counters) attached, the other, with
+//! nothing attached, is its baseline, run by run in the order with,
+//! without, without, with; then they swap roles. Runs a few seconds apart
+//! cancel the VM's drift (redis-server's CPU for the same requests wanders
+//! by up to 19% over minutes here), and each twin being once profiled and
+//! once baseline cancels any lasting difference between the two (7% was
+//! seen): the cost is the geometric mean of the two halves' ratios.
 use std::{
+    io::{Read, Write},
+    net::TcpStream,
     path::Path,
-    process::{Command, Stdio},
+    process::{Child, Command, Stdio},
     time::Duration,
 };
 
@@ -11,59 +23,110 @@ use anyhow::{Context, Result, bail};
 use super::{
     FELL_BACK, SLOW_PATH_KEPT, Usage,
     floor::{Floor, Place},
-    line_with, reported_added_seconds, said, start_memprobe, stop, usage,
+    line_with, said, start_memprobe, stop, usage,
 };
 
-/// redis-server under redis-benchmark without memprobe and with it in
-/// each sampling mode.
+/// Where the profiled twin's memprobe serves /metrics, read for the time it
+/// says it added over the measured runs.
+const LISTEN: &str = "127.0.0.1:6071";
+
+/// redis-server under redis-benchmark without memprobe, with the two-trap
+/// floor and with memprobe in each mode.
 pub(super) struct RedisResult {
     /// The size of the values SET.
     value_bytes: u32,
-    /// Requests per second, and redis-server's CPU seconds over the same
-    /// requests, without memprobe: one pair before the floor's and before
-    /// each mode's, one last.
-    without: Vec<(f64, f64)>,
-    /// The same with counting uprobe events at malloc and free only
-    /// (measured between the first two pairs without).
-    floor: (f64, f64),
-    with: Vec<Attached>,
+    /// Nothing attached: twin A's runs (`with`) and twin B's (`without`),
+    /// taken in turn.
+    unprofiled: Half,
+    /// The floor, then memprobe in each mode.
+    rows: Vec<Row>,
 }
 
-/// One run with memprobe attached.
-struct Attached {
+/// One configuration, attached to twin A against B, then to B against A.
+struct Row {
     label: &'static str,
-    /// What a slow-path mode's trial had decided before the measured runs,
-    /// unless it kept the slow path.
+    halves: [Half; 2],
+}
+
+/// Runs of a twin with something attached, and of the other without,
+/// taken in turn.
+#[derive(Default)]
+struct Half {
+    with: Runs,
+    without: Runs,
+    /// memprobe's report of the time it added over the `with` runs.
+    reported: Option<f64>,
+    /// What a slow-path mode's trial had decided before the measured runs.
     trial: Option<&'static str>,
-    /// The pair without memprobe measured just before attaching (the
-    /// table compares each run with the pairs before and after it:
-    /// redis-server's CPU per pair drifts by 10-20% over the bench).
-    before: (f64, f64),
-    /// Run pairs while attached, the warm-up's included.
-    pairs: usize,
-    rate: f64,
-    cpu: f64,
-    /// redis-server's CPU seconds over the warm-up and the measured runs:
-    /// the time memprobe's report covers.
-    cpu_while_attached: f64,
-    /// What memprobe's summary said it added to redis-server.
-    reported_added: Option<f64>,
-    /// memprobe's own CPU and peak RSS.
+    /// memprobe's own CPU and peak RSS at the end of the half.
     own: Usage,
+}
+
+/// redis-benchmark runs, summed.
+#[derive(Default, Clone, Copy)]
+struct Runs {
+    count: usize,
+    /// Requests per second, summed over the runs.
+    rates: f64,
+    /// redis-server's CPU seconds over the runs.
+    cpu: f64,
+    /// Times redis-server's main thread slept (in epoll_wait) over the
+    /// runs: a slower server finds more requests waiting each time it
+    /// wakes, and spends less on system calls per request.
+    sleeps: u64,
+}
+
+impl Runs {
+    fn add(&mut self, run: Run) {
+        self.count += 1;
+        self.rates += run.rate;
+        self.cpu += run.cpu;
+        self.sleeps += run.sleeps;
+    }
+
+    fn rate(&self) -> f64 {
+        self.rates / self.count.max(1) as f64
+    }
+
+    /// Every run serves the same requests, so CPU per run stands for CPU
+    /// per request.
+    fn cpu_per_run(&self) -> f64 {
+        self.cpu / self.count.max(1) as f64
+    }
+
+    fn sleeps_per_run(&self) -> f64 {
+        self.sleeps as f64 / self.count.max(1) as f64
+    }
+}
+
+/// One redis-benchmark run.
+struct Run {
+    /// Requests per second.
+    rate: f64,
+    /// redis-server's CPU seconds.
+    cpu: f64,
+    /// Times its main thread slept.
+    sleeps: u64,
 }
 
 /// The sampling modes compared: (label, memprobe's flags).
 const MODES: [(&str, &[&str]); 4] = [
-    ("`--sampling entry`", &["--sampling", "entry"]),
-    ("default (jemalloc's slow path)", &[]),
+    ("memprobe, `--sampling entry`", &["--sampling", "entry"]),
+    ("memprobe, default (jemalloc's slow path)", &[]),
     (
-        "`--track allocations --sampling entry`",
+        "memprobe, `--track allocations --sampling entry`",
         &["--track", "allocations", "--sampling", "entry"],
     ),
-    ("`--track allocations`", &["--track", "allocations"]),
+    (
+        "memprobe, `--track allocations`",
+        &["--track", "allocations"],
+    ),
 ];
 
-/// The redis-server under load, and the value size of its SETs.
+const FLOOR: &str =
+    "two-trap floor: counting uprobe perf events at malloc and free, no BPF program";
+
+/// A redis-server under load, and the value size of its SETs.
 #[derive(Clone, Copy)]
 struct Server {
     pid: u32,
@@ -71,19 +134,69 @@ struct Server {
     value_bytes: u32,
 }
 
-/// redis-server started afresh, filled, and measured without memprobe,
-/// with the two-trap floor and with memprobe in each mode, its SETs storing
-/// values of `value_bytes`.
+/// Twin redis-servers started afresh, filled, and measured without
+/// memprobe, with the two-trap floor and with memprobe in each mode, their
+/// SETs storing values of `value_bytes`.
 pub(super) fn redis_bench(
     memprobe: &Path,
     profiles_dir: &str,
     places: &[Place],
     value_bytes: u32,
 ) -> Result<RedisResult> {
-    let port = "6399";
-    // redis-server on one CPU, redis-benchmark on the other: neither
-    // takes the other's time, so CPU per request is steady run to run.
-    let mut server = Command::new("taskset")
+    let mut children = Vec::new();
+    let result = (|| {
+        let mut twins = Vec::new();
+        for port in ["6399", "6400"] {
+            let child = start_server(port)?;
+            let server = Server {
+                pid: child.id(),
+                port,
+                value_bytes,
+            };
+            children.push(child);
+            fill(server)?;
+            twins.push(server);
+        }
+        let twins = [twins[0], twins[1]];
+        let mut unprofiled = Half::default();
+        in_turn(twins, &mut unprofiled)?;
+        let mut rows = Vec::new();
+        let floor = crossover(twins, |pair, half| {
+            let counters = Floor::attach(pair[0].pid, places)?;
+            in_turn(pair, half)?;
+            if counters.hits()? == 0 {
+                bail!("the two-trap floor's uprobes counted no hit in redis-server");
+            }
+            Ok(())
+        })?;
+        rows.push(Row {
+            label: FLOOR,
+            halves: floor,
+        });
+        for (label, flags) in MODES {
+            let halves = crossover(twins, |pair, half| {
+                attached_half(memprobe, profiles_dir, pair, flags, half)
+            })?;
+            report_trial(label, &halves);
+            rows.push(Row { label, halves });
+        }
+        Ok(RedisResult {
+            value_bytes,
+            unprofiled,
+            rows,
+        })
+    })();
+    for mut child in children {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    result
+}
+
+/// redis-server on CPU 0 (redis-benchmark runs on the other: neither takes
+/// the other's time).
+fn start_server(port: &str) -> Result<Child> {
+    let child = Command::new("taskset")
         .args(["-c", "0", "redis-server"])
         .args(["--port", port, "--save", "", "--appendonly", "no"])
         .args(["--bind", "127.0.0.1"])
@@ -91,38 +204,33 @@ pub(super) fn redis_bench(
         .spawn()
         .context("starting redis-server")?;
     std::thread::sleep(Duration::from_millis(500));
-    let target = Server {
-        pid: server.id(),
-        port,
-        value_bytes,
-    };
-    let result = (|| {
-        fill(target)?;
-        let measure = || measure_pair(target);
-        let mut without = vec![measure()?];
-        let counters = Floor::attach(target.pid, places)?;
-        let floor = measure()?;
-        if counters.hits()? == 0 {
-            bail!("the two-trap floor's uprobes counted no hit in redis-server");
+    Ok(child)
+}
+
+/// Both halves of a crossover: `measure` with something attached to the
+/// first twin of the pair, then with the twins' roles swapped.
+fn crossover(
+    [a, b]: [Server; 2],
+    mut measure: impl FnMut([Server; 2], &mut Half) -> Result<()>,
+) -> Result<[Half; 2]> {
+    let mut halves = [Half::default(), Half::default()];
+    measure([a, b], &mut halves[0])?;
+    measure([b, a], &mut halves[1])?;
+    Ok(halves)
+}
+
+/// Runs of `pair[0]` (into `half.with`) and `pair[1]` (into
+/// `half.without`) in the order with, without, without, with: a drift
+/// that is steady over them cancels out.
+fn in_turn(pair: [Server; 2], half: &mut Half) -> Result<()> {
+    for profiled in [true, false, false, true] {
+        if profiled {
+            half.with.add(measure_run(pair[0])?);
+        } else {
+            half.without.add(measure_run(pair[1])?);
         }
-        drop(counters);
-        let mut with = Vec::new();
-        for (label, flags) in MODES {
-            let run = attached_run(memprobe, profiles_dir, target, (label, flags))?;
-            without.push(run.before);
-            with.push(run);
-        }
-        without.push(measure()?);
-        Ok(RedisResult {
-            value_bytes,
-            without,
-            floor,
-            with,
-        })
-    })();
-    let _ = server.kill();
-    let _ = server.wait();
-    result
+    }
+    Ok(())
 }
 
 /// Sets most of the million keys the measured runs use (with pipelining,
@@ -130,15 +238,8 @@ pub(super) fn redis_bench(
 /// replace, and free less, than the later ones.
 fn fill(server: Server) -> Result<()> {
     let status = Command::new("taskset")
-        .args([
-            "-c",
-            "1",
-            "redis-benchmark",
-            "-h",
-            "127.0.0.1",
-            "-p",
-            server.port,
-        ])
+        .args(["-c", "1", "redis-benchmark", "-h", "127.0.0.1"])
+        .args(["-p", server.port])
         .args(["-t", "set", "-n", "3000000", "-r", "1000000"])
         .args(["-d", &server.value_bytes.to_string()])
         .args(["-P", "16", "-q"])
@@ -151,149 +252,185 @@ fn fill(server: Server) -> Result<()> {
     Ok(())
 }
 
-/// Two redis-benchmark runs: the better rate, and redis-server's CPU
-/// seconds over both.
-fn measure_pair(server: Server) -> Result<(f64, f64)> {
+/// One redis-benchmark run: its rate, redis-server's CPU seconds and how
+/// often its main thread slept.
+fn measure_run(server: Server) -> Result<Run> {
     let cpu = || usage(server.pid).map_or(0.0, |(cpu, _)| cpu);
-    let before = cpu();
-    let rate = requests_per_second(server)?.max(requests_per_second(server)?);
-    Ok((rate, cpu() - before))
-}
-
-/// Most warm-up pairs while the slow path's trial decides.
-const MAX_WARMUP: usize = 4;
-
-/// A pair without memprobe, then memprobe attached in one mode: warm-up
-/// pairs under load until the slow path's trial (if any) kept the slow
-/// path, then a measured pair.
-fn attached_run(
-    memprobe: &Path,
-    profiles_dir: &str,
-    server: Server,
-    (label, flags): (&'static str, &[&str]),
-) -> Result<Attached> {
-    let before = measure_pair(server)?;
-    let pid = server.pid.to_string();
-    let mut args = vec!["--pid", &pid, "-o", profiles_dir];
-    args.extend_from_slice(flags);
-    let (mut probe, stderr) = start_memprobe(memprobe, &args)?;
-    let on_trial = !flags.contains(&"entry");
-    let mut warm_cpu = 0.0;
-    let mut pairs = 0;
-    while pairs < MAX_WARMUP && (pairs == 0 || on_trial && said(&stderr, SLOW_PATH_KEPT).is_none())
-    {
-        warm_cpu += measure_pair(server)?.1;
-        pairs += 1;
-    }
-    let kept = said(&stderr, SLOW_PATH_KEPT).map(|_| "kept the slow path");
-    let fell_back = said(&stderr, FELL_BACK).map(|_| "fell back to entry sampling");
-    let trial = on_trial.then(|| kept.or(fell_back).unwrap_or("had not decided"));
-    if let Some(decision) = trial {
-        eprintln!("bench: {label}: after {pairs} warm-up pairs the trial {decision}");
-        if let Some(line) = line_with(&stderr, FELL_BACK) {
-            eprintln!("bench:   {line}");
-        }
-    }
-    let (rate, cpu) = measure_pair(server)?;
-    let own = usage(probe.id());
-    stop(&mut probe);
-    // The summary comes as memprobe exits; its reader may lag.
-    std::thread::sleep(Duration::from_millis(200));
-    Ok(Attached {
-        label,
-        trial: trial.filter(|&decision| decision != "kept the slow path"),
-        before,
+    let (cpu_before, sleeps_before) = (cpu(), sleeps(server.pid));
+    let rate = requests_per_second(server)?;
+    Ok(Run {
         rate,
-        cpu,
-        pairs: pairs + 1,
-        cpu_while_attached: warm_cpu + cpu,
-        reported_added: reported_added_seconds(&stderr),
-        own,
+        cpu: cpu() - cpu_before,
+        sleeps: sleeps(server.pid).saturating_sub(sleeps_before),
     })
 }
 
+/// Voluntary context switches of a process's main thread so far.
+fn sleeps(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("voluntary_ctxt_switches:"))
+        .and_then(|count| count.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Most warm-up runs while the slow path's trial decides.
+const MAX_WARMUP: usize = 8;
+
+/// memprobe attached to `pair[0]` in one mode: warm-up runs under load
+/// until the slow path's trial (if any) has decided, then the runs in
+/// turn, with memprobe's report of what it added over them read from its
+/// /metrics just before and after.
+fn attached_half(
+    memprobe: &Path,
+    profiles_dir: &str,
+    pair: [Server; 2],
+    flags: &[&str],
+    half: &mut Half,
+) -> Result<()> {
+    let pid = pair[0].pid.to_string();
+    let mut args = vec!["--pid", &pid, "-o", profiles_dir, "--listen", LISTEN];
+    args.extend_from_slice(flags);
+    let (mut probe, stderr) = start_memprobe(memprobe, &args)?;
+    let on_trial = !flags.contains(&"entry");
+    let decided = || said(&stderr, SLOW_PATH_KEPT).or(said(&stderr, FELL_BACK));
+    let mut runs = 0;
+    while runs < MAX_WARMUP && (runs < 2 || on_trial && decided().is_none()) {
+        measure_run(pair[0])?;
+        runs += 1;
+    }
+    let kept = said(&stderr, SLOW_PATH_KEPT).map(|_| "kept the slow path");
+    let fell_back = said(&stderr, FELL_BACK).map(|_| "fell back to entry sampling");
+    half.trial = on_trial.then(|| kept.or(fell_back).unwrap_or("had not decided"));
+    if let (Some(decision), Some(line)) = (half.trial, line_with(&stderr, FELL_BACK)) {
+        eprintln!("bench:   after {runs} warm-up runs the trial {decision}: {line}");
+    }
+    let added = || {
+        // /metrics is refreshed every second; redis is idle meanwhile.
+        std::thread::sleep(Duration::from_millis(1500));
+        scraped_added_seconds(pair[0].pid)
+    };
+    let start = added();
+    in_turn(pair, half)?;
+    let end = added();
+    half.reported = start.zip(end).map(|(start, end)| end - start);
+    half.own = usage(probe.id());
+    stop(&mut probe);
+    Ok(())
+}
+
+/// Says on stderr what a slow-path mode's trials decided.
+fn report_trial(label: &str, halves: &[Half; 2]) {
+    let decisions: Vec<&str> = halves.iter().filter_map(|half| half.trial).collect();
+    if !decisions.is_empty() {
+        eprintln!("bench: {label}: the trials {}", decisions.join(", then "));
+    }
+}
+
+/// `memprobe_added_seconds_total` of `pid`, read from memprobe's /metrics.
+fn scraped_added_seconds(pid: u32) -> Option<f64> {
+    let mut stream = TcpStream::connect(LISTEN).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(stream, "GET /metrics HTTP/1.0\r\nHost: {LISTEN}\r\n\r\n").ok()?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text).ok()?;
+    let series = format!("memprobe_added_seconds_total{{pid=\"{pid}\"");
+    let line = text.lines().find(|line| line.starts_with(&series))?;
+    line.rsplit(' ').next()?.parse().ok()
+}
+
 /// The README's redis table, and how memprobe's reported cost compares
-/// with what redis-server gained. Each row is compared with the pairs
-/// without memprobe measured just before and just after it.
+/// with what redis-server gained.
 pub(super) fn redis_table(redis: &RedisResult) -> String {
-    let cpus: Vec<f64> = redis.without.iter().map(|&(_, cpu)| cpu).collect();
-    let rates: Vec<f64> = redis.without.iter().map(|&(rate, _)| rate).collect();
-    let mean = |values: &[f64]| values.iter().sum::<f64>() / values.len().max(1) as f64;
-    let (low, high) = cpus
-        .iter()
-        .fold((f64::MAX, f64::MIN), |(l, h), &c| (l.min(c), h.max(c)));
+    let plain = &redis.unprofiled;
     let mut table = format!(
-        "\n| redis-server 7 (libjemalloc), redis-benchmark SET/GET of {}-byte values, 50 clients, random keys (a million, mostly set first), each on its own CPU, 2 runs of 200k SET + 200k GET | requests/s (vs without, around it) | redis-server CPU s (without, around it) | CPU per request vs without, around it | added CPU s while attached (warm-up included): measured / memprobe's report | memprobe's own CPU s, peak RSS |\n|---|---|---|---|---|---|\n\
-         | without memprobe: mean of {} pairs, one before and after each row below (CPU {low:.2} to {high:.2}) | {:.0} | {:.2} | 1.00x | - | - |\n",
+        "\n| redis-server 7 (libjemalloc), redis-benchmark SET/GET of {}-byte values, 50 clients, random keys (a million, mostly set first), each run 200k SET + 200k GET; twin servers in turn, each once profiled and once the baseline | requests/s (vs without) | redis-server CPU s a run, with (without) | CPU per request vs without | redis-server's sleeps a run, with (without) | added CPU s over the 4 measured runs: measured / memprobe's report | memprobe's own CPU s, peak RSS |\n|---|---|---|---|---|---|---|\n\
+         | without memprobe (twin B's CPU per request over twin A's, nothing attached: {:.2}x) | {:.0} | {:.2} | 1.00x | {:.0} | - | - |\n",
         redis.value_bytes,
-        cpus.len(),
-        mean(&rates),
-        mean(&cpus),
+        plain.without.cpu_per_run() / plain.with.cpu_per_run().max(1e-12),
+        (plain.with.rate() + plain.without.rate()) / 2.0,
+        (plain.with.cpu_per_run() + plain.without.cpu_per_run()) / 2.0,
+        (plain.with.sleeps_per_run() + plain.without.sleeps_per_run()) / 2.0,
     );
-    let floor = "two-trap floor: counting uprobe perf events at malloc and free, no BPF program";
-    let rows = std::iter::once((floor.to_owned(), redis.floor, None)).chain(redis.with.iter().map(
-        |run| {
-            let undecided = run
-                .trial
-                .map_or(String::new(), |decision| format!(" (its trial {decision})"));
-            let label = format!("memprobe, {}{undecided}", run.label);
-            (label, (run.rate, run.cpu), Some(run))
-        },
-    ));
-    for (row, (label, (rate, cpu), run)) in rows.enumerate() {
-        // Row k ran between pairs k and k + 1 without.
-        let around =
-            |values: &[f64]| mean(&values[row.min(values.len())..(row + 2).min(values.len())]);
-        let (base_rate, base_cpu) = (around(&rates), around(&cpus));
-        let (added, own) = run.map_or(("-".to_owned(), "-".to_owned()), |run| {
-            added_and_own(run, base_cpu)
-        });
-        table.push_str(&format!(
-            "| {label} | {rate:.0} ({:.1}%) | {cpu:.2} ({base_cpu:.2}) | {:.2}x | {added} | {own} |\n",
-            100.0 * rate / base_rate.max(1e-12),
-            // The same requests each time: CPU per request is CPU.
-            cpu / base_cpu.max(1e-12),
-        ));
+    for row in &redis.rows {
+        table.push_str(&table_row(row));
     }
     table
 }
 
-/// What redis-server gained while attached (its CPU less the same pairs'
-/// without, at `base_cpu` a pair) against memprobe's report; memprobe's
-/// own CPU and RSS.
-fn added_and_own(run: &Attached, base_cpu: f64) -> (String, String) {
-    let gained = run.cpu_while_attached - run.pairs as f64 * base_cpu;
-    let reported = run.reported_added.map_or("-".to_owned(), |r| {
-        format!("{r:.2} ({:.0}%)", 100.0 * r / gained.max(1e-9))
-    });
-    let own = run.own.map_or("-".to_owned(), |(cpu, rss)| {
-        format!("{cpu:.2} s, {:.1} MiB", rss as f64 / 1024.0)
-    });
-    (format!("{gained:.2} / {reported}"), own)
+/// One configuration's line: the geometric means of its two halves'
+/// ratios, so that the twins' own difference cancels.
+fn table_row(row: &Row) -> String {
+    let [a, b] = &row.halves;
+    let ratio = |value: fn(&Runs) -> f64| {
+        let half = |h: &Half| value(&h.with) / value(&h.without).max(1e-12);
+        (half(a) * half(b)).sqrt()
+    };
+    let (rate, cpu) = (ratio(Runs::rate), ratio(Runs::cpu_per_run));
+    let mean =
+        |value: fn(&Runs) -> f64, runs: fn(&Half) -> &Runs| (value(runs(a)) + value(runs(b))) / 2.0;
+    let trials: Vec<&str> = row.halves.iter().filter_map(|h| h.trial).collect();
+    let undecided = if trials.iter().all(|&t| t == "kept the slow path") {
+        String::new()
+    } else {
+        format!(" (its trials: {})", trials.join("; "))
+    };
+    format!(
+        "| {}{undecided} | {:.0} ({:.1}%) | {:.2} ({:.2}) | {cpu:.2}x | {:.0} ({:.0}) | {} | {} |\n",
+        row.label,
+        mean(Runs::rate, |h| &h.with),
+        100.0 * rate,
+        mean(Runs::cpu_per_run, |h| &h.with),
+        mean(Runs::cpu_per_run, |h| &h.without),
+        mean(Runs::sleeps_per_run, |h| &h.with),
+        mean(Runs::sleeps_per_run, |h| &h.without),
+        added(row, cpu),
+        own(row),
+    )
+}
+
+/// What redis-server gained over the measured runs (their CPU less the same
+/// at `cpu_ratio` less per request) against memprobe's report.
+fn added(row: &Row, cpu_ratio: f64) -> String {
+    let gained: f64 = row
+        .halves
+        .iter()
+        .map(|h| h.with.cpu * (1.0 - 1.0 / cpu_ratio))
+        .sum();
+    let reported: Option<f64> = row.halves.iter().map(|h| h.reported).sum();
+    match reported {
+        Some(reported) => format!(
+            "{gained:.2} / {reported:.2} ({:.0}%)",
+            100.0 * reported / gained.max(1e-9)
+        ),
+        None => "-".to_owned(),
+    }
+}
+
+/// memprobe's own CPU over both halves and its larger peak RSS.
+fn own(row: &Row) -> String {
+    let usages: Option<Vec<(f64, u64)>> = row.halves.iter().map(|h| h.own).collect();
+    match usages {
+        Some(usages) => format!(
+            "{:.2} s, {:.1} MiB",
+            usages.iter().map(|u| u.0).sum::<f64>(),
+            usages.iter().map(|u| u.1).max().unwrap_or(0) as f64 / 1024.0
+        ),
+        None => "-".to_owned(),
+    }
 }
 
 /// One redis-benchmark run's mean requests per second over SET and GET.
 fn requests_per_second(server: Server) -> Result<f64> {
     let output = Command::new("taskset")
-        .args(["-c", "1", "redis-benchmark"])
-        .args([
-            "-h",
-            "127.0.0.1",
-            "-p",
-            server.port,
-            "-t",
-            "set,get",
-            "-n",
-            "200000",
-            "-d",
-            &server.value_bytes.to_string(),
-            // Random keys, as real clients' are: with one fixed key every
-            // request allocates the same sizes, a cycle the slow path's
-            // trial rightly refuses (see README).
-            "-r",
-            "1000000",
-            "-q",
-        ])
+        .args(["-c", "1", "redis-benchmark", "-h", "127.0.0.1"])
+        .args(["-p", server.port, "-t", "set,get", "-n", "200000"])
+        .args(["-d", &server.value_bytes.to_string()])
+        // Random keys, as real clients' are: with one fixed key every
+        // request allocates the same sizes, a cycle the slow path's trial
+        // rightly refuses (see README).
+        .args(["-r", "1000000", "-q"])
         .output()?;
     let text = String::from_utf8_lossy(&output.stdout);
     // "SET: 98765.43 requests per second, p50=..." per test.
