@@ -127,7 +127,7 @@ mod tests {
                 command: "we\"ird".into(),
                 inuse_bytes: 1024.4,
                 samples: 3,
-                added_seconds: 2.71828,
+                added_seconds: 2.4567,
                 ..ProcessStatus::default()
             }],
             system_wide_hits: 0,
@@ -137,7 +137,7 @@ mod tests {
         assert!(text.contains("# TYPE memprobe_samples_total counter\n"));
         assert!(text.contains("process_resident_memory_bytes 4096\n"));
         assert!(
-            text.contains("memprobe_added_seconds_total{pid=\"42\",comm=\"we\\\"ird\"} 2.718\n")
+            text.contains("memprobe_added_seconds_total{pid=\"42\",comm=\"we\\\"ird\"} 2.457\n")
         );
     }
 }
