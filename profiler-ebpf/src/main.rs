@@ -43,7 +43,7 @@ macro_rules! entry_point {
         // Not `#[uprobe]`: its wrapper returns 0 whatever the function
         // returns, and a session entry's return value is what matters. The
         // section is the plain uprobe one so that aya parses the object;
-        // userspace loads these programs itself (`uprobe_session`).
+        // userspace loads these programs itself (`uprobe_multi`).
         #[unsafe(no_mangle)]
         #[unsafe(link_section = "uprobe")]
         pub fn $session(ctx: *mut c_void) -> u32 {

@@ -60,7 +60,7 @@ pub enum Error {
     },
 
     #[error("uprobe sessions (Linux 6.13+) were asked for: use --return-probes uretprobes here")]
-    SessionsRefused(#[source] crate::kernel::uprobe_session::SessionError),
+    SessionsRefused(#[source] crate::kernel::uprobe_multi::LinkError),
 
     #[error("more than 65535 allocator copies to probe")]
     TooManyCopies,

@@ -14,7 +14,7 @@ use crate::{
     error::{Error, Result},
     kernel::{
         AttachedProbe, KernelProbes, PlacementMode, ProbeLinks, ReturnHalf, ReturnProbes, Scope,
-        features::KernelFeature, uprobe_session,
+        features::KernelFeature, uprobe_multi,
     },
 };
 
@@ -160,12 +160,11 @@ impl KernelProbes {
         let cookie = cookie::encode(cookie::MAX_PROBES - 1, 0, u16::MAX, false);
         let mut links = ProbeLinks::default();
         for &(program, delta) in programs {
-            match self.attach_uprobe(program, &target, offset + delta, cookie) {
-                Ok(link) => links.uprobes.push((program, link)),
-                Err(message) => {
-                    self.detach_links(links);
-                    return Err(message);
-                }
+            if let Err(message) =
+                self.attach_plain(program, &target, offset + delta, cookie, &mut links)
+            {
+                self.detach_links(links);
+                return Err(message);
             }
         }
         Ok(CalibrationProbes(links))
@@ -213,8 +212,8 @@ impl KernelProbes {
                 let _ = program.detach(link);
             }
         }
-        // The session link's fd closes here.
-        drop(links.session);
+        // The uprobe_multi links' fds close here.
+        drop(links.multi);
     }
 
     /// Attaches one entry point: its entry program, and its return half as
@@ -247,7 +246,7 @@ impl KernelProbes {
         {
             return_half = match self.link_session(program, target, offset, cookie) {
                 Ok(link) => {
-                    links.session = Some(link);
+                    links.multi.push(link);
                     ReturnHalf::Session
                 }
                 Err(SessionLink::Unavailable) => ReturnHalf::Uretprobe,
@@ -260,12 +259,10 @@ impl KernelProbes {
                 programs.push(programs::CALL_RETURN);
             }
             for program in programs {
-                match self.attach_uprobe(program, target, offset, cookie) {
-                    Ok(link) => links.uprobes.push((program, link)),
-                    Err(message) => {
-                        self.detach_links(links);
-                        return Err(error(message));
-                    }
+                if let Err(message) = self.attach_plain(program, target, offset, cookie, &mut links)
+                {
+                    self.detach_links(links);
+                    return Err(error(message));
                 }
             }
         }
@@ -292,6 +289,49 @@ impl KernelProbes {
             self.attached.push(probe);
         }
         Ok(index)
+    }
+
+    /// Attaches `program` to run at `offset`: as a uprobe_multi link once
+    /// the kernel has taken a session link, else (and a uretprobe's
+    /// program always) as aya's perf-event uprobe.
+    fn attach_plain(
+        &mut self,
+        program: &'static str,
+        target: &Target,
+        offset: u64,
+        cookie: u64,
+        links: &mut ProbeLinks,
+    ) -> std::result::Result<(), String> {
+        if let Some(entry_links) = &self.entry_links
+            && self.sessions_linked
+            && program != programs::CALL_RETURN
+        {
+            let link = entry_links
+                .attach(program, target.open_path, offset, cookie, target.pid)
+                .map_err(|e| format!("uprobe_multi link: {e}"))?;
+            links.multi.push(link);
+            return Ok(());
+        }
+        let link = self.attach_uprobe(program, target, offset, cookie)?;
+        links.uprobes.push((program, link));
+        Ok(())
+    }
+
+    /// Finds out whether the kernel links uprobe sessions before any
+    /// allocator is probed, on a function of memprobe's own (the
+    /// calibration copy's, process `pid`): where it does, entry probes are
+    /// uprobe_multi links too, from the calibration on.
+    pub fn check_session_links(&mut self, path: &Path, offset: u64, pid: u32) {
+        let name = path.to_string_lossy();
+        let Ok(target) = Target::new(Scope::Process(pid), &name, path) else {
+            return;
+        };
+        let cookie = cookie::encode(cookie::MAX_PROBES - 1, 0, u16::MAX, false);
+        // The link is dropped at once: only the kernel's answer matters.
+        let _ = self.link_session(programs::session::SLOW_PATH, &target, offset, cookie);
+        if !self.sessions_linked {
+            self.entry_links = None;
+        }
     }
 
     fn attach_uprobe(
@@ -335,7 +375,7 @@ impl KernelProbes {
                 self.sessions_linked = true;
                 Ok(link)
             }
-            Err(e) if uprobe_session::kernel_lacks_sessions(&e) && !self.sessions_linked => {
+            Err(e) if uprobe_multi::kernel_lacks(&e) && !self.sessions_linked => {
                 if self.return_probes == ReturnProbes::Sessions {
                     return Err(SessionLink::Failed(format!(
                         "{}: the kernel refused the link ({e}); use --return-probes uretprobes",
@@ -350,13 +390,19 @@ impl KernelProbes {
         }
     }
 
-    /// How calls get their return half in this run, and why: for the
-    /// summary's cost line.
+    /// How calls get their return half in this run, and why, and how entry
+    /// probes are linked: for the summary's cost line.
     pub fn return_probes_used(&self) -> String {
-        match (&self.sessions, &self.sessions_unavailable) {
+        let entries = if self.entry_links.is_some() && self.sessions_linked {
+            "uprobe_multi links"
+        } else {
+            "perf-event uprobes"
+        };
+        let returns = match (&self.sessions, &self.sessions_unavailable) {
             (Some(_), _) => "uprobe sessions".into(),
             (None, Some(_)) => format!("uretprobes ({NO_SESSIONS})"),
             (None, None) => "uretprobes (--return-probes uretprobes)".into(),
-        }
+        };
+        format!("{returns}; entry probes: {entries}")
     }
 }

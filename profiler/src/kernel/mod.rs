@@ -5,7 +5,7 @@ mod attach;
 pub mod btf;
 pub mod events;
 pub mod features;
-pub mod uprobe_session;
+pub mod uprobe_multi;
 
 use std::os::fd::OwnedFd;
 
@@ -20,7 +20,7 @@ use crate::{
     collect::sampling,
     discover::placement::Placement,
     error::{Error, Result},
-    kernel::uprobe_session::SessionPrograms,
+    kernel::uprobe_multi::{LinkKind, MultiPrograms},
 };
 
 /// The eBPF object built from `profiler-ebpf`.
@@ -140,13 +140,14 @@ pub struct AttachedProbe {
 struct ProbeLinks {
     /// Plain uprobes and uretprobes: (program, link).
     uprobes: Vec<(&'static str, aya::programs::uprobe::UProbeLinkId)>,
-    /// A uprobe session's link; closing the fd detaches it.
-    session: Option<OwnedFd>,
+    /// uprobe_multi links: a session, or entry programs; closing an fd
+    /// detaches it.
+    multi: Vec<OwnedFd>,
 }
 
 impl ProbeLinks {
     fn is_empty(&self) -> bool {
-        self.uprobes.is_empty() && self.session.is_none()
+        self.uprobes.is_empty() && self.multi.is_empty()
     }
 }
 
@@ -155,7 +156,12 @@ pub struct KernelProbes {
     pub attached: Vec<AttachedProbe>,
     placement: PlacementMode,
     return_probes: ReturnProbes,
-    sessions: Option<SessionPrograms>,
+    sessions: Option<MultiPrograms>,
+    /// The entry programs as uprobe_multi links, used once the kernel has
+    /// taken a session link (6.13+: its uprobe_multi also filters by
+    /// process, not thread, which 6.6 to 6.9 got wrong); aya's perf-event
+    /// uprobes otherwise.
+    entry_links: Option<MultiPrograms>,
     /// Why sessions are not used, when they were wanted (`--verbose`).
     pub sessions_unavailable: Option<String>,
     /// Each attached probe's links, in the order of `attached` (empty once
@@ -223,15 +229,22 @@ impl KernelProbes {
         }
         let (sessions, sessions_unavailable) = match options.return_probes {
             ReturnProbes::Uretprobes => (None, None),
-            wanted => match SessionPrograms::load(&ebpf, OBJECT, &programs::session::ALL) {
-                Ok(sessions) => (Some(sessions), None),
-                Err(e) if wanted == ReturnProbes::Sessions => {
-                    return Err(Error::SessionsRefused(e));
+            wanted => {
+                match MultiPrograms::load(&ebpf, OBJECT, &programs::session::ALL, LinkKind::Session)
+                {
+                    Ok(sessions) => (Some(sessions), None),
+                    Err(e) if wanted == ReturnProbes::Sessions => {
+                        return Err(Error::SessionsRefused(e));
+                    }
+                    Err(e) => (None, Some(e.to_string())),
                 }
-                Err(e) => (None, Some(e.to_string())),
-            },
+            }
         };
+        let entry_links = sessions.as_ref().and_then(|_| {
+            MultiPrograms::load(&ebpf, OBJECT, &programs::ENTRY, LinkKind::Entry).ok()
+        });
         Ok(Self {
+            entry_links,
             ebpf,
             attached: Vec::new(),
             placement,

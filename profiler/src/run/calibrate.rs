@@ -159,6 +159,8 @@ pub fn measure(probes: &mut KernelProbes) -> Result<CostModel, String> {
     let (executable, offset) = target_location()?;
     let mut target = Target::start(&executable)?;
     let pid = target.child.id();
+    // First: how probes are linked decides what they cost.
+    probes.check_session_links(&executable, offset + NOP, pid);
     let baseline = target.time(BASELINE_CALLS)?;
     let mut timed = |probes: &mut KernelProbes, programs: &[(&'static str, u64)], calls| {
         let handle = probes.attach_for_calibration(programs, &executable, offset, pid)?;

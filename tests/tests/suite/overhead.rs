@@ -350,3 +350,66 @@ fn unsampled_calls_skip_the_return_half_with_sessions() {
         assert_eq!(returns, sampled, "only sampled calls run their return half");
     }
 }
+
+/// How many of memprobe's BPF links are of `link_type` ("perf",
+/// "uprobe_multi"), as the kernel's fdinfo names them.
+fn links_of_type(pid: u32, link_type: &str) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fdinfo"))
+        .unwrap()
+        .filter_map(|entry| std::fs::read_to_string(entry.ok()?.path()).ok())
+        .filter(|info| {
+            info.lines().any(|line| {
+                line.split_whitespace().collect::<Vec<_>>() == ["link_type:", link_type]
+            })
+        })
+        .count()
+}
+
+/// Where the kernel links uprobe sessions (6.13+), entry probes are
+/// uprobe_multi links too: the target carries no per-task perf event,
+/// which it would pay for at every context switch. With `--return-probes
+/// uretprobes` (as on kernels before 6.13) they are aya's perf events.
+#[test]
+fn entry_probes_are_perf_event_free_links_where_sessions_are() {
+    use std::io::{BufRead, BufReader};
+    let _guard = shared();
+    for mode in ["auto", "uretprobes"] {
+        let out = output_dir(&format!("entry_links_{mode}"));
+        let mut child = Command::new(memprobe_bin())
+            .args(["--track", "allocations", "--return-probes", mode])
+            .args(["--format", "heap", "-o", out.to_str().unwrap(), "--"])
+            .arg(malloc_loop_fixture())
+            .args(["0", "3"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let mut stderr = String::new();
+        for line in lines.by_ref() {
+            let line = line.unwrap();
+            stderr.push_str(&line);
+            stderr.push('\n');
+            if line.starts_with("memprobe: attached") {
+                break;
+            }
+        }
+        let perf_events = links_of_type(child.id(), "perf");
+        let links = links_of_type(child.id(), "uprobe_multi");
+        stderr.extend(lines.map_while(Result::ok).map(|l| l + "\n"));
+        assert!(child.wait().unwrap().success(), "{stderr}");
+        let cost_line = stderr
+            .lines()
+            .find(|l| l.starts_with("memprobe: cost:"))
+            .unwrap_or_else(|| panic!("{stderr}"));
+        eprintln!("{mode}: {perf_events} perf-event links, {links} uprobe_multi; {cost_line}");
+        if mode == "auto" && kernel_has_uprobe_sessions() {
+            assert_eq!(perf_events, 0, "{stderr}");
+            assert!(links > 0, "{stderr}");
+            assert!(cost_line.ends_with("entry probes: uprobe_multi links"));
+        } else {
+            assert!(perf_events > 0, "{stderr}");
+            assert!(cost_line.ends_with("entry probes: perf-event uprobes"));
+        }
+    }
+}

@@ -16,6 +16,7 @@ use crate::{run_command, workspace_root};
 mod attached;
 mod floor;
 mod redis;
+mod switches;
 use attached::{AttachedLoops, attached_loops, attached_table};
 use redis::{redis_bench, redis_table};
 
@@ -139,6 +140,8 @@ fn stop(child: &mut Child) {
 pub enum Part {
     /// The malloc/free loops.
     Loops,
+    /// A context-switching process with unhit probes.
+    Switches,
     /// redis-server under redis-benchmark.
     Redis,
     /// Offline reports of a large profile.
@@ -162,6 +165,10 @@ pub fn bench(only: Option<Part>) -> Result<()> {
         let loops = measure_loops(&memprobe, &out, &profiles_dir)?;
         table.push_str(&loop_table(&loops));
         places = Some(loops.attached.places);
+    }
+    if runs(Part::Switches) {
+        let result = switches::switches(&memprobe, &out, &profiles_dir)?;
+        table.push_str(&switches::switches_table(&result));
     }
     if runs(Part::Redis) {
         let places = match places {

@@ -1,13 +1,16 @@
-//! Uprobe sessions (Linux 6.13+): one program runs at a call's entry and,
-//! only when the entry returned 0, again at its return. Unsampled calls then
-//! skip the return probe, the dearest part of a probed malloc.
+//! `uprobe_multi` links, made by hand: uprobe sessions (Linux 6.13+), where
+//! one program runs at a call's entry and, only when the entry returned 0,
+//! again at its return, so unsampled calls skip the return probe; and plain
+//! entry probes linked the same way, which, unlike aya's perf-event
+//! uprobes, give the target no per-task perf event to switch at every
+//! context switch (4% of a pipe ping-pong's CPU, see README).
 //!
-//! aya 0.14 cannot load a program with the `BPF_TRACE_UPROBE_SESSION`
-//! expected attach type nor create its link, so this module does those two
-//! syscalls itself: it takes the session programs' instructions from the
-//! same eBPF object (aya-obj parses and relocates them against the maps aya
-//! already created) and attaches them with `BPF_LINK_CREATE`. Everything
-//! else (maps, plain probes) stays with aya.
+//! aya 0.14 can load neither program kind's expected attach type nor create
+//! its link, so this module does those two syscalls itself: it takes the
+//! programs' instructions from the same eBPF object (aya-obj parses and
+//! relocates them against the maps aya already created) and attaches them
+//! with `BPF_LINK_CREATE`. Everything else (maps, uretprobes) stays with
+//! aya.
 use std::{
     collections::{HashMap, HashSet},
     ffi::CString,
@@ -19,18 +22,36 @@ use std::{
 use aya::{Ebpf, maps::Map};
 use aya_obj::generated::{bpf_attr, bpf_cmd, bpf_insn, bpf_prog_type};
 
-/// `BPF_TRACE_UPROBE_SESSION` of `enum bpf_attach_type`; aya-obj's bindings
-/// predate it (its neighbour `BPF_TRACE_UPROBE_MULTI` is 48).
-const BPF_TRACE_UPROBE_SESSION: u32 = 57;
+/// What the programs are loaded and linked as.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LinkKind {
+    /// Uprobe sessions: entry and, when the entry asks, return half.
+    Session,
+    /// Entry probes alone.
+    Entry,
+}
 
-/// The session programs, loaded and ready to attach.
-pub struct SessionPrograms {
+impl LinkKind {
+    /// `enum bpf_attach_type`'s value: `BPF_TRACE_UPROBE_MULTI` is 48;
+    /// aya-obj's bindings predate `BPF_TRACE_UPROBE_SESSION`, 57.
+    fn attach_type(self) -> u32 {
+        match self {
+            LinkKind::Session => 57,
+            LinkKind::Entry => 48,
+        }
+    }
+}
+
+/// Programs loaded for one kind of `uprobe_multi` link, ready to attach.
+pub struct MultiPrograms {
+    kind: LinkKind,
     programs: HashMap<String, OwnedFd>,
 }
 
-/// Why sessions are not used; the caller falls back to plain return probes.
+/// Why the programs cannot be loaded; the caller falls back to aya's
+/// perf-event uprobes and uretprobes.
 #[derive(Debug, thiserror::Error)]
-pub enum SessionError {
+pub enum LinkError {
     #[error("the eBPF object: {0}")]
     Object(String),
     #[error("map {0} was not created")]
@@ -45,18 +66,23 @@ pub enum SessionError {
     },
 }
 
-impl SessionPrograms {
-    /// Loads `names` from `object` (the bytes aya loaded `ebpf` from), with
-    /// their map references pointing at `ebpf`'s maps. Fails on kernels
-    /// without uprobe sessions.
-    pub fn load(ebpf: &Ebpf, object: &[u8], names: &[&str]) -> Result<Self, SessionError> {
+impl MultiPrograms {
+    /// Loads `names` from `object` (the bytes aya loaded `ebpf` from) as
+    /// `kind`, with their map references pointing at `ebpf`'s maps. A kernel
+    /// may load them and still refuse their links (6.1 does).
+    pub fn load(
+        ebpf: &Ebpf,
+        object: &[u8],
+        names: &[&str],
+        kind: LinkKind,
+    ) -> Result<Self, LinkError> {
         let mut obj =
-            aya_obj::Object::parse(object).map_err(|e| SessionError::Object(e.to_string()))?;
+            aya_obj::Object::parse(object).map_err(|e| LinkError::Object(e.to_string()))?;
         let mut fds = Vec::new();
         for name in obj.maps.keys() {
             // Sections aya skips (.bss and friends) have no map; we use none.
             let Some(map) = ebpf.map(name) else { continue };
-            let fd = map_fd(map).ok_or_else(|| SessionError::MissingMap(name.clone()))?;
+            let fd = map_fd(map).ok_or_else(|| LinkError::MissingMap(name.clone()))?;
             fds.push((name.clone(), fd));
         }
         let text_sections: HashSet<usize> = obj.functions.keys().map(|(index, _)| *index).collect();
@@ -66,24 +92,24 @@ impl SessionPrograms {
                 .filter_map(|(name, fd)| Some((name.as_str(), *fd, maps.get(name)?))),
             &text_sections,
         )
-        .map_err(|e| SessionError::Object(e.to_string()))?;
+        .map_err(|e| LinkError::Object(e.to_string()))?;
         obj.relocate_calls(&text_sections)
-            .map_err(|e| SessionError::Object(e.to_string()))?;
+            .map_err(|e| LinkError::Object(e.to_string()))?;
         let license = obj.license.clone();
         let mut programs = HashMap::new();
         for &name in names {
             let program = obj
                 .programs
                 .get(name)
-                .ok_or_else(|| SessionError::MissingProgram(name.into()))?;
+                .ok_or_else(|| LinkError::MissingProgram(name.into()))?;
             let function = obj
                 .functions
                 .get(&program.function_key())
-                .ok_or_else(|| SessionError::MissingProgram(name.into()))?;
-            let fd = load_program(name, &function.instructions, &license)?;
+                .ok_or_else(|| LinkError::MissingProgram(name.into()))?;
+            let fd = load_program(name, &function.instructions, &license, kind)?;
             programs.insert(name.to_owned(), fd);
         }
-        Ok(Self { programs })
+        Ok(Self { kind, programs })
     }
 
     /// Attaches `program` at `offset` in the file at `path`, in process
@@ -99,7 +125,7 @@ impl SessionPrograms {
         let prog = self
             .programs
             .get(program)
-            .ok_or_else(|| io::Error::other(format!("session program {program} not loaded")))?;
+            .ok_or_else(|| io::Error::other(format!("program {program} not loaded as a link")))?;
         let path = CString::new(path.as_os_str().as_encoded_bytes())
             .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
         let offsets = [offset];
@@ -110,7 +136,7 @@ impl SessionPrograms {
         unsafe {
             let link = &mut attr.link_create;
             link.__bindgen_anon_1.prog_fd = prog.as_raw_fd() as u32;
-            link.attach_type = BPF_TRACE_UPROBE_SESSION;
+            link.attach_type = self.kind.attach_type();
             let multi = &mut link.__bindgen_anon_3.uprobe_multi;
             multi.path = path.as_ptr() as u64;
             multi.offsets = offsets.as_ptr() as u64;
@@ -122,11 +148,10 @@ impl SessionPrograms {
     }
 }
 
-/// Whether a refused session link means the kernel has no sessions: before
-/// 6.13 `BPF_LINK_CREATE` rejects the attach type (before 6.6, the whole
-/// uprobe_multi link) with EINVAL; a kernel built without uprobe_multi says
-/// EOPNOTSUPP.
-pub fn kernel_lacks_sessions(error: &io::Error) -> bool {
+/// Whether a refused link means the kernel lacks the kind: before 6.13
+/// `BPF_LINK_CREATE` rejects sessions (before 6.6, every uprobe_multi link)
+/// with EINVAL; a kernel built without uprobe_multi says EOPNOTSUPP.
+pub fn kernel_lacks(error: &io::Error) -> bool {
     /// The kernel's internal ENOTSUPP, which leaks to userspace in places.
     const ENOTSUPP: i32 = 524;
     matches!(
@@ -139,7 +164,8 @@ fn load_program(
     name: &str,
     instructions: &[bpf_insn],
     license: &CString,
-) -> Result<OwnedFd, SessionError> {
+    kind: LinkKind,
+) -> Result<OwnedFd, LinkError> {
     let mut log = vec![0u8; 64 * 1024];
     let load = |log_level: u32, log: &mut [u8]| {
         // SAFETY: an all-zero bpf_attr is the kernel's "no options".
@@ -148,7 +174,7 @@ fn load_program(
         unsafe {
             let prog = &mut attr.__bindgen_anon_3;
             prog.prog_type = bpf_prog_type::BPF_PROG_TYPE_KPROBE as u32;
-            prog.expected_attach_type = BPF_TRACE_UPROBE_SESSION;
+            prog.expected_attach_type = kind.attach_type();
             prog.insns = instructions.as_ptr() as u64;
             prog.insn_cnt = instructions.len() as u32;
             prog.license = license.as_ptr() as u64;
@@ -176,7 +202,7 @@ fn load_program(
             let tail: Vec<&str> = tail.into_iter().rev().collect();
             format!(" (verifier: {})", tail.join(" | "))
         };
-        SessionError::Refused {
+        LinkError::Refused {
             program: name.into(),
             cause,
             log,
