@@ -94,20 +94,6 @@ pub mod programs {
         FREE_ARG0,
         CALL_RETURN,
     ];
-    /// The plain programs that run at a call's entry: all but the
-    /// uretprobe's.
-    pub const ENTRY: [&str; 10] = [
-        ALLOC_SLOW_PATH,
-        ALLOC_SIZE_ARG0,
-        ALLOC_SIZE_ARG1,
-        ALLOC_CALLOC,
-        ALLOC_REALLOC,
-        ALLOC_POSIX_MEMALIGN,
-        ALLOC_MALLOCX,
-        ALLOC_RALLOCX,
-        RESIZE_XALLOCX,
-        FREE_ARG0,
-    ];
 
     /// Uprobe-session variants of the programs that need a return half:
     /// one program for both halves, the return half runs only when the

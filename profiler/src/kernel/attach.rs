@@ -291,9 +291,9 @@ impl KernelProbes {
         Ok(index)
     }
 
-    /// Attaches `program` to run at `offset`: as a uprobe_multi link once
-    /// the kernel has taken a session link, else (and a uretprobe's
-    /// program always) as aya's perf-event uprobe.
+    /// Attaches `program` to run at `offset` (at the return for the
+    /// uretprobe's program): as a uprobe_multi link where the kernel's
+    /// work, else as aya's perf-event uprobe.
     fn attach_plain(
         &mut self,
         program: &'static str,
@@ -303,11 +303,17 @@ impl KernelProbes {
         links: &mut ProbeLinks,
     ) -> std::result::Result<(), String> {
         if let Some(entry_links) = &self.entry_links
-            && self.sessions_linked
-            && program != programs::CALL_RETURN
+            && self.entry_links_work
         {
+            let returns = program == programs::CALL_RETURN;
             let link = entry_links
-                .attach(program, target.open_path, offset, cookie, target.pid)
+                .attach(
+                    program,
+                    (target.open_path, offset),
+                    cookie,
+                    target.pid,
+                    returns,
+                )
                 .map_err(|e| format!("uprobe_multi link: {e}"))?;
             links.multi.push(link);
             return Ok(());
@@ -317,21 +323,34 @@ impl KernelProbes {
         Ok(())
     }
 
-    /// Finds out whether the kernel links uprobe sessions before any
-    /// allocator is probed, on a function of memprobe's own (the
-    /// calibration copy's, process `pid`): where it does, entry probes are
-    /// uprobe_multi links too, from the calibration on.
-    pub fn check_session_links(&mut self, path: &Path, offset: u64, pid: u32) {
+    /// Finds out which links the kernel takes before any allocator is
+    /// probed, on a function of memprobe's own (the calibration copy's,
+    /// process `pid`): uprobe sessions, and uprobe_multi links for the
+    /// plain programs, used from the calibration on (which confirms that
+    /// they run in a thread other than the main one).
+    pub fn check_links(&mut self, path: &Path, offset: u64, pid: u32) {
         let name = path.to_string_lossy();
         let Ok(target) = Target::new(Scope::Process(pid), &name, path) else {
             return;
         };
         let cookie = cookie::encode(cookie::MAX_PROBES - 1, 0, u16::MAX, false);
-        // The link is dropped at once: only the kernel's answer matters.
+        // The links are dropped at once: only the kernel's answer matters.
         let _ = self.link_session(programs::session::SLOW_PATH, &target, offset, cookie);
-        if !self.sessions_linked {
+        let entry = self
+            .entry_links
+            .as_ref()
+            .map(|links| links.attach(programs::FREE_ARG0, (path, offset), cookie, pid, false));
+        self.entry_links_work = matches!(entry, Some(Ok(_)));
+        if !self.entry_links_work {
             self.entry_links = None;
         }
+    }
+
+    /// Back to perf-event uprobes for the plain programs: the kernel took
+    /// their uprobe_multi links but did not run them (see `check_links`).
+    pub fn give_up_entry_links(&mut self) {
+        self.entry_links = None;
+        self.entry_links_work = false;
     }
 
     fn attach_uprobe(
@@ -370,7 +389,13 @@ impl KernelProbes {
         let Some(sessions) = &self.sessions else {
             return Err(SessionLink::Unavailable);
         };
-        match sessions.attach(program, target.open_path, offset, cookie, target.pid) {
+        match sessions.attach(
+            program,
+            (target.open_path, offset),
+            cookie,
+            target.pid,
+            false,
+        ) {
             Ok(link) => {
                 self.sessions_linked = true;
                 Ok(link)
@@ -393,7 +418,7 @@ impl KernelProbes {
     /// How calls get their return half in this run, and why, and how entry
     /// probes are linked: for the summary's cost line.
     pub fn return_probes_used(&self) -> String {
-        let entries = if self.entry_links.is_some() && self.sessions_linked {
+        let entries = if self.entry_links.is_some() && self.entry_links_work {
             "uprobe_multi links"
         } else {
             "perf-event uprobes"

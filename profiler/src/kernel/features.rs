@@ -28,6 +28,10 @@ pub enum KernelFeature {
     /// Uprobe sessions: a return half only for sampled calls. Optional:
     /// without them every call also traps at its return.
     UprobeSessions,
+    /// uprobe_multi links filtered by process: probes without a per-task
+    /// perf event. Optional: without them the target's main thread pays
+    /// at every context switch.
+    UprobeMulti,
 }
 
 impl KernelFeature {
@@ -40,6 +44,7 @@ impl KernelFeature {
             Self::PerfLink => "BPF links for uprobes",
             Self::AttachCookie => "BPF attach cookies for uprobes",
             Self::UprobeSessions => "uprobe sessions",
+            Self::UprobeMulti => "uprobe_multi links",
         }
     }
 
@@ -49,6 +54,8 @@ impl KernelFeature {
             Self::RingBuffer => "5.8",
             Self::PerfLink | Self::AttachCookie => "5.15",
             Self::UprobeSessions => "6.13",
+            // 6.6 to 6.9 filter them by thread, which memprobe checks.
+            Self::UprobeMulti => "6.10",
         }
     }
 
@@ -59,6 +66,7 @@ impl KernelFeature {
             Self::PerfLink => "perf-link",
             Self::AttachCookie => "attach-cookie",
             Self::UprobeSessions => "uprobe-sessions",
+            Self::UprobeMulti => "uprobe-multi",
         }
     }
 
@@ -75,7 +83,7 @@ impl KernelFeature {
                 is_helper_supported(ProgramType::KProbe, BpfHelper::BPF_FUNC_get_attach_cookie).ok()
             }
             // Known only at link time.
-            Self::UprobeSessions => None,
+            Self::UprobeSessions | Self::UprobeMulti => None,
         }
     }
 }

@@ -20,7 +20,10 @@ use crate::{
     collect::sampling,
     discover::placement::Placement,
     error::{Error, Result},
-    kernel::uprobe_multi::{LinkKind, MultiPrograms},
+    kernel::{
+        features::KernelFeature,
+        uprobe_multi::{LinkKind, MultiPrograms},
+    },
 };
 
 /// The eBPF object built from `profiler-ebpf`.
@@ -157,11 +160,13 @@ pub struct KernelProbes {
     placement: PlacementMode,
     return_probes: ReturnProbes,
     sessions: Option<MultiPrograms>,
-    /// The entry programs as uprobe_multi links, used once the kernel has
-    /// taken a session link (6.13+: its uprobe_multi also filters by
-    /// process, not thread, which 6.6 to 6.9 got wrong); aya's perf-event
-    /// uprobes otherwise.
+    /// The plain programs (entry and uretprobe) as uprobe_multi links,
+    /// used once the kernel has linked one and a calibration thread other
+    /// than the main one has hit it (6.6 to 6.9 filter by thread, not
+    /// process); aya's perf-event uprobes otherwise.
     entry_links: Option<MultiPrograms>,
+    /// Whether the kernel took an entry link (`check_links`).
+    entry_links_work: bool,
     /// Why sessions are not used, when they were wanted (`--verbose`).
     pub sessions_unavailable: Option<String>,
     /// Each attached probe's links, in the order of `attached` (empty once
@@ -240,11 +245,14 @@ impl KernelProbes {
                 }
             }
         };
-        let entry_links = sessions.as_ref().and_then(|_| {
-            MultiPrograms::load(&ebpf, OBJECT, &programs::ENTRY, LinkKind::Entry).ok()
-        });
+        let entry_links = if features::pretended_missing(KernelFeature::UprobeMulti) {
+            None
+        } else {
+            MultiPrograms::load(&ebpf, OBJECT, &programs::ALL, LinkKind::Entry).ok()
+        };
         Ok(Self {
             entry_links,
+            entry_links_work: false,
             ebpf,
             attached: Vec::new(),
             placement,
@@ -337,6 +345,20 @@ impl KernelProbes {
 
     /// Zeroes the kernel counters and the hit counts: what calibration
     /// counted is not the targets'.
+    /// Hits of the calibration's probes (the last counter slot), since the
+    /// counters were last reset.
+    pub fn calibration_hits(&self) -> u64 {
+        let Some(map) = self.ebpf.map(maps::PROBE_HITS) else {
+            return 0;
+        };
+        let Ok(counters) = PerCpuArray::<_, u64>::try_from(map) else {
+            return 0;
+        };
+        counters
+            .get(&(profiler_common::MAX_COUNTED_PROBES - 1), 0)
+            .map_or(0, |values| values.iter().sum())
+    }
+
     pub fn reset_counters(&mut self) {
         for (name, slots) in [
             (maps::COUNTERS, Counter::COUNT),

@@ -113,15 +113,18 @@ impl MultiPrograms {
     }
 
     /// Attaches `program` at `offset` in the file at `path`, in process
-    /// `pid` only (0: every process). Dropping the link detaches it.
+    /// `pid` only (0: every process), at the call's return if `returns`
+    /// (an entry link). Dropping the link detaches it.
     pub fn attach(
         &self,
         program: &str,
-        path: &Path,
-        offset: u64,
+        (path, offset): (&Path, u64),
         cookie: u64,
         pid: u32,
+        returns: bool,
     ) -> io::Result<OwnedFd> {
+        /// `BPF_F_UPROBE_MULTI_RETURN`.
+        const RETURN: u32 = 1;
         let prog = self
             .programs
             .get(program)
@@ -143,6 +146,7 @@ impl MultiPrograms {
             multi.cookies = cookies.as_ptr() as u64;
             multi.cnt = 1;
             multi.pid = pid;
+            multi.flags = if returns { RETURN } else { 0 };
         }
         bpf(bpf_cmd::BPF_LINK_CREATE, &mut attr)
     }

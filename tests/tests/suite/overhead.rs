@@ -295,13 +295,16 @@ fn return_counts(stderr: &str) -> (u64, u64, u64) {
     (calls, sampled, returns)
 }
 
-fn kernel_has_uprobe_sessions() -> bool {
+fn kernel_at_least(major: u32, minor: u32) -> bool {
     let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
     let mut numbers = release
         .split(['.', '-'])
         .map(|n| n.parse::<u32>().unwrap_or(0));
-    let (major, minor) = (numbers.next().unwrap(), numbers.next().unwrap());
-    (major, minor) >= (6, 13)
+    (numbers.next().unwrap(), numbers.next().unwrap()) >= (major, minor)
+}
+
+fn kernel_has_uprobe_sessions() -> bool {
+    kernel_at_least(6, 13)
 }
 
 /// With uprobe sessions only sampled calls run a return half; with plain
@@ -365,21 +368,23 @@ fn links_of_type(pid: u32, link_type: &str) -> usize {
         .count()
 }
 
-/// Where the kernel links uprobe sessions (6.13+), entry probes are
-/// uprobe_multi links too: the target carries no per-task perf event,
-/// which it would pay for at every context switch. With `--return-probes
-/// uretprobes` (as on kernels before 6.13) they are aya's perf events.
+/// Where the kernel's uprobe_multi links filter by process (6.10+), plain
+/// probes are such links: the target carries no per-task perf event,
+/// which its main thread would pay for at every context switch. A kernel
+/// without them (played with `MEMPROBE_KERNEL_LACKS=uprobe-multi`) gets
+/// aya's perf-event uprobes.
 #[test]
-fn entry_probes_are_perf_event_free_links_where_sessions_are() {
+fn plain_probes_are_uprobe_multi_links_where_the_kernel_has_them() {
     use std::io::{BufRead, BufReader};
     let _guard = shared();
-    for mode in ["auto", "uretprobes"] {
-        let out = output_dir(&format!("entry_links_{mode}"));
+    for lacks in ["", "uprobe-multi"] {
+        let out = output_dir(&format!("entry_links_{lacks}"));
         let mut child = Command::new(memprobe_bin())
-            .args(["--track", "allocations", "--return-probes", mode])
+            .args(["--track", "allocations", "--return-probes", "uretprobes"])
             .args(["--format", "heap", "-o", out.to_str().unwrap(), "--"])
             .arg(malloc_loop_fixture())
             .args(["0", "3"])
+            .env("MEMPROBE_KERNEL_LACKS", lacks)
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::piped())
             .spawn()
@@ -402,8 +407,8 @@ fn entry_probes_are_perf_event_free_links_where_sessions_are() {
             .lines()
             .find(|l| l.starts_with("memprobe: cost:"))
             .unwrap_or_else(|| panic!("{stderr}"));
-        eprintln!("{mode}: {perf_events} perf-event links, {links} uprobe_multi; {cost_line}");
-        if mode == "auto" && kernel_has_uprobe_sessions() {
+        eprintln!("lacks {lacks:?}: {perf_events} perf links, {links} uprobe_multi; {cost_line}");
+        if lacks.is_empty() && kernel_at_least(6, 10) {
             assert_eq!(perf_events, 0, "{stderr}");
             assert!(links > 0, "{stderr}");
             assert!(cost_line.ends_with("entry probes: uprobe_multi links"));

@@ -1,10 +1,10 @@
 //! What attached probes cost a process where they are not hit: a pipe
 //! ping-pong (two context switches of the profiled process a round trip,
-//! no allocator call) without memprobe and with it, its entry probes linked
-//! as uprobe_multi links (the default where the kernel has uprobe
-//! sessions) and as perf-event uprobes (`--return-probes uretprobes`, as on
-//! kernels before 6.13), whose per-task perf events are switched with the
-//! task.
+//! no allocator call) without memprobe and with it, its probes linked as
+//! uprobe_multi links (the default where the kernel filters them by
+//! process, 6.10+) and as perf-event uprobes (as on older kernels, played
+//! with `MEMPROBE_KERNEL_LACKS=uprobe-multi`), whose per-task perf events
+//! are switched with the task.
 use std::{
     path::Path,
     process::{Command, Stdio},
@@ -24,10 +24,10 @@ pub(super) struct Switches {
 
 const ROUNDS: usize = 3;
 
-/// memprobe's flags for each configuration with it: entry sampling, so
-/// that no slow-path trial swaps probes meanwhile.
-const LINKS: &[&str] = &["--sampling", "entry"];
-const PERF_EVENTS: &[&str] = &["--sampling", "entry", "--return-probes", "uretprobes"];
+/// The kernel features memprobe is told to do without, for each
+/// configuration with it.
+const LINKS: &str = "";
+const PERF_EVENTS: &str = "uprobe-multi";
 
 pub(super) fn switches(memprobe: &Path, out: &Path, profiles_dir: &str) -> Result<Switches> {
     eprintln!("bench: a pipe ping-pong with unhit probes attached");
@@ -40,11 +40,11 @@ pub(super) fn switches(memprobe: &Path, out: &Path, profiles_dir: &str) -> Resul
     )?;
     let mut runs: [Vec<f64>; 3] = Default::default();
     for _ in 0..ROUNDS {
-        for (k, flags) in [None, Some(LINKS), Some(PERF_EVENTS)]
+        for (k, lacks) in [None, Some(LINKS), Some(PERF_EVENTS)]
             .into_iter()
             .enumerate()
         {
-            runs[k].push(round_trip_ns(memprobe, &ping_pong, profiles_dir, flags)?);
+            runs[k].push(round_trip_ns(memprobe, &ping_pong, profiles_dir, lacks)?);
         }
     }
     eprintln!("bench:   ns a round trip (none, links, perf events): {runs:?}");
@@ -62,12 +62,13 @@ fn median(mut values: Vec<f64>) -> f64 {
 }
 
 /// One timed ping-pong on CPU 0, with memprobe (on CPU 1) attached to it
-/// during its untimed start when `flags` are given.
+/// during its untimed start when told what kernel features to do without
+/// (`lacks`). Entry sampling: no slow-path trial swaps probes meanwhile.
 fn round_trip_ns(
     memprobe: &Path,
     ping_pong: &Path,
     profiles_dir: &str,
-    flags: Option<&[&str]>,
+    lacks: Option<&str>,
 ) -> Result<f64> {
     let child = Command::new("taskset")
         .args(["-c", "0"])
@@ -78,12 +79,13 @@ fn round_trip_ns(
         .spawn()?;
     let pid = child.id().to_string();
     let memprobe_path = memprobe.to_str().context("memprobe's path")?;
-    let probe = match flags {
-        Some(flags) => {
-            let mut args = vec!["-c", "1", memprobe_path, "--pid", &pid];
+    let probe = match lacks {
+        Some(lacks) => {
+            let lacks = format!("MEMPROBE_KERNEL_LACKS={lacks}");
+            let mut args = vec![lacks.as_str(), "taskset", "-c", "1", memprobe_path];
+            args.extend_from_slice(&["--pid", &pid, "--sampling", "entry"]);
             args.extend_from_slice(&["-o", profiles_dir, "--format", "heap"]);
-            args.extend_from_slice(flags);
-            Some(start_memprobe(Path::new("taskset"), &args)?.0)
+            Some(start_memprobe(Path::new("env"), &args)?.0)
         }
         None => None,
     };
@@ -104,8 +106,8 @@ pub(super) fn switches_table(s: &Switches) -> String {
     format!(
         "\n| a pipe ping-pong, no allocator call (two context switches a round trip; CPU 0, memprobe on CPU 1; median of {ROUNDS}) | CPU ns a round trip | vs no profiler |\n|---|---|---|\n\
          | no profiler | {:.0} | - |\n\
-         | memprobe `--sampling entry`: entry probes as uprobe_multi links (where the kernel has uprobe sessions) | {:.0} | {} |\n\
-         | memprobe `--sampling entry --return-probes uretprobes`: perf-event uprobes (as on kernels before 6.13) | {:.0} | {} |\n",
+         | memprobe `--sampling entry`: probes as uprobe_multi links (Linux 6.10+) | {:.0} | {} |\n\
+         | the same with perf-event uprobes (as on older kernels; `MEMPROBE_KERNEL_LACKS=uprobe-multi`) | {:.0} | {} |\n",
         s.none,
         s.links,
         vs(s.links),
