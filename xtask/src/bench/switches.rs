@@ -15,19 +15,31 @@ use anyhow::{Context, Result, bail};
 use super::{start_memprobe, stop};
 use crate::{run_command, workspace_root};
 
-/// CPU nanoseconds per round trip, the median of [`ROUNDS`] runs each.
-pub(super) struct Switches {
-    none: f64,
-    links: f64,
-    perf_events: f64,
-}
+/// CPU nanoseconds per round trip of each configuration (no profiler
+/// first), the median of [`ROUNDS`] runs each.
+pub(super) struct Switches(Vec<f64>);
 
 const ROUNDS: usize = 3;
 
-/// The kernel features memprobe is told to do without, for each
-/// configuration with it.
-const LINKS: &str = "";
-const PERF_EVENTS: &str = "uprobe-multi";
+/// memprobe's configurations: (label, kernel features it is told to do
+/// without, flags). Entry sampling: no slow-path trial swaps probes.
+const CONFIGS: [(&str, &str, &[&str]); 3] = [
+    (
+        "memprobe `--sampling entry`: uprobe sessions and uprobe_multi links (Linux 6.13+)",
+        "",
+        &[],
+    ),
+    (
+        "the same with `--return-probes uretprobes`: uretprobes, all uprobe_multi links (as on 6.10 to 6.12)",
+        "",
+        &["--return-probes", "uretprobes"],
+    ),
+    (
+        "the same with `MEMPROBE_KERNEL_LACKS=uprobe-multi`: perf-event uprobes and uretprobes (as on 6.1 to 6.9)",
+        "uprobe-multi",
+        &["--return-probes", "uretprobes"],
+    ),
+];
 
 pub(super) fn switches(memprobe: &Path, out: &Path, profiles_dir: &str) -> Result<Switches> {
     eprintln!("bench: a pipe ping-pong with unhit probes attached");
@@ -38,22 +50,16 @@ pub(super) fn switches(memprobe: &Path, out: &Path, profiles_dir: &str) -> Resul
             .arg(&ping_pong)
             .arg(workspace_root().join("tests/fixtures/ping_pong.c")),
     )?;
-    let mut runs: [Vec<f64>; 3] = Default::default();
+    let mut runs = vec![Vec::new(); CONFIGS.len() + 1];
     for _ in 0..ROUNDS {
-        for (k, lacks) in [None, Some(LINKS), Some(PERF_EVENTS)]
-            .into_iter()
-            .enumerate()
-        {
-            runs[k].push(round_trip_ns(memprobe, &ping_pong, profiles_dir, lacks)?);
+        runs[0].push(round_trip_ns(memprobe, &ping_pong, profiles_dir, None)?);
+        for (k, (_, lacks, flags)) in CONFIGS.iter().enumerate() {
+            let with = Some((*lacks, *flags));
+            runs[k + 1].push(round_trip_ns(memprobe, &ping_pong, profiles_dir, with)?);
         }
     }
-    eprintln!("bench:   ns a round trip (none, links, perf events): {runs:?}");
-    let [none, links, perf_events] = runs.map(median);
-    Ok(Switches {
-        none,
-        links,
-        perf_events,
-    })
+    eprintln!("bench:   ns a round trip, no profiler first: {runs:?}");
+    Ok(Switches(runs.into_iter().map(median).collect()))
 }
 
 fn median(mut values: Vec<f64>) -> f64 {
@@ -62,13 +68,13 @@ fn median(mut values: Vec<f64>) -> f64 {
 }
 
 /// One timed ping-pong on CPU 0, with memprobe (on CPU 1) attached to it
-/// during its untimed start when told what kernel features to do without
-/// (`lacks`). Entry sampling: no slow-path trial swaps probes meanwhile.
+/// during its untimed start when given what kernel features to do without
+/// and its flags.
 fn round_trip_ns(
     memprobe: &Path,
     ping_pong: &Path,
     profiles_dir: &str,
-    lacks: Option<&str>,
+    with: Option<(&str, &[&str])>,
 ) -> Result<f64> {
     let child = Command::new("taskset")
         .args(["-c", "0"])
@@ -79,12 +85,13 @@ fn round_trip_ns(
         .spawn()?;
     let pid = child.id().to_string();
     let memprobe_path = memprobe.to_str().context("memprobe's path")?;
-    let probe = match lacks {
-        Some(lacks) => {
+    let probe = match with {
+        Some((lacks, flags)) => {
             let lacks = format!("MEMPROBE_KERNEL_LACKS={lacks}");
             let mut args = vec![lacks.as_str(), "taskset", "-c", "1", memprobe_path];
             args.extend_from_slice(&["--pid", &pid, "--sampling", "entry"]);
             args.extend_from_slice(&["-o", profiles_dir, "--format", "heap"]);
+            args.extend_from_slice(flags);
             Some(start_memprobe(Path::new("env"), &args)?.0)
         }
         None => None,
@@ -101,17 +108,17 @@ fn round_trip_ns(
 }
 
 /// The README's table.
-pub(super) fn switches_table(s: &Switches) -> String {
-    let vs = |ns: f64| format!("+{:.1}%", 100.0 * (ns / s.none - 1.0));
-    format!(
+pub(super) fn switches_table(Switches(ns): &Switches) -> String {
+    let mut table = format!(
         "\n| a pipe ping-pong, no allocator call (two context switches a round trip; CPU 0, memprobe on CPU 1; median of {ROUNDS}) | CPU ns a round trip | vs no profiler |\n|---|---|---|\n\
-         | no profiler | {:.0} | - |\n\
-         | memprobe `--sampling entry`: probes as uprobe_multi links (Linux 6.10+) | {:.0} | {} |\n\
-         | the same with perf-event uprobes (as on older kernels; `MEMPROBE_KERNEL_LACKS=uprobe-multi`) | {:.0} | {} |\n",
-        s.none,
-        s.links,
-        vs(s.links),
-        s.perf_events,
-        vs(s.perf_events),
-    )
+         | no profiler | {:.0} | - |\n",
+        ns[0]
+    );
+    for ((label, _, _), &with) in CONFIGS.iter().zip(&ns[1..]) {
+        table.push_str(&format!(
+            "| {label} | {with:.0} | {:+.1}% |\n",
+            100.0 * (with / ns[0] - 1.0)
+        ));
+    }
+    table
 }
