@@ -293,7 +293,7 @@ impl KernelProbes {
 
     /// Attaches `program` to run at `offset` (at the return for the
     /// uretprobe's program): as a uprobe_multi link where the kernel's
-    /// work, else as aya's perf-event uprobe.
+    /// links work (`check_links`), else as aya's perf-event uprobe.
     fn attach_plain(
         &mut self,
         program: &'static str,
