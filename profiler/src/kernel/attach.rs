@@ -13,8 +13,10 @@ use crate::{
     discover::{Allocator, entry_points::EntryPoint, placement::Placement},
     error::{Error, Result},
     kernel::{
-        AttachedProbe, KernelProbes, PlacementMode, ProbeLinks, ReturnHalf, ReturnProbes, Scope,
-        features::KernelFeature, uprobe_multi,
+        AttachedProbe, KernelProbes, OBJECT, PlacementMode, ProbeLinks, ReturnHalf, ReturnProbes,
+        Scope,
+        features::{self, KernelFeature},
+        uprobe_multi::{self, LinkKind, MultiPrograms},
     },
 };
 
@@ -302,9 +304,7 @@ impl KernelProbes {
         cookie: u64,
         links: &mut ProbeLinks,
     ) -> std::result::Result<(), String> {
-        if let Some(entry_links) = &self.entry_links
-            && self.entry_links_work
-        {
+        if let Some(entry_links) = &self.entry_links {
             let returns = program == programs::CALL_RETURN;
             let link = entry_links
                 .attach(
@@ -336,21 +336,21 @@ impl KernelProbes {
         let cookie = cookie::encode(cookie::MAX_PROBES - 1, 0, u16::MAX, false);
         // The links are dropped at once: only the kernel's answer matters.
         let _ = self.link_session(programs::session::SLOW_PATH, &target, offset, cookie);
-        let entry = self
-            .entry_links
-            .as_ref()
-            .map(|links| links.attach(programs::FREE_ARG0, (path, offset), cookie, pid, false));
-        self.entry_links_work = matches!(entry, Some(Ok(_)));
-        if !self.entry_links_work {
-            self.entry_links = None;
+        if features::pretended_missing(KernelFeature::UprobeMulti) {
+            return;
         }
+        let loaded = MultiPrograms::load(&self.ebpf, OBJECT, &programs::ALL, LinkKind::Entry);
+        self.entry_links = loaded.ok().filter(|links| {
+            links
+                .attach(programs::FREE_ARG0, (path, offset), cookie, pid, false)
+                .is_ok()
+        });
     }
 
     /// Back to perf-event uprobes for the plain programs: the kernel took
     /// their uprobe_multi links but did not run them (see `check_links`).
     pub fn give_up_entry_links(&mut self) {
         self.entry_links = None;
-        self.entry_links_work = false;
     }
 
     fn attach_uprobe(
@@ -418,7 +418,7 @@ impl KernelProbes {
     /// How calls get their return half in this run, and why, and how entry
     /// probes are linked: for the summary's cost line.
     pub fn return_probes_used(&self) -> String {
-        let entries = if self.entry_links.is_some() && self.entry_links_work {
+        let entries = if self.entry_links.is_some() {
             "uprobe_multi links"
         } else {
             "perf-event uprobes"

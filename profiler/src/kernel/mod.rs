@@ -20,10 +20,7 @@ use crate::{
     collect::sampling,
     discover::placement::Placement,
     error::{Error, Result},
-    kernel::{
-        features::KernelFeature,
-        uprobe_multi::{LinkKind, MultiPrograms},
-    },
+    kernel::uprobe_multi::{LinkKind, MultiPrograms},
 };
 
 /// The eBPF object built from `profiler-ebpf`.
@@ -160,13 +157,12 @@ pub struct KernelProbes {
     placement: PlacementMode,
     return_probes: ReturnProbes,
     sessions: Option<MultiPrograms>,
-    /// The plain programs (entry and uretprobe) as uprobe_multi links,
-    /// used once the kernel has linked one and a calibration thread other
-    /// than the main one has hit it (6.6 to 6.9 filter by thread, not
-    /// process); aya's perf-event uprobes otherwise.
+    /// The plain programs (entry and uretprobe) as uprobe_multi links:
+    /// loaded once the kernel has taken one (`check_links`), dropped again
+    /// if a calibration thread other than the main one did not hit it (6.6
+    /// to 6.9 filter by thread, not process); aya's perf-event uprobes
+    /// while `None`.
     entry_links: Option<MultiPrograms>,
-    /// Whether the kernel took an entry link (`check_links`).
-    entry_links_work: bool,
     /// Why sessions are not used, when they were wanted (`--verbose`).
     pub sessions_unavailable: Option<String>,
     /// Each attached probe's links, in the order of `attached` (empty once
@@ -245,14 +241,8 @@ impl KernelProbes {
                 }
             }
         };
-        let entry_links = if features::pretended_missing(KernelFeature::UprobeMulti) {
-            None
-        } else {
-            MultiPrograms::load(&ebpf, OBJECT, &programs::ALL, LinkKind::Entry).ok()
-        };
         Ok(Self {
-            entry_links,
-            entry_links_work: false,
+            entry_links: None,
             ebpf,
             attached: Vec::new(),
             placement,
