@@ -375,34 +375,23 @@ fn links_of_type(pid: u32, link_type: &str) -> usize {
 /// aya's perf-event uprobes.
 #[test]
 fn plain_probes_are_uprobe_multi_links_where_the_kernel_has_them() {
-    use std::io::{BufRead, BufReader};
     let _guard = shared();
     for lacks in ["", "uprobe-multi"] {
         let out = output_dir(&format!("entry_links_{lacks}"));
-        let mut child = Command::new(memprobe_bin())
+        let mut command = Command::new(memprobe_bin());
+        command
             .args(["--track", "allocations", "--return-probes", "uretprobes"])
             .args(["--format", "heap", "-o", out.to_str().unwrap(), "--"])
             .arg(malloc_loop_fixture())
             .args(["0", "3"])
             .env("MEMPROBE_KERNEL_LACKS", lacks)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        let mut stderr = String::new();
-        for line in lines.by_ref() {
-            let line = line.unwrap();
-            stderr.push_str(&line);
-            stderr.push('\n');
-            if line.starts_with("memprobe: attached") {
-                break;
-            }
-        }
-        let perf_events = links_of_type(child.id(), "perf");
-        let links = links_of_type(child.id(), "uprobe_multi");
-        stderr.extend(lines.map_while(Result::ok).map(|l| l + "\n"));
-        assert!(child.wait().unwrap().success(), "{stderr}");
+            .stdout(std::process::Stdio::null());
+        let mut memprobe = Memprobe::start_command(command);
+        memprobe.wait_attached();
+        let perf_events = links_of_type(memprobe.pid(), "perf");
+        let links = links_of_type(memprobe.pid(), "uprobe_multi");
+        let (status, stderr) = memprobe.wait();
+        assert!(status.success(), "{stderr}");
         let cost_line = stderr
             .lines()
             .find(|l| l.starts_with("memprobe: cost:"))

@@ -22,17 +22,23 @@ use redis::{redis_bench, redis_table};
 
 const LIBJEMALLOC: &str = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2";
 
-/// The malloc/free loop, linked to jemalloc or (`libs` empty) on glibc's.
-fn build_loop(out: &Path, name: &str, libs: &[&str]) -> Result<PathBuf> {
+/// A C fixture (`tests/fixtures/SOURCE.c`) built as `name` in `out`, with
+/// `libs`.
+fn build_fixture(out: &Path, source: &str, name: &str, libs: &[&str]) -> Result<PathBuf> {
     let binary = out.join(name);
     run_command(
         Command::new("cc")
             .args(["-O2", "-o"])
             .arg(&binary)
-            .arg(workspace_root().join("tests/fixtures/malloc_loop.c"))
+            .arg(workspace_root().join(format!("tests/fixtures/{source}.c")))
             .args(libs),
     )?;
     Ok(binary)
+}
+
+/// The malloc/free loop, linked to jemalloc or (`libs` empty) on glibc's.
+fn build_loop(out: &Path, name: &str, libs: &[&str]) -> Result<PathBuf> {
+    build_fixture(out, "malloc_loop", name, libs)
 }
 
 /// Nanoseconds per malloc+free pair printed by the loop (best of `runs`).

@@ -12,8 +12,7 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-use super::{start_memprobe, stop};
-use crate::{run_command, workspace_root};
+use super::{build_fixture, start_memprobe, stop};
 
 /// CPU nanoseconds per round trip of each configuration (no profiler
 /// first), the median of [`ROUNDS`] runs each.
@@ -43,13 +42,7 @@ const CONFIGS: [(&str, &str, &[&str]); 3] = [
 
 pub(super) fn switches(memprobe: &Path, out: &Path, profiles_dir: &str) -> Result<Switches> {
     eprintln!("bench: a pipe ping-pong with unhit probes attached");
-    let ping_pong = out.join("ping_pong");
-    run_command(
-        Command::new("cc")
-            .args(["-O2", "-o"])
-            .arg(&ping_pong)
-            .arg(workspace_root().join("tests/fixtures/ping_pong.c")),
-    )?;
+    let ping_pong = build_fixture(out, "ping_pong", "ping_pong", &[])?;
     let mut runs = vec![Vec::new(); CONFIGS.len() + 1];
     for _ in 0..ROUNDS {
         runs[0].push(round_trip_ns(memprobe, &ping_pong, profiles_dir, None)?);
