@@ -22,11 +22,16 @@ pub enum CallShape {
     /// jemalloc's `malloc_default`, where `malloc` and `operator new` go
     /// when their inlined fast path cannot serve: size in the first argument.
     SlowPath,
+    /// jemalloc's `prof_malloc_sample_object(tsd, ptr, size, usize, tctx)`:
+    /// an allocation jemalloc's own profiler (`prof:true`) sampled, its
+    /// pointer already known.
+    OwnSample,
 }
 
 impl CallShape {
-    pub const ALL: [CallShape; 10] = [
+    pub const ALL: [CallShape; 11] = [
         CallShape::SlowPath,
+        CallShape::OwnSample,
         CallShape::SizeArg0,
         CallShape::SizeArg1,
         CallShape::Calloc,
@@ -56,6 +61,7 @@ impl CallShape {
             CallShape::Xallocx => (programs::RESIZE_XALLOCX, Some(session::XALLOCX)),
             CallShape::Free => (programs::FREE_ARG0, None),
             CallShape::SlowPath => (programs::ALLOC_SLOW_PATH, Some(session::SLOW_PATH)),
+            CallShape::OwnSample => (programs::OWN_SAMPLE, None),
         }
     }
 

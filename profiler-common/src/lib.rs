@@ -80,9 +80,11 @@ pub mod programs {
     pub const FREE_ARG0: &str = "free_arg0";
     pub const CALL_RETURN: &str = "call_return";
     pub const ALLOC_SLOW_PATH: &str = "alloc_slow_path";
+    pub const OWN_SAMPLE: &str = "own_sample";
     /// Every plain uprobe program.
-    pub const ALL: [&str; 11] = [
+    pub const ALL: [&str; 12] = [
         ALLOC_SLOW_PATH,
+        OWN_SAMPLE,
         ALLOC_SIZE_ARG0,
         ALLOC_SIZE_ARG1,
         ALLOC_CALLOC,

@@ -17,14 +17,15 @@ mod slow_path;
 
 use core::ffi::c_void;
 
-use alloc::on_allocation;
+use alloc::{on_allocation, record_allocation};
 use aya_ebpf::{
     macros::{uprobe, uretprobe},
     programs::{ProbeContext, RetProbeContext},
 };
+use maps::PENDING;
 use profiler_common::{PendingCall, pending_kind};
-use release::{on_free, on_resize_entry, on_return};
-use sampling::{Args, Thread, session};
+use release::{finish_allocation, on_free, on_resize_entry, on_return};
+use sampling::{Args, Thread, count_hit, probe_cookie, session};
 use slow_path::on_slow_path;
 
 /// Declares the plain and the session program of one entry-point shape.
@@ -181,6 +182,24 @@ pub fn free_arg0(ctx: ProbeContext) -> u32 {
     sampling::count_entry(&ctx);
     let args = Args::of(&ctx);
     on_free(&ctx, args.arg(0));
+    0
+}
+
+/// jemalloc's `prof_malloc_sample_object(tsd, ptr, size, usize, tctx)`:
+/// jemalloc's own profiler sampled this allocation (by usable bytes, like
+/// memprobe's countdown); its pointer is known, so no return half.
+#[uprobe]
+pub fn own_sample(ctx: ProbeContext) -> u32 {
+    let Some(thread) = Thread::current() else {
+        return 0;
+    };
+    count_hit(&ctx);
+    let args = Args::of(&ctx);
+    let (ptr, usable) = (args.arg(1), args.arg(3));
+    if record_allocation(&ctx, &thread, usable, 0, returned_pointer(), 0) {
+        let _ = PENDING.remove(thread.id);
+        finish_allocation(thread.id, probe_cookie(&ctx), ptr);
+    }
     0
 }
 

@@ -231,6 +231,18 @@ pub fn rust_fixture() -> PathBuf {
     cargo_fixture("rust-jemalloc", "rust", "rust-jemalloc-fixture")
 }
 
+/// The same Rust program with jemalloc's heap profiler built in (run it
+/// with `_RJEM_MALLOC_CONF=prof:true`).
+pub fn rust_prof_fixture() -> PathBuf {
+    let target_dir = workspace_root().join("target/fixtures/rust-prof");
+    build_once("rust-prof-jemalloc-fixture", |_| {
+        let mut command = cargo_build("rust-jemalloc", &target_dir);
+        command.args(["--features", "profiling"]);
+        command
+    });
+    target_dir.join("release/rust-jemalloc-fixture")
+}
+
 /// The same Rust program on tikv-jemallocator 0.4: jemalloc 5.2.1, whose
 /// malloc fast path memprobe does not recognise.
 pub fn rust_jemalloc_5_2_fixture() -> PathBuf {
@@ -240,17 +252,20 @@ pub fn rust_jemalloc_5_2_fixture() -> PathBuf {
 /// A Rust fixture built by cargo from `tests/fixtures/<folder>`.
 fn cargo_fixture(folder: &str, target: &str, binary: &str) -> PathBuf {
     let target_dir = workspace_root().join("target/fixtures").join(target);
-    build_once(binary, |_| {
-        let mut command = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-        command
-            .args(["build", "--release", "--quiet", "--manifest-path"])
-            .arg(fixture_source(&format!("{folder}/Cargo.toml")))
-            .arg("--target-dir")
-            .arg(&target_dir)
-            .env("RUSTFLAGS", "-C force-frame-pointers=yes");
-        command
-    });
+    build_once(binary, |_| cargo_build(folder, &target_dir));
     target_dir.join("release").join(binary)
+}
+
+/// `cargo build --release` of `tests/fixtures/<folder>` into `target_dir`.
+fn cargo_build(folder: &str, target_dir: &Path) -> Command {
+    let mut command = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    command
+        .args(["build", "--release", "--quiet", "--manifest-path"])
+        .arg(fixture_source(&format!("{folder}/Cargo.toml")))
+        .arg("--target-dir")
+        .arg(target_dir)
+        .env("RUSTFLAGS", "-C force-frame-pointers=yes");
+    command
 }
 
 /// The Java fixtures' classes, compiled into one folder.

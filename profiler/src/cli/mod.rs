@@ -172,7 +172,11 @@ pub struct Cli {
     /// tried for some 10 s against entry sampling (a program allocating in
     /// a cycle that aliases with the threshold goes back to entry);
     /// elsewhere entry is used. Each profile's `# malloc_sampling:` says
-    /// which, and why. Frees are probed either way.
+    /// which, and why. Frees are probed either way. With `slow-path`, a
+    /// jemalloc 5.3 copy whose process runs jemalloc's own profiler
+    /// (`prof:true`, active) and whose symbols are kept is sampled by that
+    /// profiler instead: memprobe takes its samples, and only frees that
+    /// leave jemalloc's fast path trap.
     #[arg(long, value_name = "WHERE", value_enum, default_value_t = SamplingArg::SlowPath)]
     pub sampling: SamplingArg,
 

@@ -120,6 +120,7 @@ impl ProcessHeap {
                 stack_error,
                 allocator,
                 window,
+                interval,
                 ..
             } => {
                 if stack_error {
@@ -127,9 +128,14 @@ impl ProcessHeap {
                 }
                 let stack = self.stack_id(frames);
                 let usable = usable_size_of(allocator, size, align);
+                let interval = if interval > 0 {
+                    interval
+                } else {
+                    self.sample_interval
+                };
                 let weight = match window {
-                    0 => sample_weight(size, self.sample_interval),
-                    _ => window_weight(usable, window, self.sample_interval),
+                    0 => sample_weight(size, interval),
+                    _ => window_weight(usable, window, interval),
                 };
                 if self.options.allocations_only {
                     self.count_allocation(stack, weight, usable);
@@ -362,6 +368,7 @@ mod tests {
             stack_copy: None,
             window: 0,
             allocator: AllocatorKind::Jemalloc,
+            interval: 0,
         }
     }
 

@@ -9,13 +9,14 @@ pub use profiler_common::CallShape;
 
 /// The argument registers the entry program of a shape reads.
 pub fn registers_read(shape: CallShape) -> &'static [Register] {
-    use Register::{RDI, RDX, RSI};
+    use Register::{RCX, RDI, RDX, RSI};
     match shape {
         CallShape::SizeArg0 | CallShape::Xallocx | CallShape::Free | CallShape::SlowPath => &[RDI],
         CallShape::SizeArg1 | CallShape::Calloc | CallShape::Realloc | CallShape::Mallocx => {
             &[RDI, RSI]
         }
         CallShape::PosixMemalign | CallShape::Rallocx => &[RDI, RSI, RDX],
+        CallShape::OwnSample => &[RSI, RCX],
     }
 }
 

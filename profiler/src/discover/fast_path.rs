@@ -189,13 +189,18 @@ pub(crate) fn in_file_offsets(
             ..fast
         },
         placement,
-        own_code: own_code(symbols, data, prefix).into(),
+        own_code: own_code(symbols, data, prefix, &SERVED).into(),
     })
 }
 
-/// The extents (file offsets) of the served entry points and of every
-/// function they branch to directly.
-fn own_code(symbols: &FunctionSymbols, data: &[u8], prefix: &str) -> Vec<std::ops::Range<u64>> {
+/// The extents (file offsets) of the entry points `names` (bare or with
+/// `prefix`) and of every function they branch to directly.
+pub(crate) fn own_code(
+    symbols: &FunctionSymbols,
+    data: &[u8],
+    prefix: &str,
+    names: &[&str],
+) -> Vec<std::ops::Range<u64>> {
     // A function's length: to the next start the call frame information
     // knows, else its symbol's size.
     let length = |address: u64, size: u64| {
@@ -205,7 +210,7 @@ fn own_code(symbols: &FunctionSymbols, data: &[u8], prefix: &str) -> Vec<std::op
         end.saturating_sub(address)
     };
     let mut extents = Vec::new();
-    let served = SERVED
+    let served = names
         .iter()
         .flat_map(|name| [name.to_string(), format!("{prefix}{name}")])
         .filter_map(|name| symbols.function(&name));
@@ -269,6 +274,7 @@ impl Allocator {
                 .filter(|(_, inner)| !served(inner))
                 .cloned()
                 .collect(),
+            own_sampling: None,
         })
     }
 }
@@ -289,6 +295,7 @@ impl Allocator {
             entry_points,
             fast_path: self.fast_path.clone(),
             wrappers: Vec::new(),
+            own_sampling: None,
         };
         let served = self
             .entry_points

@@ -7,6 +7,7 @@ pub mod code;
 pub mod elf;
 pub mod entry_points;
 pub mod fast_path;
+pub mod own_sampling;
 pub mod placement;
 use std::{
     collections::{BTreeSet, HashMap},
@@ -42,6 +43,8 @@ pub struct Allocator {
     /// new`, say): (wrapper, the entry point it passes to). Probing both
     /// would count such calls twice and hide the real caller.
     pub wrappers: Vec<(String, String)>,
+    /// jemalloc 5.3's own profiler's hooks, where the symbols name them.
+    pub own_sampling: Option<own_sampling::OwnSampling>,
 }
 
 /// What one file holds, for attaching and for saying what was found.
@@ -287,12 +290,16 @@ fn read_facts(path: &Path, debug: &DebugLookup<'_>, wanted: &[AllocatorKind]) ->
                     .and_then(|fast| {
                         fast_path::in_file_offsets(&symbols, &data, fast, &found.prefix)
                     });
+                let own_sampling = (found.kind == AllocatorKind::Jemalloc && known_version)
+                    .then(|| own_sampling::OwnSampling::find(&symbols, &data, &found.prefix))
+                    .flatten();
                 Arc::new(Allocator {
                     kind: found.kind,
                     prefix: found.prefix,
                     entry_points,
                     fast_path,
                     wrappers,
+                    own_sampling,
                 })
             })
             .collect(),

@@ -7,7 +7,7 @@ use aya::programs::{
     UProbe,
     uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLinkId, UProbeScope},
 };
-use profiler_common::{cookie, programs};
+use profiler_common::{CallShape, cookie, programs};
 
 use crate::{
     discover::{Allocator, entry_points::EntryPoint, placement::Placement},
@@ -278,8 +278,9 @@ impl KernelProbes {
             instance,
             allocator: allocator.kind,
             shape: entry.shape,
-            own_code: match (&allocator.fast_path, entry.shape) {
-                (Some(slow), profiler_common::CallShape::SlowPath) => Some(slow.own_code.clone()),
+            own_code: match entry.shape {
+                CallShape::SlowPath => allocator.fast_path.as_ref().map(|s| s.own_code.clone()),
+                CallShape::OwnSample => allocator.own_sampling.as_ref().map(|o| o.own_code.clone()),
                 _ => None,
             },
         };

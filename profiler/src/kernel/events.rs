@@ -27,6 +27,9 @@ pub enum Event {
         /// The allocator of the probe that fired, which sizes the bytes
         /// (set by the run from the probe index; jemalloc until then).
         allocator: AllocatorKind,
+        /// The mean sampling interval it was drawn with, for a sample
+        /// jemalloc's own profiler took (set by the run); 0: memprobe's.
+        interval: u64,
     },
     Returned {
         header: EventHeader,
@@ -120,6 +123,7 @@ fn sampled(header: EventHeader, event: &AllocEvent, stack_copy: Option<StackCopy
         stack_error,
         stack_copy,
         allocator: AllocatorKind::Jemalloc,
+        interval: 0,
     }
 }
 

@@ -86,6 +86,10 @@ impl Session<'_> {
         allocator: &Allocator,
     ) -> Result<usize> {
         let instance = self.instance()?;
+        let file = (path, open_path);
+        if let Some(attached) = self.attach_own_sampling(scope, file, allocator, instance)? {
+            return Ok(attached);
+        }
         let trial = self.on_slow_path(scope, path, allocator, instance);
         let on_slow_path = trial.as_ref().ok().and_then(|_| allocator.on_slow_path());
         let probed = on_slow_path.as_ref().unwrap_or(allocator);
@@ -112,7 +116,7 @@ impl Session<'_> {
                     let _ = writeln!(self.status, "memprobe: pid {pid}: {note}");
                 }
                 if let Some(t) = self.tracked.get_mut(&pid) {
-                    t.at_entry.push(note);
+                    t.sampling_notes.push(note);
                 }
             }
             Err(_) => {}
@@ -211,7 +215,7 @@ impl Session<'_> {
         }
     }
 
-    fn print_verbose_probes(&mut self, from: usize) {
+    pub(super) fn print_verbose_probes(&mut self, from: usize) {
         if !self.options.verbose {
             return;
         }

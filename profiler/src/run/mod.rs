@@ -9,6 +9,7 @@ pub mod cost;
 mod growth;
 pub mod launch;
 mod options;
+mod own_sampling;
 mod process;
 mod publish;
 mod retention;
@@ -459,11 +460,15 @@ impl Session<'_> {
                 header,
                 allocator,
                 frames,
+                interval,
                 ..
             } = &mut event
                 && let Some(probe) = self.probes.attached.get(header.probe as usize)
             {
                 *allocator = probe.allocator;
+                if probe.shape == profiler_common::CallShape::OwnSample {
+                    *interval = t.own_intervals.get(&probe.instance).copied().unwrap_or(0);
+                }
                 if let Some(own_code) = &probe.own_code {
                     t.drop_allocator_frames(&probe.path, own_code, frames);
                 }

@@ -1,5 +1,9 @@
 //! What a run keeps per profiled process.
-use std::{collections::HashSet, ops::Range, path::PathBuf};
+use std::{
+    collections::{HashMap, HashSet},
+    ops::Range,
+    path::PathBuf,
+};
 
 use crate::{
     collect::{CollectorOptions, ProcessHeap},
@@ -42,8 +46,12 @@ pub(super) struct Tracked {
     pub growth: GrowthWindow,
     /// jemalloc copies whose slow path is on trial (`--sampling slow-path`).
     pub trials: Vec<Trial>,
-    /// jemalloc copies sampled at entry, and why (the profile's note).
-    pub at_entry: Vec<String>,
+    /// How jemalloc copies not on trial are sampled, and why (the
+    /// profile's note): at entry, or by jemalloc's own profiler.
+    pub sampling_notes: Vec<String>,
+    /// Mean sampling intervals of the copies whose samples jemalloc's own
+    /// profiler takes, by probe instance.
+    pub own_intervals: HashMap<u16, u64>,
     /// Its recent cost, for `--max-overhead`.
     pub budget: BudgetWindow,
     /// Probes detached for costing more than `--max-overhead` (then
@@ -74,7 +82,8 @@ impl Tracked {
             growth: GrowthWindow::default(),
             budget: BudgetWindow::default(),
             trials: Vec::new(),
-            at_entry: Vec::new(),
+            sampling_notes: Vec::new(),
+            own_intervals: HashMap::new(),
             detached: None,
             kept: KeptSnapshots::default(),
         };

@@ -108,7 +108,7 @@ impl Session<'_> {
         }
         head.push(("allocators".into(), describe(&t.allocator_calls)));
         let trials = t.trials.iter().map(|trial| trial.note());
-        let notes: Vec<String> = trials.chain(t.at_entry.iter().cloned()).collect();
+        let notes: Vec<String> = trials.chain(t.sampling_notes.iter().cloned()).collect();
         if !notes.is_empty() {
             head.push(("malloc_sampling".into(), notes.join("; ")));
         }

@@ -8,6 +8,7 @@ mod locations;
 mod outputs;
 mod over_time;
 mod overhead;
+mod own_profiler;
 mod price;
 mod slow_path;
 mod stacks;

@@ -1,0 +1,140 @@
+//! jemalloc's own heap profiler, in targets that run it (`prof:true` with
+//! `prof.active`): every allocation it samples passes through
+//! `prof_malloc_sample_object(tsd, ptr, size, usize, tctx)`, and a sampled
+//! object (promoted out of the small size classes, page aligned) always
+//! leaves the inlined free fast path for `free_default` or
+//! `sdallocx_default`. Probing those instead of every call costs a trap per
+//! sample and per slow free, not one per call. Found by name: the build
+//! must keep its symbol table (static Rust and C++ builds usually do).
+use std::{ops::Range, sync::Arc};
+
+use object::{Object, ObjectSymbol};
+use profiler_common::CallShape;
+
+use crate::discover::{
+    Allocator,
+    elf::{FunctionSymbols, Segment},
+    entry_points::{C_ENTRY_POINTS, CXX_ENTRY_POINTS, EntryPoint, registers_read},
+    fast_path, placement,
+};
+
+/// Where a jemalloc copy keeps its profiler's switches. They live in
+/// `.bss` and `.data`, so they are placed by address, from where the
+/// file's first loadable segment is mapped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProfSwitches {
+    /// The first loadable segment's file offset and address.
+    pub anchor: (u64, u64),
+    /// Addresses in the file of `opt_prof` (bool), `prof_active_state`
+    /// (bool) and `lg_prof_sample` (size_t: the mean interval's log2).
+    pub opt_prof: u64,
+    pub active: u64,
+    pub lg_sample: u64,
+}
+
+/// What probing a jemalloc copy through its own profiler takes.
+#[derive(Clone, Debug)]
+pub struct OwnSampling {
+    /// `prof_malloc_sample_object`.
+    pub sample: EntryPoint,
+    /// `free_default` and `sdallocx_default`, those the build kept.
+    pub slow_frees: Vec<EntryPoint>,
+    pub switches: ProfSwitches,
+    /// File-offset extents of jemalloc's code between the sample's probe
+    /// and the program: the allocating entry points and what they branch to.
+    pub own_code: Arc<[Range<u64>]>,
+}
+
+/// Entry points that free a sampled object without passing the free slow
+/// paths: resizes (which free the old object inside) and `dallocx`, which
+/// has no fast path. Probed as frees of their first argument.
+const INNER_FREES: [&str; 4] = ["realloc", "rallocx", "xallocx", "dallocx"];
+
+impl OwnSampling {
+    /// jemalloc 5.3's profiler hooks in a file, where its symbols name them.
+    pub(crate) fn find(
+        symbols: &FunctionSymbols,
+        data: &[u8],
+        prefix: &str,
+    ) -> Option<OwnSampling> {
+        let file = object::File::parse(data).ok()?;
+        // jemalloc's internal names: `je_` after the public prefix (tikv's
+        // `_rjem_je_`), or `je_` alone.
+        let names = |name: &str| [format!("{prefix}je_{name}"), format!("je_{name}")];
+        let variable = |name: &str| {
+            names(name).into_iter().find_map(|full| {
+                file.symbols()
+                    .find(|s| s.name() == Ok(full.as_str()) && !s.is_undefined())
+                    .map(|s| s.address())
+            })
+        };
+        let function = |name: &str, shape: CallShape| {
+            let (symbol, function) = names(name)
+                .into_iter()
+                .find_map(|full| Some((full.clone(), symbols.function(&full)?)))?;
+            let code = symbols.code(data, function.address, function.size.max(16))?;
+            Some(EntryPoint {
+                symbol,
+                shape,
+                file_offset: function.file_offset,
+                placement: placement::place(code, function.address, registers_read(shape), false),
+                forwards: false,
+            })
+        };
+        let first = Segment::all(&file).into_iter().next()?;
+        let switches = ProfSwitches {
+            anchor: (first.file_offset, first.address),
+            opt_prof: variable("opt_prof")?,
+            active: variable("prof_active_state")?,
+            lg_sample: variable("lg_prof_sample")?,
+        };
+        let slow_frees: Vec<EntryPoint> = ["free_default", "sdallocx_default"]
+            .into_iter()
+            .filter_map(|name| function(name, CallShape::Free))
+            .collect();
+        if slow_frees.is_empty() {
+            return None;
+        }
+        let allocating: Vec<&str> = C_ENTRY_POINTS
+            .iter()
+            .chain(CXX_ENTRY_POINTS)
+            .filter(|(_, shape)| shape.allocates())
+            .map(|(name, _)| *name)
+            .collect();
+        Some(OwnSampling {
+            sample: function("prof_malloc_sample_object", CallShape::OwnSample)?,
+            slow_frees,
+            switches,
+            own_code: fast_path::own_code(symbols, data, prefix, &allocating).into(),
+        })
+    }
+}
+
+impl Allocator {
+    /// This copy as probed when its process runs jemalloc's profiler: its
+    /// samples, the free slow paths, and the entry points that free inside
+    /// (as frees); `None` where its hooks were not found.
+    pub fn on_own_sampling(&self) -> Option<Allocator> {
+        let own = self.own_sampling.clone()?;
+        let inner_frees = self.entry_points.iter().filter(|e| {
+            let bare = e.symbol.strip_prefix(&self.prefix).unwrap_or(&e.symbol);
+            INNER_FREES.contains(&bare)
+        });
+        let mut entry_points: Vec<EntryPoint> = inner_frees
+            .map(|e| EntryPoint {
+                shape: CallShape::Free,
+                ..e.clone()
+            })
+            .collect();
+        entry_points.push(own.sample.clone());
+        entry_points.extend(own.slow_frees.iter().cloned());
+        Some(Allocator {
+            kind: self.kind,
+            prefix: self.prefix.clone(),
+            entry_points,
+            fast_path: None,
+            wrappers: Vec::new(),
+            own_sampling: Some(own),
+        })
+    }
+}

@@ -1,0 +1,95 @@
+//! A target that runs jemalloc's own heap profiler (`prof:true`): memprobe
+//! takes jemalloc's samples (`prof_malloc_sample_object`) and the frees
+//! that leave the fast path, instead of trapping on every free. The Rust
+//! fixture built with tikv-jemallocator's `profiling` feature.
+use std::path::PathBuf;
+
+use tests::*;
+
+/// Profiles the fixture run with `conf` as its `_RJEM_MALLOC_CONF`; the
+/// profile and memprobe's output.
+fn profiled_with(conf: &str, test: &str) -> (PathBuf, String) {
+    let binary = rust_prof_fixture();
+    let out = output_dir(test);
+    let mut fixture = Fixture::start(&binary, &[("_RJEM_MALLOC_CONF", conf)]);
+    let (heap, stderr) = profile_workload(&mut fixture, &out, &["--verbose"]);
+    assert!(fixture.finish().success());
+    (heap, stderr)
+}
+
+/// The number before `after` in the summary line (`detached ...; 0
+/// allocation calls (0/s), 8013 sampled, 13671 free calls, ...`).
+fn summary_count(stderr: &str, after: &str) -> u64 {
+    stderr
+        .lines()
+        .find_map(|l| {
+            let rest = l.strip_prefix("memprobe: detached ")?.split_once("; ")?.1;
+            let head = rest.split(after).next()?;
+            head.rsplit([' ', ','])
+                .find(|w| !w.is_empty())?
+                .parse()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("no '{after}' in the summary of {stderr}"))
+}
+
+#[test]
+fn jemallocs_own_samples_are_taken_when_its_profiler_runs() {
+    let _guard = shared();
+    let (heap, stderr) = profiled_with("prof:true,lg_prof_sample:12", "own_profiler");
+    assert!(
+        stderr.contains("_rjem_je_prof_malloc_sample_object at "),
+        "{stderr}"
+    );
+    let note = heap_notes(&heap)
+        .get("malloc_sampling")
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        note.contains(
+            "jemalloc's own samples (its profiler runs: prof:true, one sample per 4096 bytes"
+        ),
+        "{note}\n{stderr}"
+    );
+    // No allocation call traps; of the program's ~51,000 frees only those
+    // that leave the fast path do (its 16 KiB vectors, page-aligned
+    // regions, tcache flushes).
+    assert_eq!(summary_count(&stderr, " allocation calls"), 0, "{stderr}");
+    let frees = summary_count(&stderr, " free calls");
+    assert!(frees < 25_000, "{frees} frees trapped\n{stderr}");
+    let binary = rust_prof_fixture();
+    let inuse = jeprof_rows(&binary, &heap, "--inuse_space");
+    let kept = row(&inuse, "keep_vectors").cum * MIB;
+    assert_within("keep_vectors", kept, 1000.0 * 16384.0, 0.10);
+    // Freed churn is not in use; allocated, it is all there.
+    let churn_in_use = inuse
+        .iter()
+        .find(|r| r.name.contains("churn_vectors"))
+        .map_or(0.0, |r| r.cum * MIB);
+    assert!(churn_in_use < 0.05 * 16.0 * MIB, "{churn_in_use} B in use");
+    let allocated = jeprof_rows(&binary, &heap, "--alloc_space");
+    let churned: f64 = (0..50_000u32)
+        .map(|i| if 512 + i % 7 <= 512 { 512.0 } else { 640.0 })
+        .sum();
+    let churn = row(&allocated, "churn_vectors").cum * MIB;
+    assert_within("churn_vectors allocated", churn, churned, 0.10);
+}
+
+/// Built in and on, but not active (`prof_active:false`, as servers run it
+/// to switch it on later): jemalloc takes no samples, so memprobe probes
+/// as usual and says why.
+#[test]
+fn an_inactive_profiler_leaves_the_usual_probes() {
+    let _guard = shared();
+    let conf = "prof:true,prof_active:false";
+    let (heap, stderr) = profiled_with(conf, "own_profiler_inactive");
+    assert!(
+        stderr.contains("not active (prof.active false)"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("prof_malloc_sample_object at"), "{stderr}");
+    let binary = rust_prof_fixture();
+    let inuse = jeprof_rows(&binary, &heap, "--inuse_space");
+    let kept = row(&inuse, "keep_vectors").cum * MIB;
+    assert_within("keep_vectors", kept, 1000.0 * 16384.0, 0.10);
+}
