@@ -28,7 +28,7 @@ use crate::{
 pub use allocators::AllocatorKind;
 
 /// A copy of an allocator inside one file.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Allocator {
     pub kind: AllocatorKind,
     /// jemalloc's: `""`, `je_`, `_rjem_`...

@@ -14,7 +14,7 @@ use crate::{
 };
 
 impl Session<'_> {
-    fn instance(&mut self) -> Result<u16> {
+    pub(super) fn instance(&mut self) -> Result<u16> {
         let instance = self.next_instance;
         self.next_instance = instance.checked_add(1).ok_or(Error::TooManyCopies)?;
         Ok(instance)
@@ -90,6 +90,18 @@ impl Session<'_> {
         if let Some(attached) = self.attach_own_sampling(scope, file, allocator, instance)? {
             return Ok(attached);
         }
+        self.attach_usual(scope, file, allocator, instance)
+    }
+
+    /// Attaches to one allocator copy through memprobe's own sampling: on
+    /// jemalloc's slow path (on trial) where it can, else at entry.
+    pub(super) fn attach_usual(
+        &mut self,
+        scope: Scope,
+        (path, open_path): (&str, &Path),
+        allocator: &Allocator,
+        instance: u16,
+    ) -> Result<usize> {
         let trial = self.on_slow_path(scope, path, allocator, instance);
         let on_slow_path = trial.as_ref().ok().and_then(|_| allocator.on_slow_path());
         let probed = on_slow_path.as_ref().unwrap_or(allocator);

@@ -313,6 +313,7 @@ impl Session<'_> {
         self.check_growth();
         self.enforce_budget();
         self.advance_trials();
+        self.watch_own_profilers();
         self.check_silent_allocators();
         self.publish();
         self.record_written()?;

@@ -2,7 +2,10 @@
 //! its samples taken where jemalloc records them (see
 //! `discover::own_sampling`): a trap per sample and per slow free instead
 //! of one per free.
-use std::{os::unix::fs::FileExt, path::Path};
+use std::{
+    os::unix::fs::FileExt,
+    path::{Path, PathBuf},
+};
 
 use crate::{
     discover::{Allocator, own_sampling::ProfSwitches},
@@ -66,14 +69,12 @@ impl Session<'_> {
             return Ok(None);
         };
         let before = self.probes.attached.len();
-        let attached = self
+        let file = (path, open_path);
+        let slots = self
             .probes
-            .attach(scope, path, open_path, &plan, instance)?;
+            .attach_again(scope, file, &plan, instance, &[])?;
         self.print_verbose_probes(before);
-        let note = format!(
-            "{path}: jemalloc's own samples (its profiler runs: prof:true, one sample per \
-             {interval} bytes on average)"
-        );
+        let note = own_note(path, interval);
         if let Scope::Process(pid) = scope
             && let Some(t) = self.tracked.get_mut(&pid)
         {
@@ -82,9 +83,106 @@ impl Session<'_> {
             }
             t.sampling_notes.push(note);
             t.own_intervals.insert(instance, interval);
+            t.own_sampled.push(OwnSampled {
+                path: path.to_owned(),
+                open_path: open_path.to_owned(),
+                allocator: allocator.clone(),
+                instance,
+                slots: slots.clone(),
+            });
         }
-        Ok(Some(attached))
+        Ok(Some(slots.len()))
     }
+
+    /// Each tick: a copy whose profiler was made inactive (`prof.active`
+    /// false: jemalloc takes no more samples) goes back to memprobe's own
+    /// sampling; a changed `lg_prof_sample` (`prof.reset`) weighs the
+    /// samples that follow.
+    pub(super) fn watch_own_profilers(&mut self) {
+        let pids: Vec<u32> = self
+            .tracked
+            .values()
+            .filter(|t| !t.exited && t.detached.is_none() && !t.own_sampled.is_empty())
+            .map(|t| t.pid)
+            .collect();
+        for pid in pids {
+            let Some(t) = self.tracked.get_mut(&pid) else {
+                continue;
+            };
+            let mut stopped = Vec::new();
+            for copy in std::mem::take(&mut t.own_sampled) {
+                let Some(own) = copy.allocator.own_sampling.as_ref() else {
+                    continue;
+                };
+                match read_switches(pid, &t.maps, &copy.path, &own.switches) {
+                    Some(state) if state.opt_prof && state.active => {
+                        if state.lg_sample <= MAX_LG_SAMPLE {
+                            t.own_intervals.insert(copy.instance, 1 << state.lg_sample);
+                        }
+                        t.own_sampled.push(copy);
+                    }
+                    // Unreadable: the process is exiting.
+                    None => t.own_sampled.push(copy),
+                    Some(_) => stopped.push(copy),
+                }
+            }
+            for copy in stopped {
+                self.leave_own_sampling(pid, copy);
+            }
+        }
+    }
+
+    /// Detaches a copy's probes on its profiler and attaches memprobe's
+    /// usual ones, saying so.
+    fn leave_own_sampling(&mut self, pid: u32, copy: OwnSampled) {
+        self.probes.detach_probes(&copy.slots);
+        let note = own_note(&copy.path, 0);
+        if let Some(t) = self.tracked.get_mut(&pid) {
+            t.sampling_notes.retain(|n| !n.starts_with(&note));
+            t.own_intervals.remove(&copy.instance);
+        }
+        self.clear_progress();
+        let _ = writeln!(
+            self.status,
+            "memprobe: pid {pid}: {}: jemalloc's profiler was made inactive (prof.active \
+             false); memprobe samples its allocations itself from now on",
+            copy.path
+        );
+        let file = (copy.path.as_str(), copy.open_path.as_path());
+        let scope = Scope::Process(pid);
+        let result = self
+            .instance()
+            .and_then(|instance| self.attach_usual(scope, file, &copy.allocator, instance));
+        if let Err(error) = result {
+            let _ = writeln!(
+                self.status,
+                "memprobe: warning: pid {pid}: {}: {}; its allocations are no longer sampled",
+                copy.path,
+                crate::error::chain(&error)
+            );
+        }
+    }
+}
+
+/// A copy sampled through jemalloc's profiler, watched in case it stops.
+#[derive(Debug)]
+pub(super) struct OwnSampled {
+    path: String,
+    open_path: PathBuf,
+    allocator: Allocator,
+    instance: u16,
+    /// Its probes' indexes.
+    slots: Vec<usize>,
+}
+
+/// The profile's note for a copy sampled through jemalloc's profiler; its
+/// start alone (up to the interval) with `interval` 0.
+fn own_note(path: &str, interval: u64) -> String {
+    let start = format!("{path}: jemalloc's own samples (its profiler runs: prof:true");
+    if interval == 0 {
+        return start;
+    }
+    format!("{start}, one sample per {interval} bytes on average)")
 }
 
 /// `opt_prof`, `prof_active_state` and `lg_prof_sample` as `pid` has them,

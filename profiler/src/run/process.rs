@@ -10,7 +10,10 @@ use crate::{
     discover::AllocatorKind,
     kernel::events::Event,
     proc::{FileId, Mapping, command_name, namespace_pid, parse_maps},
-    run::{budget::BudgetWindow, growth::GrowthWindow, retention::KeptSnapshots, trial::Trial},
+    run::{
+        budget::BudgetWindow, growth::GrowthWindow, own_sampling::OwnSampled,
+        retention::KeptSnapshots, trial::Trial,
+    },
     stacks::ProcessStacks,
 };
 
@@ -52,6 +55,8 @@ pub(super) struct Tracked {
     /// Mean sampling intervals of the copies whose samples jemalloc's own
     /// profiler takes, by probe instance.
     pub own_intervals: HashMap<u16, u64>,
+    /// Those copies, watched in case their profiler is made inactive.
+    pub own_sampled: Vec<OwnSampled>,
     /// Its recent cost, for `--max-overhead`.
     pub budget: BudgetWindow,
     /// Probes detached for costing more than `--max-overhead` (then
@@ -84,6 +89,7 @@ impl Tracked {
             trials: Vec::new(),
             sampling_notes: Vec::new(),
             own_intervals: HashMap::new(),
+            own_sampled: Vec::new(),
             detached: None,
             kept: KeptSnapshots::default(),
         };
