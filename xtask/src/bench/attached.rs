@@ -27,7 +27,7 @@ pub(super) struct AttachedLoops {
 
 /// Seconds the loop allocates untimed while the slow path's trial (5 s on
 /// each side, in alternating slices) decides.
-const TRIAL_WARMUP: &str = "20";
+pub(super) const TRIAL_WARMUP: &str = "20";
 
 pub(super) fn attached_loops(
     memprobe: &Path,
@@ -73,7 +73,7 @@ pub(super) fn attached_loops(
     })
 }
 
-fn best_of_three(mut run: impl FnMut() -> Result<f64>) -> Result<f64> {
+pub(super) fn best_of_three(mut run: impl FnMut() -> Result<f64>) -> Result<f64> {
     let mut best = f64::INFINITY;
     for _ in 0..3 {
         best = best.min(run()?);
@@ -81,11 +81,21 @@ fn best_of_three(mut run: impl FnMut() -> Result<f64>) -> Result<f64> {
     Ok(best)
 }
 
-/// A 3-s timed loop that first waits 1.5 s (probes attach) and allocates
-/// `warmup` seconds untimed.
+/// A 3-s timed malloc_loop that first waits 1.5 s (probes attach) and
+/// allocates `warmup` seconds untimed.
 fn start_loop(malloc_loop: &Path, warmup: Option<&str>) -> Result<std::process::Child> {
     let mut command = Command::new(malloc_loop);
-    command.args(["0", "3"]).env("FIXTURE_DELAY_MS", "1500");
+    command.args(["0", "3"]);
+    start_timed(command, warmup)
+}
+
+/// A timed loop (malloc_loop's protocol) that first waits 1.5 s (probes
+/// attach) and allocates `warmup` seconds untimed.
+pub(super) fn start_timed(
+    mut command: Command,
+    warmup: Option<&str>,
+) -> Result<std::process::Child> {
+    command.env("FIXTURE_DELAY_MS", "1500");
     if let Some(seconds) = warmup {
         command.env("FIXTURE_WARMUP_S", seconds);
     }
@@ -96,7 +106,7 @@ fn start_loop(malloc_loop: &Path, warmup: Option<&str>) -> Result<std::process::
 }
 
 /// The loop's nanoseconds per pair, and when it said its timing began.
-fn wait_ns(mut child: std::process::Child) -> Result<(f64, Option<Instant>)> {
+pub(super) fn wait_ns(mut child: std::process::Child) -> Result<(f64, Option<Instant>)> {
     let stderr = child.stderr.take().context("stderr")?;
     let timing = std::thread::spawn(move || {
         let mut lines = BufReader::new(stderr).lines();

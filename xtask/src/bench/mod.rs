@@ -15,6 +15,7 @@ use crate::{run_command, workspace_root};
 
 mod attached;
 mod floor;
+mod own_profiler;
 mod redis;
 mod switches;
 use attached::{AttachedLoops, attached_loops, attached_table};
@@ -148,6 +149,8 @@ pub enum Part {
     Loops,
     /// A context-switching process with unhit probes.
     Switches,
+    /// A loop running jemalloc's own profiler (prof:true).
+    OwnProfiler,
     /// redis-server under redis-benchmark.
     Redis,
     /// Offline reports of a large profile.
@@ -175,6 +178,10 @@ pub fn bench(only: Option<Part>) -> Result<()> {
     if runs(Part::Switches) {
         let result = switches::switches(&memprobe, &out, &profiles_dir)?;
         table.push_str(&switches::switches_table(&result));
+    }
+    if runs(Part::OwnProfiler) {
+        let result = own_profiler::own_profiler(&memprobe, &profiles_dir)?;
+        table.push_str(&own_profiler::own_profiler_table(&result));
     }
     if runs(Part::Redis) {
         let places = match places {

@@ -1,0 +1,106 @@
+//! A program that runs jemalloc's own profiler (`prof:true`): the Rust
+//! fixture on tikv-jemallocator built with `profiling`, in its timed loop
+//! (a free and an allocation a pair, scattered over a pool), attached with
+//! `--pid`. memprobe takes jemalloc's samples there; with the profiler
+//! inactive it probes as usual (the slow path, after its trial).
+use std::{path::Path, process::Command};
+
+use anyhow::{Result, bail};
+
+use super::{
+    SLOW_PATH_KEPT,
+    attached::{TRIAL_WARMUP, best_of_three, start_timed, wait_ns},
+    said, start_memprobe, stop,
+};
+use crate::{run_command, workspace_root};
+
+/// What memprobe says when it takes jemalloc's own samples.
+const OWN_SAMPLES: &str = "jemalloc's own samples";
+
+/// Nanoseconds per pair.
+pub(super) struct OwnProfiler {
+    none: f64,
+    prof_none: f64,
+    own: f64,
+    inactive: f64,
+}
+
+/// The fixture, built as the tests build it (the same target folder).
+fn build_fixture() -> Result<std::path::PathBuf> {
+    let root = workspace_root();
+    let target = root.join("target/fixtures/rust-prof");
+    run_command(
+        Command::new("cargo")
+            .args(["build", "--release", "--quiet", "--features", "profiling"])
+            .arg("--manifest-path")
+            .arg(root.join("tests/fixtures/rust-jemalloc/Cargo.toml"))
+            .arg("--target-dir")
+            .arg(&target)
+            .env("RUSTFLAGS", "-C force-frame-pointers=yes"),
+    )?;
+    Ok(target.join("release/rust-jemalloc-fixture"))
+}
+
+pub(super) fn own_profiler(memprobe: &Path, profiles_dir: &str) -> Result<OwnProfiler> {
+    eprintln!("bench: a loop running jemalloc's own profiler (prof:true), attached with --pid");
+    let fixture = build_fixture()?;
+    let command = |conf: &str| {
+        let mut command = Command::new(&fixture);
+        command
+            .env("FIXTURE_LOOP_SECONDS", "3")
+            .env("_RJEM_MALLOC_CONF", conf);
+        command
+    };
+    let alone = |conf: &str| best_of_three(|| Ok(wait_ns(start_timed(command(conf), None)?)?.0));
+    let none = alone("")?;
+    let prof_none = alone("prof:true")?;
+    let with_memprobe = |conf: &str, warmup: Option<&str>, said_first: &str| {
+        best_of_three(|| {
+            let child = start_timed(command(conf), warmup)?;
+            let pid = child.id().to_string();
+            let args = ["--pid", &pid, "-o", profiles_dir, "--format", "heap", "-v"];
+            let (mut probe, stderr) = start_memprobe(memprobe, &args)?;
+            let (ns, timing) = wait_ns(child)?;
+            stop(&mut probe);
+            let first = said(&stderr, said_first);
+            if first
+                .zip(timing)
+                .is_none_or(|(first, timing)| first >= timing)
+            {
+                bail!("memprobe did not say '{said_first}' before the loop's timing began");
+            }
+            Ok(ns)
+        })
+    };
+    // memprobe says it at attach, before the loop's delay ends.
+    let own = with_memprobe("prof:true", Some("1"), OWN_SAMPLES)?;
+    let inactive = with_memprobe(
+        "prof:true,prof_active:false",
+        Some(TRIAL_WARMUP),
+        SLOW_PATH_KEPT,
+    )?;
+    Ok(OwnProfiler {
+        none,
+        prof_none,
+        own,
+        inactive,
+    })
+}
+
+/// The README's table.
+pub(super) fn own_profiler_table(r: &OwnProfiler) -> String {
+    let added = |ns: f64| ns - r.prof_none;
+    format!(
+        "\n| a Rust loop on tikv-jemallocator (`profiling`): a free and an allocation of 64-127 B a pair, scattered over 4096 live vectors; attached with `--pid` | ns per pair | added ns vs `prof:true` alone |\n|---|---|---|\n\
+         | no profiler, jemalloc's profiler off | {:.1} | - |\n\
+         | no profiler, `_RJEM_MALLOC_CONF=prof:true` (jemalloc samples every 512 KiB) | {:.1} | - |\n\
+         | memprobe, `prof:true`: jemalloc's own samples taken (a trap per sample and per free off the fast path) | {:.1} | {:.1} |\n\
+         | memprobe, `prof:true,prof_active:false`: memprobe's own sampling (the slow path, timed after its trial kept it; every free traps) | {:.0} | {:.0} |\n",
+        r.none,
+        r.prof_none,
+        r.own,
+        added(r.own),
+        r.inactive,
+        added(r.inactive),
+    )
+}
