@@ -26,9 +26,11 @@ pub struct ProfSwitches {
     /// The first loadable segment's file offset and address.
     pub anchor: (u64, u64),
     /// Addresses in the file of `opt_prof` (bool), `prof_active_state`
-    /// (bool) and `lg_prof_sample` (size_t: the mean interval's log2).
+    /// (bool), `prof_thread_active_init` (bool: whether new threads
+    /// sample) and `lg_prof_sample` (size_t: the mean interval's log2).
     pub opt_prof: u64,
     pub active: u64,
+    pub thread_active_init: u64,
     pub lg_sample: u64,
 }
 
@@ -86,6 +88,11 @@ impl OwnSampling {
             anchor: (first.file_offset, first.address),
             opt_prof: variable("opt_prof")?,
             active: variable("prof_active_state")?,
+            // A static: not renamed into jemalloc's namespace.
+            thread_active_init: file
+                .symbols()
+                .find(|s| s.name() == Ok("prof_thread_active_init") && !s.is_undefined())
+                .map(|s| s.address())?,
             lg_sample: variable("lg_prof_sample")?,
         };
         let slow_frees: Vec<EntryPoint> = ["free_default", "sdallocx_default"]

@@ -20,7 +20,24 @@ use crate::{
 pub(super) struct ProfState {
     pub opt_prof: bool,
     pub active: bool,
+    pub thread_active_init: bool,
     pub lg_sample: u64,
+}
+
+impl ProfState {
+    /// Whether jemalloc samples (every thread, new ones too), and if not
+    /// why, when its profiler is on.
+    fn samples(&self) -> Result<(), Option<&'static str>> {
+        match (self.opt_prof, self.active, self.thread_active_init) {
+            (false, ..) => Err(None),
+            (true, false, _) => Err(Some("not active (prof.active false)")),
+            (true, true, false) => Err(Some(
+                "not active in new threads (prof.thread_active_init false)",
+            )),
+            (true, true, true) if self.lg_sample > MAX_LG_SAMPLE => Err(None),
+            (true, true, true) => Ok(()),
+        }
+    }
 }
 
 /// Largest `lg_prof_sample` jemalloc accepts (a 64-bit size).
@@ -44,15 +61,17 @@ impl Session<'_> {
         let own = allocator.own_sampling.as_ref()?;
         let maps = &self.tracked.get(&pid)?.maps;
         let state = read_switches(pid, maps, path, &own.switches)?;
-        if state.opt_prof && !state.active && self.options.verbose {
+        if let Err(Some(why)) = state.samples()
+            && self.options.verbose
+        {
             let _ = writeln!(
                 self.status,
-                "memprobe: pid {pid}: {path}: jemalloc's profiler is built in and on but not \
-                 active (prof.active false): its samples are not used"
+                "memprobe: pid {pid}: {path}: jemalloc's profiler is built in and on but {why}: \
+                 its samples are not used"
             );
         }
-        let usable = state.opt_prof && state.active && state.lg_sample <= MAX_LG_SAMPLE;
-        let plan = allocator.on_own_sampling().filter(|_| usable)?;
+        state.samples().ok()?;
+        let plan = allocator.on_own_sampling()?;
         Some((plan, 1u64 << state.lg_sample))
     }
 
@@ -114,6 +133,8 @@ impl Session<'_> {
                 let Some(own) = copy.allocator.own_sampling.as_ref() else {
                     continue;
                 };
+                // prof.thread_active_init only matters for threads
+                // started later: not a reason to leave.
                 match read_switches(pid, &t.maps, &copy.path, &own.switches) {
                     Some(state) if state.opt_prof && state.active => {
                         if state.lg_sample <= MAX_LG_SAMPLE {
@@ -203,13 +224,16 @@ pub(super) fn read_switches(
     let base = (mapping.start + (anchor_offset - mapping.offset)).checked_sub(anchor_address)?;
     let mem = std::fs::File::open(proc_path(pid, "mem")).ok()?;
     let read = |address: u64, bytes: &mut [u8]| mem.read_exact_at(bytes, base + address).ok();
-    let (mut opt_prof, mut active, mut lg_sample) = ([0u8; 1], [0u8; 1], [0u8; 8]);
-    read(switches.opt_prof, &mut opt_prof)?;
-    read(switches.active, &mut active)?;
+    let flag = |address: u64| {
+        let mut byte = [0u8; 1];
+        read(address, &mut byte).map(|_| byte[0] != 0)
+    };
+    let mut lg_sample = [0u8; 8];
     read(switches.lg_sample, &mut lg_sample)?;
     Some(ProfState {
-        opt_prof: opt_prof[0] != 0,
-        active: active[0] != 0,
+        opt_prof: flag(switches.opt_prof)?,
+        active: flag(switches.active)?,
+        thread_active_init: flag(switches.thread_active_init)?,
         lg_sample: u64::from_le_bytes(lg_sample),
     })
 }

@@ -78,23 +78,32 @@ fn jemallocs_own_samples_are_taken_when_its_profiler_runs() {
     assert_within("churn_vectors allocated", churn, churned, 0.10);
 }
 
-/// Built in and on, but not active (`prof_active:false`, as servers run it
-/// to switch it on later): jemalloc takes no samples, so memprobe probes
-/// as usual and says why.
+/// Built in and on, but not sampling: not active (`prof_active:false`, as
+/// servers run it to switch it on later), or not in new threads
+/// (`prof_thread_active_init:false`). memprobe probes as usual and says why.
 #[test]
 fn an_inactive_profiler_leaves_the_usual_probes() {
     let _guard = shared();
-    let conf = "prof:true,prof_active:false";
-    let (heap, stderr) = profiled_with(conf, &[], "own_profiler_inactive");
-    assert!(
-        stderr.contains("not active (prof.active false)"),
-        "{stderr}"
-    );
-    assert!(!stderr.contains("prof_malloc_sample_object at"), "{stderr}");
-    let binary = rust_prof_fixture();
-    let inuse = jeprof_rows(&binary, &heap, "--inuse_space");
-    let kept = row(&inuse, "keep_vectors").cum * MIB;
-    assert_within("keep_vectors", kept, 1000.0 * 16384.0, 0.10);
+    let cases = [
+        (
+            "prof:true,prof_active:false",
+            "not active (prof.active false)",
+        ),
+        (
+            "prof:true,prof_thread_active_init:false",
+            "not active in new threads (prof.thread_active_init false)",
+        ),
+    ];
+    for (index, (conf, why)) in cases.into_iter().enumerate() {
+        let test = format!("own_profiler_inactive_{index}");
+        let (heap, stderr) = profiled_with(conf, &[], &test);
+        assert!(stderr.contains(why), "{stderr}");
+        assert!(!stderr.contains("prof_malloc_sample_object at"), "{stderr}");
+        let binary = rust_prof_fixture();
+        let inuse = jeprof_rows(&binary, &heap, "--inuse_space");
+        let kept = row(&inuse, "keep_vectors").cum * MIB;
+        assert_within("keep_vectors", kept, 1000.0 * 16384.0, 0.10);
+    }
 }
 
 /// Active at attach, made inactive before the work (`mallctl`, as a
