@@ -132,3 +132,42 @@ fn a_profiler_made_inactive_hands_back_to_memprobes_sampling() {
     let kept = row(&inuse, "keep_vectors").cum * MIB;
     assert_within("keep_vectors", kept, 1000.0 * 16384.0, 0.10);
 }
+
+/// jemalloc's C entry points through its own samples (`c_api.rs` of the
+/// fixture): calloc and posix_memalign are not probed, their samples come
+/// from jemalloc; realloc is probed as a free of its old pointer, so the
+/// moved `allocate_small` regions are not left in use.
+#[test]
+fn c_entry_points_through_jemallocs_samples() {
+    let _guard = shared();
+    let env = [("FIXTURE_C_SHAPES", "1")];
+    let (heap, stderr) = profiled_with("prof:true,lg_prof_sample:12", &env, "own_profiler_c");
+    assert!(
+        stderr.contains("_rjem_je_prof_malloc_sample_object at "),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("_rjem_calloc at "), "{stderr}");
+    let binary = rust_prof_fixture();
+    let inuse = jeprof_rows(&binary, &heap, "--inuse_space");
+    let site = |name: &str| row(&inuse, name).cum * MIB;
+    assert_within("keep_calloc", site("keep_calloc"), 4096.0 * 1024.0, 0.10);
+    assert_within("keep_aligned", site("keep_aligned"), 2000.0 * 2048.0, 0.10);
+    assert_within(
+        "grow_by_realloc",
+        site("grow_by_realloc"),
+        1000.0 * 3072.0,
+        0.10,
+    );
+    let moved = inuse
+        .iter()
+        .filter(|r| r.name.contains("allocate_small"))
+        .map(|r| r.cum * MIB)
+        .fold(0.0, f64::max);
+    assert!(
+        moved < 0.05 * 1000.0 * 1024.0,
+        "{moved} B of moved regions in use"
+    );
+    let allocated = jeprof_rows(&binary, &heap, "--alloc_space");
+    let small = row(&allocated, "allocate_small").cum * MIB;
+    assert_within("allocate_small allocated", small, 1000.0 * 1024.0, 0.15);
+}
