@@ -237,3 +237,32 @@ pub(super) fn read_switches(
         lg_sample: u64::from_le_bytes(lg_sample),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jemalloc_samples_only_when_on_and_active_for_every_thread() {
+        let state = |opt_prof, active, thread_active_init, lg_sample| ProfState {
+            opt_prof,
+            active,
+            thread_active_init,
+            lg_sample,
+        };
+        assert_eq!(state(true, true, true, 19).samples(), Ok(()));
+        // Not built in or not on: nothing to say.
+        assert_eq!(state(false, true, true, 19).samples(), Err(None));
+        let inactive = state(true, false, true, 19).samples();
+        assert!(inactive.unwrap_err().unwrap().contains("prof.active false"));
+        let new_threads = state(true, true, false, 19).samples();
+        assert!(
+            new_threads
+                .unwrap_err()
+                .unwrap()
+                .contains("thread_active_init")
+        );
+        // A value no jemalloc holds: the memory read was not its switch.
+        assert_eq!(state(true, true, true, 64).samples(), Err(None));
+    }
+}
