@@ -76,7 +76,10 @@ call while memprobe runs, profiled or not. Processes in containers are reached
 through /proc/PID; outputs are named by host pid.
 
 Allocations are sampled in the kernel by bytes, like jemalloc's own profiler,
-and the written estimates are unbiased. memprobe prints one line on stderr
+and the written estimates are unbiased. A process that runs jemalloc's own
+profiler (MALLOC_CONF=prof:true, active) is sampled by it instead where the
+build keeps its symbols: memprobe takes jemalloc's samples, and only frees
+off jemalloc's fast path trap. memprobe prints one line on stderr
 once the probes are attached, and writes the profiles when the duration ends,
 on Ctrl-C or SIGTERM, or when a process exits. Needs root (CAP_BPF and
 CAP_PERFMON) and a kernel with uprobes and BTF.";
