@@ -111,6 +111,9 @@ impl Session<'_> {
             .attach(scope, path, open_path, probed, instance)?;
         self.print_verbose_probes(before);
         self.print_verbose_wrappers(path, allocator);
+        let slots = (before..self.probes.attached.len()).collect();
+        let file = (path, open_path);
+        self.watch(scope, file, allocator, (instance, slots), false);
         let Scope::Process(pid) = scope else {
             return Ok(attached);
         };
@@ -119,7 +122,9 @@ impl Session<'_> {
                 let slow_probes = (before..self.probes.attached.len())
                     .filter(|&i| self.probes.attached[i].own_code.is_some())
                     .collect();
-                let trial = Trial::new(path, open_path, instance, served, slow, slow_probes);
+                let totals = self.totals(pid);
+                let trial =
+                    Trial::new(path, open_path, instance, served, slow, slow_probes, totals);
                 self.start_trial(pid, trial);
             }
             Err(reason) if allocator.kind == crate::discover::AllocatorKind::Jemalloc => {

@@ -102,78 +102,126 @@ impl Session<'_> {
             }
             t.sampling_notes.push(note);
             t.own_intervals.insert(instance, interval);
-            t.own_sampled.push(OwnSampled {
+        }
+        self.watch(scope, file, allocator, (instance, slots.clone()), true);
+        Ok(Some(slots.len()))
+    }
+
+    /// Keeps an eye on the profiler switches of a copy that has them
+    /// (`taking`: its samples are taken now), with its probes' `slots`.
+    pub(super) fn watch(
+        &mut self,
+        scope: Scope,
+        (path, open_path): (&str, &Path),
+        allocator: &Allocator,
+        (instance, slots): (u16, Vec<usize>),
+        taking: bool,
+    ) {
+        let Scope::Process(pid) = scope else {
+            return;
+        };
+        if allocator.own_sampling.is_none() {
+            return;
+        }
+        if let Some(t) = self.tracked.get_mut(&pid) {
+            t.watched.push(WatchedCopy {
                 path: path.to_owned(),
                 open_path: open_path.to_owned(),
                 allocator: allocator.clone(),
                 instance,
-                slots: slots.clone(),
+                slots,
+                taking,
             });
         }
-        Ok(Some(slots.len()))
     }
 
     /// Each tick: a copy whose profiler was made inactive (`prof.active`
     /// false: jemalloc takes no more samples) goes back to memprobe's own
-    /// sampling; a changed `lg_prof_sample` (`prof.reset`) weighs the
+    /// sampling, one whose profiler was made active has its samples taken
+    /// from then on; a changed `lg_prof_sample` (`prof.reset`) weighs the
     /// samples that follow.
     pub(super) fn watch_own_profilers(&mut self) {
         let pids: Vec<u32> = self
             .tracked
             .values()
-            .filter(|t| !t.exited && t.detached.is_none() && !t.own_sampled.is_empty())
+            .filter(|t| !t.exited && t.detached.is_none() && !t.watched.is_empty())
             .map(|t| t.pid)
             .collect();
         for pid in pids {
             let Some(t) = self.tracked.get_mut(&pid) else {
                 continue;
             };
-            let mut stopped = Vec::new();
-            for copy in std::mem::take(&mut t.own_sampled) {
+            let mut changed = Vec::new();
+            for copy in std::mem::take(&mut t.watched) {
                 let Some(own) = copy.allocator.own_sampling.as_ref() else {
                     continue;
                 };
-                // prof.thread_active_init only matters for threads
-                // started later: not a reason to leave.
-                match read_switches(pid, &t.maps, &copy.path, &own.switches) {
-                    Some(state) if state.opt_prof && state.active => {
-                        if state.lg_sample <= MAX_LG_SAMPLE {
-                            t.own_intervals.insert(copy.instance, 1 << state.lg_sample);
-                        }
-                        t.own_sampled.push(copy);
-                    }
+                let Some(state) = read_switches(pid, &t.maps, &copy.path, &own.switches) else {
                     // Unreadable: the process is exiting.
-                    None => t.own_sampled.push(copy),
-                    Some(_) => stopped.push(copy),
+                    t.watched.push(copy);
+                    continue;
+                };
+                // prof.thread_active_init only matters for threads started
+                // later: not a reason to leave.
+                let keep = match copy.taking {
+                    true => state.opt_prof && state.active,
+                    false => state.samples().is_err(),
+                };
+                if copy.taking && keep && state.lg_sample <= MAX_LG_SAMPLE {
+                    t.own_intervals.insert(copy.instance, 1 << state.lg_sample);
+                }
+                match keep {
+                    true => t.watched.push(copy),
+                    false => changed.push(copy),
                 }
             }
-            for copy in stopped {
-                self.leave_own_sampling(pid, copy);
+            for copy in changed {
+                self.change_sampling(pid, copy);
             }
         }
     }
 
-    /// Detaches a copy's probes on its profiler and attaches memprobe's
-    /// usual ones, saying so.
-    fn leave_own_sampling(&mut self, pid: u32, copy: OwnSampled) {
-        self.probes.detach_probes(&copy.slots);
-        let note = own_note(&copy.path, 0);
+    /// Detaches a copy's probes (on its profiler, or memprobe's usual ones
+    /// with their trial) and attaches the other kind, saying so.
+    fn change_sampling(&mut self, pid: u32, copy: WatchedCopy) {
+        let mut slots = copy.slots.clone();
         if let Some(t) = self.tracked.get_mut(&pid) {
-            t.sampling_notes.retain(|n| !n.starts_with(&note));
+            let prefix = format!("{}: ", copy.path);
+            t.sampling_notes.retain(|n| !n.starts_with(&prefix));
             t.own_intervals.remove(&copy.instance);
+            if let Some(at) = t
+                .trials
+                .iter()
+                .position(|tr| tr.instance() == copy.instance)
+            {
+                slots.extend(t.trials.remove(at).slots());
+            }
         }
+        self.probes.detach_probes(&slots);
         self.clear_progress();
+        let now = match copy.taking {
+            true => "made inactive (prof.active false); memprobe samples its allocations itself",
+            false => "made active; memprobe takes its samples",
+        };
         let _ = writeln!(
             self.status,
-            "memprobe: pid {pid}: {}: jemalloc's profiler was made inactive (prof.active \
-             false); memprobe samples its allocations itself from now on",
+            "memprobe: pid {pid}: {}: jemalloc's profiler was {now} from now on",
             copy.path
         );
         let file = (copy.path.as_str(), copy.open_path.as_path());
         let scope = Scope::Process(pid);
-        let result = self
-            .instance()
-            .and_then(|instance| self.attach_usual(scope, file, &copy.allocator, instance));
+        let allocator = &copy.allocator;
+        let result = self.instance().and_then(|instance| {
+            if !copy.taking
+                && self
+                    .attach_own_sampling(scope, file, allocator, instance)?
+                    .is_some()
+            {
+                return Ok(());
+            }
+            self.attach_usual(scope, file, allocator, instance)
+                .map(|_| ())
+        });
         if let Err(error) = result {
             let _ = writeln!(
                 self.status,
@@ -185,25 +233,26 @@ impl Session<'_> {
     }
 }
 
-/// A copy sampled through jemalloc's profiler, watched in case it stops.
+/// A copy whose jemalloc has a profiler, watched in case it is switched on
+/// or off.
 #[derive(Debug)]
-pub(super) struct OwnSampled {
+pub(super) struct WatchedCopy {
     path: String,
     open_path: PathBuf,
     allocator: Allocator,
     instance: u16,
     /// Its probes' indexes.
     slots: Vec<usize>,
+    /// Whether its samples are jemalloc's (else memprobe's own sampling).
+    taking: bool,
 }
 
-/// The profile's note for a copy sampled through jemalloc's profiler; its
-/// start alone (up to the interval) with `interval` 0.
+/// The profile's note for a copy sampled through jemalloc's profiler.
 fn own_note(path: &str, interval: u64) -> String {
-    let start = format!("{path}: jemalloc's own samples (its profiler runs: prof:true");
-    if interval == 0 {
-        return start;
-    }
-    format!("{start}, one sample per {interval} bytes on average)")
+    format!(
+        "{path}: jemalloc's own samples (its profiler runs: prof:true, one sample per \
+         {interval} bytes on average)"
+    )
 }
 
 /// `opt_prof`, `prof_active_state` and `lg_prof_sample` as `pid` has them,

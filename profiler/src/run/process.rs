@@ -11,7 +11,7 @@ use crate::{
     kernel::events::Event,
     proc::{FileId, Mapping, command_name, namespace_pid, parse_maps},
     run::{
-        budget::BudgetWindow, growth::GrowthWindow, own_sampling::OwnSampled,
+        budget::BudgetWindow, growth::GrowthWindow, own_sampling::WatchedCopy,
         retention::KeptSnapshots, trial::Trial,
     },
     stacks::ProcessStacks,
@@ -55,8 +55,9 @@ pub(super) struct Tracked {
     /// Mean sampling intervals of the copies whose samples jemalloc's own
     /// profiler takes, by probe instance.
     pub own_intervals: HashMap<u16, u64>,
-    /// Those copies, watched in case their profiler is made inactive.
-    pub own_sampled: Vec<OwnSampled>,
+    /// Copies whose jemalloc has a profiler, watched in case it is switched
+    /// on or off.
+    pub watched: Vec<WatchedCopy>,
     /// Its recent cost, for `--max-overhead`.
     pub budget: BudgetWindow,
     /// Probes detached for costing more than `--max-overhead` (then
@@ -89,7 +90,7 @@ impl Tracked {
             trials: Vec::new(),
             sampling_notes: Vec::new(),
             own_intervals: HashMap::new(),
-            own_sampled: Vec::new(),
+            watched: Vec::new(),
             detached: None,
             kept: KeptSnapshots::default(),
         };

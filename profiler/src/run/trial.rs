@@ -31,7 +31,7 @@ const MIN_SAMPLES: u64 = 30;
 /// Bytes per call site and samples, at one moment or gathered over a
 /// mode's slices.
 #[derive(Clone, Debug, Default)]
-struct Totals {
+pub(super) struct Totals {
     samples: u64,
     sites: HashMap<u64, f64>,
 }
@@ -128,6 +128,8 @@ pub(super) struct Trial {
 }
 
 impl Trial {
+    /// A copy on trial from now, on its slow path; `totals` are its
+    /// process's now (`Session::totals`).
     pub(super) fn new(
         path: &str,
         open_path: &Path,
@@ -135,6 +137,7 @@ impl Trial {
         served: Allocator,
         slow: Allocator,
         slow_probes: Vec<usize>,
+        totals: Totals,
     ) -> Self {
         Self {
             path: path.to_owned(),
@@ -145,9 +148,17 @@ impl Trial {
             slow_slots: slow_probes,
             served_slots: Vec::new(),
             on_slow_path: true,
-            // Until `start_trial` begins the comparison.
-            phase: Phase::Kept(Instant::now()),
+            phase: Phase::Comparing(Comparison::start(totals, None)),
         }
+    }
+
+    pub(super) fn instance(&self) -> u16 {
+        self.instance
+    }
+
+    /// Every probe index the trial's parts used.
+    pub(super) fn slots(self) -> impl Iterator<Item = usize> {
+        self.slow_slots.into_iter().chain(self.served_slots)
     }
 
     /// The snapshot note: how this copy's malloc is sampled.
@@ -197,7 +208,7 @@ fn disagree(slow: &(HashMap<u64, f64>, u64), entry: &(HashMap<u64, f64>, u64)) -
 }
 
 impl Session<'_> {
-    fn totals(&self, pid: u32) -> Totals {
+    pub(super) fn totals(&self, pid: u32) -> Totals {
         self.tracked
             .get(&pid)
             .map(|t| Totals {
@@ -207,7 +218,7 @@ impl Session<'_> {
             .unwrap_or_default()
     }
 
-    pub(super) fn start_trial(&mut self, pid: u32, mut trial: Trial) {
+    pub(super) fn start_trial(&mut self, pid: u32, trial: Trial) {
         if self.options.verbose {
             let _ = writeln!(
                 self.status,
@@ -216,7 +227,6 @@ impl Session<'_> {
                 trial.path
             );
         }
-        trial.phase = Phase::Comparing(Comparison::start(self.totals(pid), None));
         if let Some(t) = self.tracked.get_mut(&pid) {
             t.trials.push(trial);
         }

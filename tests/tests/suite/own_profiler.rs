@@ -112,7 +112,7 @@ fn an_inactive_profiler_leaves_the_usual_probes() {
 #[test]
 fn a_profiler_made_inactive_hands_back_to_memprobes_sampling() {
     let _guard = shared();
-    let env = [("FIXTURE_PROF_OFF_FIRST", "1")];
+    let env = [("FIXTURE_PROF_ACTIVE_FIRST", "0")];
     let (heap, stderr) = profiled_with("prof:true", &env, "own_profiler_deactivated");
     assert!(
         stderr.contains("_rjem_je_prof_malloc_sample_object at "),
@@ -127,6 +127,35 @@ fn a_profiler_made_inactive_hands_back_to_memprobes_sampling() {
         .cloned()
         .unwrap_or_default();
     assert!(!note.contains("jemalloc's own samples"), "{note}");
+    let binary = rust_prof_fixture();
+    let inuse = jeprof_rows(&binary, &heap, "--inuse_space");
+    let kept = row(&inuse, "keep_vectors").cum * MIB;
+    assert_within("keep_vectors", kept, 1000.0 * 16384.0, 0.10);
+}
+
+/// The other way: inactive at attach (memprobe samples itself), made
+/// active before the work: memprobe takes jemalloc's samples from then on,
+/// and the work is profiled by them.
+#[test]
+fn a_profiler_made_active_has_its_samples_taken() {
+    let _guard = shared();
+    let env = [("FIXTURE_PROF_ACTIVE_FIRST", "1")];
+    let conf = "prof:true,prof_active:false,lg_prof_sample:12";
+    let (heap, stderr) = profiled_with(conf, &env, "own_profiler_activated");
+    assert!(
+        stderr.contains("not active (prof.active false)"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("jemalloc's profiler was made active; memprobe takes its samples"),
+        "{stderr}"
+    );
+    let note = heap_notes(&heap)
+        .get("malloc_sampling")
+        .cloned()
+        .unwrap_or_default();
+    assert!(note.contains("jemalloc's own samples"), "{note}");
+    assert!(!note.contains("trial"), "{note}");
     let binary = rust_prof_fixture();
     let inuse = jeprof_rows(&binary, &heap, "--inuse_space");
     let kept = row(&inuse, "keep_vectors").cum * MIB;
