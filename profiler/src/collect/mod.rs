@@ -69,6 +69,8 @@ struct LiveAllocation {
     weight: f64,
     usable: u64,
     time_ns: u64,
+    /// The allocator copy whose probe sampled it.
+    copy: u16,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -77,6 +79,7 @@ struct PendingSample {
     /// How many allocations it stands for.
     weight: f64,
     usable: u64,
+    copy: u16,
 }
 
 /// The live set and per-stack estimates of one process.
@@ -121,6 +124,7 @@ impl ProcessHeap {
                 allocator,
                 window,
                 interval,
+                copy,
                 ..
             } => {
                 if stack_error {
@@ -148,6 +152,7 @@ impl ProcessHeap {
                         stack,
                         weight,
                         usable,
+                        copy,
                     },
                 );
             }
@@ -203,6 +208,7 @@ impl ProcessHeap {
                 weight,
                 usable,
                 time_ns,
+                copy: sample.copy,
             },
         );
         // A free we missed: the old allocation is gone.
@@ -220,6 +226,23 @@ impl ProcessHeap {
         stats.alloc_bytes += weight * usable;
         stats.inuse_objects += weight;
         stats.inuse_bytes += weight * usable;
+    }
+
+    /// Stops following the live allocations one allocator copy sampled
+    /// (their frees will no longer be seen): no longer in use; how many.
+    pub fn forget_copy(&mut self, copy: u16) -> usize {
+        let gone: Vec<u64> = self
+            .live
+            .iter()
+            .filter(|(_, live)| live.copy == copy)
+            .map(|(&ptr, _)| ptr)
+            .collect();
+        for ptr in &gone {
+            if let Some(live) = self.live.remove(ptr) {
+                self.release(live);
+            }
+        }
+        gone.len()
     }
 
     fn release(&mut self, allocation: LiveAllocation) {
@@ -343,140 +366,4 @@ pub fn monotonic_ns() -> u64 {
 }
 
 #[cfg(test)]
-mod tests {
-    use profiler_common::EventHeader;
-
-    use crate::discover::AllocatorKind;
-
-    use super::*;
-
-    fn header(tid: u32) -> EventHeader {
-        EventHeader {
-            tid,
-            pid: 1,
-            ..Default::default()
-        }
-    }
-
-    fn sampled(tid: u32, size: u64, frames: &[u64]) -> Event {
-        Event::Sampled {
-            header: header(tid),
-            size,
-            align: 0,
-            frames: frames.to_vec(),
-            stack_error: false,
-            stack_copy: None,
-            window: 0,
-            allocator: AllocatorKind::Jemalloc,
-            interval: 0,
-        }
-    }
-
-    fn returned(tid: u32, ptr: u64) -> Event {
-        Event::Returned {
-            header: header(tid),
-            ptr,
-            untracked: false,
-        }
-    }
-
-    fn heap(max_live: usize) -> ProcessHeap {
-        ProcessHeap::new(
-            1,
-            4096,
-            CollectorOptions {
-                allocations_only: false,
-                max_live,
-                max_stacks: 10,
-            },
-        )
-    }
-
-    #[test]
-    fn allocations_only_counts_at_the_call_and_never_frees() {
-        let mut heap = ProcessHeap::new(
-            1,
-            4096,
-            CollectorOptions {
-                allocations_only: true,
-                ..CollectorOptions::default()
-            },
-        );
-        heap.apply(sampled(7, 4096, &[0x10]));
-        let w = sample_weight(4096, 4096);
-        assert_eq!(heap.samples, 1);
-        assert!((heap.inuse_bytes() - w * 4096.0).abs() < 1e-6);
-        assert!((heap.alloc_bytes() - heap.inuse_bytes()).abs() < 1e-6);
-    }
-
-    #[test]
-    fn allocation_then_free_leaves_only_the_allocated_side() {
-        let mut heap = heap(10);
-        heap.apply(sampled(7, 4096, &[0x10, 0x20]));
-        heap.apply(returned(7, 0xdead0));
-        let w = sample_weight(4096, 4096);
-        assert!((heap.inuse_bytes() - w * 4096.0).abs() < 1e-6);
-        heap.apply(Event::Freed {
-            header: header(7),
-            ptr: 0xdead0,
-        });
-        let profile = heap.snapshot(String::new());
-        assert_eq!(profile.stacks.len(), 1);
-        assert_eq!(profile.stacks[0].inuse_bytes, 0.0);
-        assert!((profile.stacks[0].alloc_bytes - w * 4096.0).abs() < 1e-6);
-    }
-
-    #[test]
-    fn bytes_are_size_classes() {
-        let mut heap = heap(10);
-        heap.apply(sampled(1, 100_000, &[0x10]));
-        heap.apply(returned(1, 0x1000));
-        let profile = heap.snapshot(String::new());
-        let s = &profile.stacks[0];
-        assert!((s.inuse_bytes / s.inuse_objects - 114_688.0).abs() < 1e-6);
-    }
-
-    #[test]
-    fn returns_pair_with_their_thread_and_failures_count_nothing() {
-        let mut heap = heap(10);
-        heap.apply(sampled(1, 64, &[0x10]));
-        heap.apply(sampled(2, 8192, &[0x20]));
-        heap.apply(returned(2, 0x2000));
-        heap.apply(returned(1, 0));
-        heap.apply(returned(3, 0x3000));
-        let profile = heap.snapshot(String::new());
-        assert_eq!(profile.stacks.len(), 1);
-        assert_eq!(profile.stacks[0].frames, [0x20]);
-        assert_eq!(heap.drops.unmatched_returns, 1);
-    }
-
-    #[test]
-    fn a_full_live_table_is_counted_and_reported() {
-        let mut heap = heap(1);
-        for (i, ptr) in [0x1000u64, 0x2000, 0x3000].into_iter().enumerate() {
-            heap.apply(sampled(i as u32, 4096, &[0x10]));
-            heap.apply(returned(i as u32, ptr));
-        }
-        assert_eq!(heap.live_samples(), 1);
-        assert_eq!(heap.drops.live_table_full, 2);
-        let profile = heap.snapshot(String::new());
-        assert!(
-            profile
-                .notes
-                .contains(&("dropped_live_table_full".into(), "2".into()))
-        );
-    }
-
-    #[test]
-    fn resize_in_place_changes_bytes_not_objects() {
-        let mut heap = heap(10);
-        heap.apply(sampled(1, 1 << 20, &[0x10]));
-        heap.apply(returned(1, 0x1000));
-        heap.apply(Event::Resized {
-            header: header(1),
-            ptr: 0x1000,
-            new_size: 2 << 20,
-        });
-        assert!((heap.inuse_bytes() - (2 << 20) as f64).abs() < 1.0);
-    }
-}
+mod tests;

@@ -30,6 +30,8 @@ pub enum Event {
         /// The mean sampling interval it was drawn with, for a sample
         /// jemalloc's own profiler took (set by the run); 0: memprobe's.
         interval: u64,
+        /// The allocator copy of the probe (its instance; set by the run).
+        copy: u16,
     },
     Returned {
         header: EventHeader,
@@ -124,6 +126,7 @@ fn sampled(header: EventHeader, event: &AllocEvent, stack_copy: Option<StackCopy
         stack_copy,
         allocator: AllocatorKind::Jemalloc,
         interval: 0,
+        copy: 0,
     }
 }
 

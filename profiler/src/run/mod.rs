@@ -462,11 +462,13 @@ impl Session<'_> {
                 allocator,
                 frames,
                 interval,
+                copy,
                 ..
             } = &mut event
                 && let Some(probe) = self.probes.attached.get(header.probe as usize)
             {
                 *allocator = probe.allocator;
+                *copy = probe.instance;
                 if probe.shape == profiler_common::CallShape::OwnSample {
                     *interval = t.own_intervals.get(&probe.instance).copied().unwrap_or(0);
                 }

@@ -185,6 +185,7 @@ impl Session<'_> {
     /// with their trial) and attaches the other kind, saying so.
     fn change_sampling(&mut self, pid: u32, copy: WatchedCopy) {
         let mut slots = copy.slots.clone();
+        let mut forgotten = 0;
         if let Some(t) = self.tracked.get_mut(&pid) {
             let prefix = format!("{}: ", copy.path);
             t.sampling_notes.retain(|n| !n.starts_with(&prefix));
@@ -196,16 +197,26 @@ impl Session<'_> {
             {
                 slots.extend(t.trials.remove(at).slots());
             }
+            // jemalloc's samples free through probed paths; memprobe's own
+            // mostly through the fast path, unseen once its free probes go.
+            if !copy.taking {
+                forgotten = t.heap.forget_copy(copy.instance);
+            }
         }
         self.probes.detach_probes(&slots);
         self.clear_progress();
         let now = match copy.taking {
-            true => "made inactive (prof.active false); memprobe samples its allocations itself",
-            false => "made active; memprobe takes its samples",
+            true => "made inactive (prof.active false); memprobe samples its allocations itself \
+                     from now on"
+                .to_owned(),
+            false => format!(
+                "made active; memprobe takes its samples from now on, and no longer follows \
+                 the {forgotten} allocations in use it had sampled itself"
+            ),
         };
         let _ = writeln!(
             self.status,
-            "memprobe: pid {pid}: {}: jemalloc's profiler was {now} from now on",
+            "memprobe: pid {pid}: {}: jemalloc's profiler was {now}",
             copy.path
         );
         let file = (copy.path.as_str(), copy.open_path.as_path());

@@ -1,0 +1,163 @@
+//! The collector's unit tests: samples, returns, frees and resizes in,
+//! estimates out.
+use profiler_common::EventHeader;
+
+use crate::discover::AllocatorKind;
+
+use super::*;
+
+fn header(tid: u32) -> EventHeader {
+    EventHeader {
+        tid,
+        pid: 1,
+        ..Default::default()
+    }
+}
+
+fn sampled(tid: u32, size: u64, frames: &[u64]) -> Event {
+    Event::Sampled {
+        header: header(tid),
+        size,
+        align: 0,
+        frames: frames.to_vec(),
+        stack_error: false,
+        stack_copy: None,
+        window: 0,
+        allocator: AllocatorKind::Jemalloc,
+        interval: 0,
+        copy: 0,
+    }
+}
+
+fn returned(tid: u32, ptr: u64) -> Event {
+    Event::Returned {
+        header: header(tid),
+        ptr,
+        untracked: false,
+    }
+}
+
+fn heap(max_live: usize) -> ProcessHeap {
+    ProcessHeap::new(
+        1,
+        4096,
+        CollectorOptions {
+            allocations_only: false,
+            max_live,
+            max_stacks: 10,
+        },
+    )
+}
+
+#[test]
+fn allocations_only_counts_at_the_call_and_never_frees() {
+    let mut heap = ProcessHeap::new(
+        1,
+        4096,
+        CollectorOptions {
+            allocations_only: true,
+            ..CollectorOptions::default()
+        },
+    );
+    heap.apply(sampled(7, 4096, &[0x10]));
+    let w = sample_weight(4096, 4096);
+    assert_eq!(heap.samples, 1);
+    assert!((heap.inuse_bytes() - w * 4096.0).abs() < 1e-6);
+    assert!((heap.alloc_bytes() - heap.inuse_bytes()).abs() < 1e-6);
+}
+
+#[test]
+fn allocation_then_free_leaves_only_the_allocated_side() {
+    let mut heap = heap(10);
+    heap.apply(sampled(7, 4096, &[0x10, 0x20]));
+    heap.apply(returned(7, 0xdead0));
+    let w = sample_weight(4096, 4096);
+    assert!((heap.inuse_bytes() - w * 4096.0).abs() < 1e-6);
+    heap.apply(Event::Freed {
+        header: header(7),
+        ptr: 0xdead0,
+    });
+    let profile = heap.snapshot(String::new());
+    assert_eq!(profile.stacks.len(), 1);
+    assert_eq!(profile.stacks[0].inuse_bytes, 0.0);
+    assert!((profile.stacks[0].alloc_bytes - w * 4096.0).abs() < 1e-6);
+}
+
+#[test]
+fn bytes_are_size_classes() {
+    let mut heap = heap(10);
+    heap.apply(sampled(1, 100_000, &[0x10]));
+    heap.apply(returned(1, 0x1000));
+    let profile = heap.snapshot(String::new());
+    let s = &profile.stacks[0];
+    assert!((s.inuse_bytes / s.inuse_objects - 114_688.0).abs() < 1e-6);
+}
+
+#[test]
+fn returns_pair_with_their_thread_and_failures_count_nothing() {
+    let mut heap = heap(10);
+    heap.apply(sampled(1, 64, &[0x10]));
+    heap.apply(sampled(2, 8192, &[0x20]));
+    heap.apply(returned(2, 0x2000));
+    heap.apply(returned(1, 0));
+    heap.apply(returned(3, 0x3000));
+    let profile = heap.snapshot(String::new());
+    assert_eq!(profile.stacks.len(), 1);
+    assert_eq!(profile.stacks[0].frames, [0x20]);
+    assert_eq!(heap.drops.unmatched_returns, 1);
+}
+
+#[test]
+fn a_full_live_table_is_counted_and_reported() {
+    let mut heap = heap(1);
+    for (i, ptr) in [0x1000u64, 0x2000, 0x3000].into_iter().enumerate() {
+        heap.apply(sampled(i as u32, 4096, &[0x10]));
+        heap.apply(returned(i as u32, ptr));
+    }
+    assert_eq!(heap.live_samples(), 1);
+    assert_eq!(heap.drops.live_table_full, 2);
+    let profile = heap.snapshot(String::new());
+    assert!(
+        profile
+            .notes
+            .contains(&("dropped_live_table_full".into(), "2".into()))
+    );
+}
+
+#[test]
+fn resize_in_place_changes_bytes_not_objects() {
+    let mut heap = heap(10);
+    heap.apply(sampled(1, 1 << 20, &[0x10]));
+    heap.apply(returned(1, 0x1000));
+    heap.apply(Event::Resized {
+        header: header(1),
+        ptr: 0x1000,
+        new_size: 2 << 20,
+    });
+    assert!((heap.inuse_bytes() - (2 << 20) as f64).abs() < 1.0);
+}
+
+#[test]
+fn forgetting_a_copy_drops_only_its_live_samples() {
+    let mut heap = heap(100);
+    heap.apply(sampled(1, 4096, &[0x10]));
+    heap.apply(returned(1, 0x1000));
+    let mut other = sampled(2, 4096, &[0x20]);
+    if let Event::Sampled { copy, .. } = &mut other {
+        *copy = 1;
+    }
+    heap.apply(other);
+    heap.apply(returned(2, 0x2000));
+    let before = heap.inuse_bytes();
+    assert_eq!(heap.forget_copy(1), 1);
+    assert_eq!(heap.live_samples(), 1);
+    assert!((heap.inuse_bytes() - before / 2.0).abs() < 1e-6 * before);
+    // What was allocated stays counted.
+    assert!((heap.alloc_bytes() - before).abs() < 1e-6 * before);
+    // Its pointer's free, if it came, finds nothing.
+    heap.apply(Event::Freed {
+        header: header(2),
+        ptr: 0x2000,
+    });
+    assert!((heap.inuse_bytes() - before / 2.0).abs() < 1e-6 * before);
+}
