@@ -48,9 +48,12 @@ pub struct OwnSampling {
 }
 
 /// Entry points that free a sampled object without passing the free slow
-/// paths: resizes (which free the old object inside) and `dallocx`, which
-/// has no fast path. Probed as frees of their first argument.
-const INNER_FREES: [&str; 4] = ["realloc", "rallocx", "xallocx", "dallocx"];
+/// paths: resizes that may move (which free the old object inside) and
+/// `dallocx`, which has no fast path. Probed as frees of their first
+/// argument. Not `xallocx`: it often fails, and then the object stays (one
+/// it resized in place and jemalloc sampled anew replaces the old sample;
+/// one not sampled anew is freed through a slow path later).
+const INNER_FREES: [&str; 3] = ["realloc", "rallocx", "dallocx"];
 
 impl OwnSampling {
     /// jemalloc 5.3's profiler hooks in a file, where its symbols name them.
