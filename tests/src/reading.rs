@@ -21,6 +21,56 @@ pub fn assert_direct_buffers_in_use(heap: &Path) {
     );
 }
 
+/// The Rust fixture's kept vectors: 1000 of 16 KiB.
+pub const RUST_KEPT_BYTES: f64 = 1000.0 * 16384.0;
+
+/// The bytes the Rust fixture's churn allocates: 50000 vectors of 512..518
+/// bytes, in jemalloc's size classes 512 and 640.
+pub fn rust_churned_bytes() -> f64 {
+    (0..50_000u32)
+        .map(|i| if 512 + i % 7 <= 512 { 512.0 } else { 640.0 })
+        .sum()
+}
+
+/// Asserts the Rust fixture's `keep_vectors` in use within 10% per
+/// jeprof; returns jeprof's in-use rows.
+pub fn assert_rust_kept_in_use(binary: &Path, heap: &Path) -> Vec<JeprofRow> {
+    let inuse = jeprof_rows(binary, heap, "--inuse_space");
+    let kept = row(&inuse, "keep_vectors").cum * MIB;
+    assert_within("keep_vectors", kept, RUST_KEPT_BYTES, 0.10);
+    inuse
+}
+
+/// Asserts the Rust fixture's `churn_vectors` allocated within 10%.
+pub fn assert_rust_churn_allocated(binary: &Path, heap: &Path) {
+    let allocated = jeprof_rows(binary, heap, "--alloc_space");
+    let churn = row(&allocated, "churn_vectors").cum * MIB;
+    assert_within("churn_vectors allocated", churn, rust_churned_bytes(), 0.10);
+}
+
+/// The number just before `what` in memprobe's summary line (`memprobe:
+/// detached ...; 0 allocation calls (0/s), 8013 sampled, 13671 free calls`).
+pub fn summary_count(stderr: &str, what: &str) -> u64 {
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("memprobe: detached "))
+        .unwrap_or_else(|| panic!("no summary line:\n{stderr}"));
+    let head = &line[..line
+        .find(what)
+        .unwrap_or_else(|| panic!("no '{what}' in: {line}"))];
+    head.split([' ', ';', ','])
+        .rfind(|w| !w.is_empty())
+        .and_then(|w| w.parse().ok())
+        .unwrap_or_else(|| panic!("no number before '{what}' in: {line}"))
+}
+
+/// The profile's `# malloc_sampling:` note, empty if it has none.
+pub fn malloc_sampling_note(heap: &Path) -> String {
+    heap_notes(heap)
+        .remove("malloc_sampling")
+        .unwrap_or_default()
+}
+
 /// The `# key: value` notes of a `.heap` file.
 pub fn heap_notes(heap: &Path) -> HashMap<String, String> {
     std::fs::read_to_string(heap)

@@ -49,27 +49,10 @@ fn rust_program_on_tikv_jemallocator() {
             "{symbol}: {stderr}"
         );
     }
-    let inuse = jeprof_rows(&binary, &heap, "--inuse_space");
-    let kept = row(&inuse, "keep_vectors");
-    assert_within(
-        "keep_vectors in use",
-        kept.cum * MIB,
-        1000.0 * 16384.0,
-        0.10,
-    );
+    let inuse = assert_rust_kept_in_use(&binary, &heap);
     let churn = inuse.iter().find(|r| r.name.contains("churn_vectors"));
     assert!(churn.is_none_or(|r| r.cum < 0.1), "{churn:?}");
-    let allocated = jeprof_rows(&binary, &heap, "--alloc_space");
-    // 50000 vectors of 512..518 bytes: size classes 512 and 640.
-    let churned: f64 = (0..50_000u32)
-        .map(|i| if 512 + i % 7 <= 512 { 512.0 } else { 640.0 })
-        .sum();
-    assert_within(
-        "churn_vectors allocated",
-        row(&allocated, "churn_vectors").cum * MIB,
-        churned,
-        0.10,
-    );
+    assert_rust_churn_allocated(&binary, &heap);
 }
 
 #[test]

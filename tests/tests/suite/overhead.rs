@@ -277,21 +277,9 @@ fn callers_hidden_by_another_tools_uretprobe_are_counted_not_written() {
 
 /// (allocation calls, sampled, return probe runs) from the summary line.
 fn return_counts(stderr: &str) -> (u64, u64, u64) {
-    let line = stderr
-        .lines()
-        .find(|l| l.starts_with("memprobe: detached "))
-        .unwrap_or_else(|| panic!("no summary line:\n{stderr}"));
-    let number_before = |what: &str| -> u64 {
-        let head = &line[..line.find(what).unwrap_or_else(|| panic!("{what}: {line}"))];
-        head.split([' ', ';', ','])
-            .rfind(|w| !w.is_empty())
-            .unwrap()
-            .parse()
-            .unwrap()
-    };
-    let calls = number_before(" allocation calls");
-    let sampled = number_before(" sampled");
-    let returns = number_before(" return probe runs");
+    let calls = summary_count(stderr, " allocation calls");
+    let sampled = summary_count(stderr, " sampled");
+    let returns = summary_count(stderr, " return probe runs");
     (calls, sampled, returns)
 }
 

@@ -18,22 +18,6 @@ fn profiled_with(conf: &str, env: &[(&str, &str)], test: &str) -> (PathBuf, Stri
     (heap, stderr)
 }
 
-/// The number before `after` in the summary line (`detached ...; 0
-/// allocation calls (0/s), 8013 sampled, 13671 free calls, ...`).
-fn summary_count(stderr: &str, after: &str) -> u64 {
-    stderr
-        .lines()
-        .find_map(|l| {
-            let rest = l.strip_prefix("memprobe: detached ")?.split_once("; ")?.1;
-            let head = rest.split(after).next()?;
-            head.rsplit([' ', ','])
-                .find(|w| !w.is_empty())?
-                .parse()
-                .ok()
-        })
-        .unwrap_or_else(|| panic!("no '{after}' in the summary of {stderr}"))
-}
-
 #[test]
 fn jemallocs_own_samples_are_taken_when_its_profiler_runs() {
     let _guard = shared();
@@ -42,10 +26,7 @@ fn jemallocs_own_samples_are_taken_when_its_profiler_runs() {
         stderr.contains("_rjem_je_prof_malloc_sample_object at "),
         "{stderr}"
     );
-    let note = heap_notes(&heap)
-        .get("malloc_sampling")
-        .cloned()
-        .unwrap_or_default();
+    let note = malloc_sampling_note(&heap);
     assert!(
         note.contains(
             "jemalloc's own samples (its profiler runs: prof:true, one sample per 4096 bytes"
@@ -61,21 +42,14 @@ fn jemallocs_own_samples_are_taken_when_its_profiler_runs() {
     let frees = summary_count(&stderr, " free calls");
     assert!(frees <= 51_000, "{frees} frees trapped\n{stderr}");
     let binary = rust_prof_fixture();
-    let inuse = jeprof_rows(&binary, &heap, "--inuse_space");
-    let kept = row(&inuse, "keep_vectors").cum * MIB;
-    assert_within("keep_vectors", kept, 1000.0 * 16384.0, 0.10);
+    let inuse = assert_rust_kept_in_use(&binary, &heap);
     // Freed churn is not in use; allocated, it is all there.
     let churn_in_use = inuse
         .iter()
         .find(|r| r.name.contains("churn_vectors"))
         .map_or(0.0, |r| r.cum * MIB);
     assert!(churn_in_use < 0.05 * 16.0 * MIB, "{churn_in_use} B in use");
-    let allocated = jeprof_rows(&binary, &heap, "--alloc_space");
-    let churned: f64 = (0..50_000u32)
-        .map(|i| if 512 + i % 7 <= 512 { 512.0 } else { 640.0 })
-        .sum();
-    let churn = row(&allocated, "churn_vectors").cum * MIB;
-    assert_within("churn_vectors allocated", churn, churned, 0.10);
+    assert_rust_churn_allocated(&binary, &heap);
 }
 
 /// Built in and on, but not sampling: not active (`prof_active:false`, as
@@ -99,10 +73,7 @@ fn an_inactive_profiler_leaves_the_usual_probes() {
         let (heap, stderr) = profiled_with(conf, &[], &test);
         assert!(stderr.contains(why), "{stderr}");
         assert!(!stderr.contains("prof_malloc_sample_object at"), "{stderr}");
-        let binary = rust_prof_fixture();
-        let inuse = jeprof_rows(&binary, &heap, "--inuse_space");
-        let kept = row(&inuse, "keep_vectors").cum * MIB;
-        assert_within("keep_vectors", kept, 1000.0 * 16384.0, 0.10);
+        assert_rust_kept_in_use(&rust_prof_fixture(), &heap);
     }
 }
 
@@ -122,15 +93,9 @@ fn a_profiler_made_inactive_hands_back_to_memprobes_sampling() {
         stderr.contains("jemalloc's profiler was made inactive (prof.active false)"),
         "{stderr}"
     );
-    let note = heap_notes(&heap)
-        .get("malloc_sampling")
-        .cloned()
-        .unwrap_or_default();
+    let note = malloc_sampling_note(&heap);
     assert!(!note.contains("jemalloc's own samples"), "{note}");
-    let binary = rust_prof_fixture();
-    let inuse = jeprof_rows(&binary, &heap, "--inuse_space");
-    let kept = row(&inuse, "keep_vectors").cum * MIB;
-    assert_within("keep_vectors", kept, 1000.0 * 16384.0, 0.10);
+    assert_rust_kept_in_use(&rust_prof_fixture(), &heap);
 }
 
 /// The other way: inactive at attach (memprobe samples itself), made
@@ -153,16 +118,10 @@ fn a_profiler_made_active_has_its_samples_taken() {
         ),
         "{stderr}"
     );
-    let note = heap_notes(&heap)
-        .get("malloc_sampling")
-        .cloned()
-        .unwrap_or_default();
+    let note = malloc_sampling_note(&heap);
     assert!(note.contains("jemalloc's own samples"), "{note}");
     assert!(!note.contains("trial"), "{note}");
-    let binary = rust_prof_fixture();
-    let inuse = jeprof_rows(&binary, &heap, "--inuse_space");
-    let kept = row(&inuse, "keep_vectors").cum * MIB;
-    assert_within("keep_vectors", kept, 1000.0 * 16384.0, 0.10);
+    assert_rust_kept_in_use(&rust_prof_fixture(), &heap);
 }
 
 /// jemalloc's C entry points through its own samples (`c_api.rs` of the

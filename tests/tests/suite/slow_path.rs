@@ -17,14 +17,7 @@ fn on_slow_path(binary: &Path, test: &str, env: &[(&str, &str)]) -> (PathBuf, u6
         stderr.contains("malloc and operator new sampled on jemalloc's slow path"),
         "{stderr}"
     );
-    let trapped = stderr
-        .lines()
-        .find_map(|l| {
-            let rest = l.strip_prefix("memprobe: detached ")?.split_once("; ")?.1;
-            rest.split(" allocation calls").next()?.parse().ok()
-        })
-        .unwrap_or_else(|| panic!("no allocation calls in {stderr}"));
-    (heap, trapped)
+    (heap, summary_count(&stderr, " allocation calls"))
 }
 
 fn flat(rows: &[JeprofRow], name: &str) -> f64 {
@@ -55,16 +48,8 @@ fn rust_on_tikv_jemallocator_on_the_slow_path() {
     let _guard = shared();
     let binary = rust_fixture();
     let (heap, _) = on_slow_path(&binary, "slow_path_rust", &[]);
-    let inuse = jeprof_rows(&binary, &heap, "--inuse_space");
-    let kept = row(&inuse, "keep_vectors").cum * MIB;
-    assert_within("keep_vectors", kept, 1000.0 * 16384.0, 0.10);
-    let allocated = jeprof_rows(&binary, &heap, "--alloc_space");
-    // 50000 vectors of 512..518 bytes: size classes 512 and 640.
-    let churned: f64 = (0..50_000u32)
-        .map(|i| if 512 + i % 7 <= 512 { 512.0 } else { 640.0 })
-        .sum();
-    let churn = row(&allocated, "churn_vectors").cum * MIB;
-    assert_within("churn_vectors allocated", churn, churned, 0.10);
+    assert_rust_kept_in_use(&binary, &heap);
+    assert_rust_churn_allocated(&binary, &heap);
 }
 
 /// The default is the slow path; a jemalloc whose fast path is not 5.3's
@@ -89,9 +74,7 @@ fn a_build_not_recognised_is_sampled_at_entry() {
         "{note}"
     );
     assert!(stderr.contains(": _rjem_malloc at "), "{stderr}");
-    let inuse = jeprof_rows(&binary, &heap, "--inuse_space");
-    let kept = row(&inuse, "keep_vectors").cum * MIB;
-    assert_within("keep_vectors", kept, 1000.0 * 16384.0, 0.10);
+    assert_rust_kept_in_use(&binary, &heap);
 }
 
 #[test]
@@ -176,10 +159,7 @@ fn an_allocation_cycle_that_aliases_falls_back_to_entry_sampling() {
     // even on a loaded machine.
     let (stderr, heap) = trial("slow_path_aliasing", &[("FIXTURE_SECONDS", "28")], &[]);
     assert!(stderr.contains("back to entry sampling"), "{stderr}");
-    let note = heap_notes(&heap)
-        .get("malloc_sampling")
-        .cloned()
-        .unwrap_or_default();
+    let note = malloc_sampling_note(&heap);
     assert!(
         note.contains("at entry (jemalloc's slow path disagreed"),
         "{note}"
@@ -211,10 +191,7 @@ fn irregular_sizes_keep_the_slow_path() {
         &[],
     );
     assert!(!stderr.contains("back to entry sampling"), "{stderr}");
-    let note = heap_notes(&heap)
-        .get("malloc_sampling")
-        .cloned()
-        .unwrap_or_default();
+    let note = malloc_sampling_note(&heap);
     assert!(
         note.contains("on jemalloc's slow path (its sites' shares agreed"),
         "{note}"
@@ -272,8 +249,7 @@ fn recheck(test: &str, env: &[(&str, &str)], said: (&str, &str), note: &str) -> 
         first.zip(then).is_some_and(|(first, then)| first < then),
         "{stderr}"
     );
-    let notes = heap_notes(&heap);
-    let last = notes.get("malloc_sampling").cloned().unwrap_or_default();
+    let last = malloc_sampling_note(&heap);
     assert!(last.contains(note), "{last}");
     stderr
 }

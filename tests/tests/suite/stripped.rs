@@ -99,7 +99,7 @@ fn stripped_rust_binary_on_tikv_jemallocator_is_probed_through_its_debug_file() 
     assert_within(
         "keep_vectors",
         folded_bytes(&folded, "keep_vectors"),
-        1000.0 * 16384.0,
+        RUST_KEPT_BYTES,
         0.1,
     );
 }
