@@ -14,8 +14,9 @@ use profiler_common::CallShape;
 use crate::discover::{
     Allocator,
     elf::{FunctionSymbols, Segment},
-    entry_points::{C_ENTRY_POINTS, CXX_ENTRY_POINTS, EntryPoint, registers_read},
-    fast_path, placement,
+    entry_points::{C_ENTRY_POINTS, CXX_ENTRY_POINTS, EntryPoint},
+    fast_path, place_probe,
+    placement::Placement,
 };
 
 /// Where a jemalloc copy keeps its profiler's switches. They live in
@@ -66,25 +67,25 @@ impl OwnSampling {
         // jemalloc's internal names: `je_` after the public prefix (tikv's
         // `_rjem_je_`), or `je_` alone.
         let names = |name: &str| [format!("{prefix}je_{name}"), format!("je_{name}")];
-        let variable = |name: &str| {
-            names(name).into_iter().find_map(|full| {
-                file.symbols()
-                    .find(|s| s.name() == Ok(full.as_str()) && !s.is_undefined())
-                    .map(|s| s.address())
-            })
+        let address_of = |full: &str| {
+            file.symbols()
+                .find(|s| s.name() == Ok(full) && !s.is_undefined())
+                .map(|s| s.address())
         };
+        let variable = |name: &str| names(name).into_iter().find_map(|full| address_of(&full));
         let function = |name: &str, shape: CallShape| {
             let (symbol, function) = names(name)
                 .into_iter()
                 .find_map(|full| Some((full.clone(), symbols.function(&full)?)))?;
-            let code = symbols.code(data, function.address, function.size.max(16))?;
-            Some(EntryPoint {
+            let mut entry = EntryPoint {
                 symbol,
                 shape,
                 file_offset: function.file_offset,
-                placement: placement::place(code, function.address, registers_read(shape), false),
+                placement: Placement::entry("not analysed"),
                 forwards: false,
-            })
+            };
+            entry.placement = place_probe(symbols, data, &entry);
+            Some(entry)
         };
         let first = Segment::all(&file).into_iter().next()?;
         let switches = ProfSwitches {
@@ -92,10 +93,7 @@ impl OwnSampling {
             opt_prof: variable("opt_prof")?,
             active: variable("prof_active_state")?,
             // A static: not renamed into jemalloc's namespace.
-            thread_active_init: file
-                .symbols()
-                .find(|s| s.name() == Ok("prof_thread_active_init") && !s.is_undefined())
-                .map(|s| s.address())?,
+            thread_active_init: address_of("prof_thread_active_init")?,
             lg_sample: variable("lg_prof_sample")?,
         };
         let slow_frees: Vec<EntryPoint> = ["free_default", "sdallocx_default"]

@@ -86,6 +86,34 @@ pub fn proc_path(pid: u32, rest: &str) -> PathBuf {
     PathBuf::from(format!("/proc/{pid}/{rest}"))
 }
 
+/// Where `pid` has byte `file_offset` of `path` mapped (per its `maps`
+/// text), if one mapping holds `len` bytes from there.
+pub fn mapped_address(maps: &str, path: &str, file_offset: u64, len: u64) -> Option<u64> {
+    parse_maps(maps)
+        .into_iter()
+        .find(|m| {
+            m.path.as_deref() == Some(path)
+                && file_offset >= m.offset
+                && file_offset + len <= m.offset + (m.end - m.start)
+        })
+        .map(|m| m.start + (file_offset - m.offset))
+}
+
+/// A process's memory, `/proc/PID/mem`: read, never written.
+pub struct ProcessMemory(std::fs::File);
+
+impl ProcessMemory {
+    pub fn open(pid: u32) -> Option<Self> {
+        std::fs::File::open(proc_path(pid, "mem")).ok().map(Self)
+    }
+
+    /// Fills `bytes` from `address`; `None` if that is not mapped.
+    pub fn read(&self, address: u64, bytes: &mut [u8]) -> Option<()> {
+        use std::os::unix::fs::FileExt;
+        self.0.read_exact_at(bytes, address).ok()
+    }
+}
+
 /// Reads `/proc/PID/maps`; a missing process is [`Error::NoSuchProcess`].
 pub fn read_maps(pid: u32) -> Result<String> {
     let path = proc_path(pid, "maps");

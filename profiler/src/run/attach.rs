@@ -113,7 +113,7 @@ impl Session<'_> {
         self.print_verbose_wrappers(path, allocator);
         let slots = (before..self.probes.attached.len()).collect();
         let file = (path, open_path);
-        self.watch(scope, file, allocator, (instance, slots), false);
+        self.watch(scope, file, allocator, (instance, slots), None);
         let Scope::Process(pid) = scope else {
             return Ok(attached);
         };
@@ -344,15 +344,8 @@ impl Session<'_> {
 /// the dynamic linker filled), read from `/proc/PID/mem`: read, never
 /// written.
 fn read_mapped_word(pid: u32, maps: &str, path: &str, file_offset: u64) -> Option<u64> {
-    use std::os::unix::fs::FileExt;
-    let mapping = crate::proc::parse_maps(maps).into_iter().find(|m| {
-        m.path.as_deref() == Some(path)
-            && file_offset >= m.offset
-            && file_offset + 8 <= m.offset + (m.end - m.start)
-    })?;
-    let address = mapping.start + (file_offset - mapping.offset);
-    let mem = std::fs::File::open(crate::proc::proc_path(pid, "mem")).ok()?;
+    let address = crate::proc::mapped_address(maps, path, file_offset, 8)?;
     let mut word = [0u8; 8];
-    mem.read_exact_at(&mut word, address).ok()?;
+    crate::proc::ProcessMemory::open(pid)?.read(address, &mut word)?;
     Some(u64::from_le_bytes(word))
 }

@@ -470,7 +470,7 @@ impl Session<'_> {
                 *allocator = probe.allocator;
                 *copy = probe.instance;
                 if probe.shape == profiler_common::CallShape::OwnSample {
-                    *interval = t.own_intervals.get(&probe.instance).copied().unwrap_or(0);
+                    *interval = own_sampling::own_interval(&t.watched, probe.instance);
                 }
                 if let Some(own_code) = &probe.own_code {
                     t.drop_allocator_frames(&probe.path, own_code, frames);

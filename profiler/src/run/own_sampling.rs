@@ -2,16 +2,13 @@
 //! its samples taken where jemalloc records them (see
 //! `discover::own_sampling`): a trap per sample and per slow free instead
 //! of one per free.
-use std::{
-    os::unix::fs::FileExt,
-    path::{Path, PathBuf},
-};
+use std::path::{Path, PathBuf};
 
 use crate::{
     discover::{Allocator, own_sampling::ProfSwitches},
     error::Result,
     kernel::Scope,
-    proc::{parse_maps, proc_path},
+    proc::{ProcessMemory, mapped_address},
     run::{Sampling, Session},
 };
 
@@ -61,16 +58,18 @@ impl Session<'_> {
         let own = allocator.own_sampling.as_ref()?;
         let maps = &self.tracked.get(&pid)?.maps;
         let state = read_switches(pid, maps, path, &own.switches)?;
-        if let Err(Some(why)) = state.samples()
-            && self.options.verbose
-        {
-            let _ = writeln!(
-                self.status,
-                "memprobe: pid {pid}: {path}: jemalloc's profiler is built in and on but {why}: \
-                 its samples are not used"
-            );
+        if let Err(why) = state.samples() {
+            if let Some(why) = why
+                && self.options.verbose
+            {
+                let _ = writeln!(
+                    self.status,
+                    "memprobe: pid {pid}: {path}: jemalloc's profiler is built in and on but \
+                     {why}: its samples are not used"
+                );
+            }
+            return None;
         }
-        state.samples().ok()?;
         let plan = allocator.on_own_sampling()?;
         Some((plan, 1u64 << state.lg_sample))
     }
@@ -101,21 +100,27 @@ impl Session<'_> {
                 let _ = writeln!(self.status, "memprobe: pid {pid}: {note}");
             }
             t.sampling_notes.push(note);
-            t.own_intervals.insert(instance, interval);
         }
-        self.watch(scope, file, allocator, (instance, slots.clone()), true);
+        self.watch(
+            scope,
+            file,
+            allocator,
+            (instance, slots.clone()),
+            Some(interval),
+        );
         Ok(Some(slots.len()))
     }
 
-    /// Keeps an eye on the profiler switches of a copy that has them
-    /// (`taking`: its samples are taken now), with its probes' `slots`.
+    /// Keeps an eye on the profiler switches of a copy that has them, with
+    /// its probes' `slots`; `taking`: the interval of jemalloc's samples
+    /// when they are taken now.
     pub(super) fn watch(
         &mut self,
         scope: Scope,
         (path, open_path): (&str, &Path),
         allocator: &Allocator,
         (instance, slots): (u16, Vec<usize>),
-        taking: bool,
+        taking: Option<u64>,
     ) {
         let Scope::Process(pid) = scope else {
             return;
@@ -152,7 +157,7 @@ impl Session<'_> {
                 continue;
             };
             let mut changed = Vec::new();
-            for copy in std::mem::take(&mut t.watched) {
+            for mut copy in std::mem::take(&mut t.watched) {
                 let Some(own) = copy.allocator.own_sampling.as_ref() else {
                     continue;
                 };
@@ -164,16 +169,19 @@ impl Session<'_> {
                 // prof.thread_active_init only matters for threads started
                 // later: not a reason to leave.
                 let keep = match copy.taking {
-                    true => state.opt_prof && state.active,
-                    false => state.samples().is_err(),
+                    Some(_) => state.opt_prof && state.active,
+                    None => state.samples().is_err(),
                 };
-                if copy.taking && keep && state.lg_sample <= MAX_LG_SAMPLE {
-                    t.own_intervals.insert(copy.instance, 1 << state.lg_sample);
+                if !keep {
+                    changed.push(copy);
+                    continue;
                 }
-                match keep {
-                    true => t.watched.push(copy),
-                    false => changed.push(copy),
+                if let Some(interval) = copy.taking.as_mut()
+                    && state.lg_sample <= MAX_LG_SAMPLE
+                {
+                    *interval = 1 << state.lg_sample;
                 }
+                t.watched.push(copy);
             }
             for copy in changed {
                 self.change_sampling(pid, copy);
@@ -189,7 +197,6 @@ impl Session<'_> {
         if let Some(t) = self.tracked.get_mut(&pid) {
             let prefix = format!("{}: ", copy.path);
             t.sampling_notes.retain(|n| !n.starts_with(&prefix));
-            t.own_intervals.remove(&copy.instance);
             if let Some(at) = t
                 .trials
                 .iter()
@@ -199,17 +206,19 @@ impl Session<'_> {
             }
             // jemalloc's samples free through probed paths; memprobe's own
             // mostly through the fast path, unseen once its free probes go.
-            if !copy.taking {
+            if copy.taking.is_none() {
                 forgotten = t.heap.forget_copy(copy.instance);
             }
         }
         self.probes.detach_probes(&slots);
         self.clear_progress();
         let now = match copy.taking {
-            true => "made inactive (prof.active false); memprobe samples its allocations itself \
+            Some(_) => {
+                "made inactive (prof.active false); memprobe samples its allocations itself \
                      from now on"
-                .to_owned(),
-            false => format!(
+                    .to_owned()
+            }
+            None => format!(
                 "made active; memprobe takes its samples from now on, and no longer follows \
                  the {forgotten} allocations in use it had sampled itself"
             ),
@@ -223,7 +232,7 @@ impl Session<'_> {
         let scope = Scope::Process(pid);
         let allocator = &copy.allocator;
         let result = self.instance().and_then(|instance| {
-            if !copy.taking
+            if copy.taking.is_none()
                 && self
                     .attach_own_sampling(scope, file, allocator, instance)?
                     .is_some()
@@ -254,8 +263,19 @@ pub(super) struct WatchedCopy {
     instance: u16,
     /// Its probes' indexes.
     slots: Vec<usize>,
-    /// Whether its samples are jemalloc's (else memprobe's own sampling).
-    taking: bool,
+    /// While its samples are jemalloc's, their mean interval (else
+    /// memprobe samples it itself).
+    taking: Option<u64>,
+}
+
+/// The mean interval of the samples jemalloc's profiler takes for the copy
+/// `instance` among `watched`; 0 (memprobe's) when it takes none.
+pub(super) fn own_interval(watched: &[WatchedCopy], instance: u16) -> u64 {
+    watched
+        .iter()
+        .find(|copy| copy.instance == instance)
+        .and_then(|copy| copy.taking)
+        .unwrap_or(0)
 }
 
 /// The profile's note for a copy sampled through jemalloc's profiler.
@@ -275,15 +295,10 @@ pub(super) fn read_switches(
     switches: &ProfSwitches,
 ) -> Option<ProfState> {
     let (anchor_offset, anchor_address) = switches.anchor;
-    let mapping = parse_maps(maps).into_iter().find(|m| {
-        m.path.as_deref() == Some(path)
-            && anchor_offset >= m.offset
-            && anchor_offset < m.offset + (m.end - m.start)
-    })?;
     // Where the file's address 0 is in the process.
-    let base = (mapping.start + (anchor_offset - mapping.offset)).checked_sub(anchor_address)?;
-    let mem = std::fs::File::open(proc_path(pid, "mem")).ok()?;
-    let read = |address: u64, bytes: &mut [u8]| mem.read_exact_at(bytes, base + address).ok();
+    let base = mapped_address(maps, path, anchor_offset, 1)?.checked_sub(anchor_address)?;
+    let mem = ProcessMemory::open(pid)?;
+    let read = |address: u64, bytes: &mut [u8]| mem.read(base + address, bytes);
     let flag = |address: u64| {
         let mut byte = [0u8; 1];
         read(address, &mut byte).map(|_| byte[0] != 0)

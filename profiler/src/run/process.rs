@@ -1,9 +1,5 @@
 //! What a run keeps per profiled process.
-use std::{
-    collections::{HashMap, HashSet},
-    ops::Range,
-    path::PathBuf,
-};
+use std::{collections::HashSet, ops::Range, path::PathBuf};
 
 use crate::{
     collect::{CollectorOptions, ProcessHeap},
@@ -52,9 +48,6 @@ pub(super) struct Tracked {
     /// How jemalloc copies not on trial are sampled, and why (the
     /// profile's note): at entry, or by jemalloc's own profiler.
     pub sampling_notes: Vec<String>,
-    /// Mean sampling intervals of the copies whose samples jemalloc's own
-    /// profiler takes, by probe instance.
-    pub own_intervals: HashMap<u16, u64>,
     /// Copies whose jemalloc has a profiler, watched in case it is switched
     /// on or off.
     pub watched: Vec<WatchedCopy>,
@@ -89,7 +82,6 @@ impl Tracked {
             budget: BudgetWindow::default(),
             trials: Vec::new(),
             sampling_notes: Vec::new(),
-            own_intervals: HashMap::new(),
             watched: Vec::new(),
             detached: None,
             kept: KeptSnapshots::default(),
