@@ -36,8 +36,14 @@ pub(super) fn attached_loops(
 ) -> Result<AttachedLoops> {
     eprintln!("bench: loops attached with --pid: two-trap floor, entry, slow path");
     let places = memprobe_places(memprobe, malloc_loop, LIBJEMALLOC)?;
+    // A 3-s timed loop.
+    let timed_loop = || {
+        let mut command = Command::new(malloc_loop);
+        command.args(["0", "3"]);
+        command
+    };
     let floor = best_of_three(|| {
-        let child = start_loop(malloc_loop, None)?;
+        let child = start_timed(timed_loop(), None)?;
         let counters = Floor::attach(child.id(), &places)?;
         let ns = wait_ns(child)?.0;
         if counters.hits()? == 0 {
@@ -45,26 +51,21 @@ pub(super) fn attached_loops(
         }
         Ok(ns)
     })?;
-    let memprobe_ns = |flags: &[&str], warmup: Option<&str>| {
-        best_of_three(|| {
-            let child = start_loop(malloc_loop, warmup)?;
-            let pid = child.id().to_string();
-            let mut args = vec!["--pid", &pid, "-o", profiles_dir, "--format", "heap"];
-            args.extend_from_slice(flags);
-            let (mut probe, stderr) = start_memprobe(memprobe, &args)?;
-            let (ns, timing) = wait_ns(child)?;
-            stop(&mut probe);
-            if warmup.is_some() {
-                let kept = said(&stderr, SLOW_PATH_KEPT);
-                if kept.zip(timing).is_none_or(|(kept, timing)| kept >= timing) {
-                    bail!("the slow path's trial did not keep it before the loop's timing began");
-                }
-            }
-            Ok(ns)
-        })
+    let attached = Attached {
+        memprobe,
+        profiles_dir,
+        flags: &["--sampling", "entry"],
+        warmup: None,
+        said_first: None,
     };
-    let entry = memprobe_ns(&["--sampling", "entry"], None)?;
-    let slow = memprobe_ns(&[], Some(TRIAL_WARMUP))?;
+    let entry = attached.ns(timed_loop)?;
+    let slow = Attached {
+        flags: &[],
+        warmup: Some(TRIAL_WARMUP),
+        said_first: Some(SLOW_PATH_KEPT),
+        ..attached
+    }
+    .ns(timed_loop)?;
     Ok(AttachedLoops {
         places,
         floor,
@@ -73,20 +74,49 @@ pub(super) fn attached_loops(
     })
 }
 
+/// memprobe attached with `--pid` (and `flags`) to a timed loop that
+/// allocates `warmup` seconds untimed first.
+#[derive(Clone, Copy)]
+pub(super) struct Attached<'a> {
+    pub(super) memprobe: &'a Path,
+    pub(super) profiles_dir: &'a str,
+    pub(super) flags: &'a [&'a str],
+    pub(super) warmup: Option<&'a str>,
+    /// What memprobe must have said before the loop's timing began.
+    pub(super) said_first: Option<&'a str>,
+}
+
+impl Attached<'_> {
+    /// The loop's nanoseconds per pair, best of three.
+    pub(super) fn ns(&self, mut command: impl FnMut() -> Command) -> Result<f64> {
+        best_of_three(|| {
+            let child = start_timed(command(), self.warmup)?;
+            let pid = child.id().to_string();
+            let mut args = vec!["--pid", &pid, "-o", self.profiles_dir, "--format", "heap"];
+            args.extend_from_slice(self.flags);
+            let (mut probe, stderr) = start_memprobe(self.memprobe, &args)?;
+            let (ns, timing) = wait_ns(child)?;
+            stop(&mut probe);
+            if let Some(text) = self.said_first {
+                let first = said(&stderr, text);
+                if first
+                    .zip(timing)
+                    .is_none_or(|(first, timing)| first >= timing)
+                {
+                    bail!("memprobe did not say '{text}' before the loop's timing began");
+                }
+            }
+            Ok(ns)
+        })
+    }
+}
+
 pub(super) fn best_of_three(mut run: impl FnMut() -> Result<f64>) -> Result<f64> {
     let mut best = f64::INFINITY;
     for _ in 0..3 {
         best = best.min(run()?);
     }
     Ok(best)
-}
-
-/// A 3-s timed malloc_loop that first waits 1.5 s (probes attach) and
-/// allocates `warmup` seconds untimed.
-fn start_loop(malloc_loop: &Path, warmup: Option<&str>) -> Result<std::process::Child> {
-    let mut command = Command::new(malloc_loop);
-    command.args(["0", "3"]);
-    start_timed(command, warmup)
 }
 
 /// A timed loop (malloc_loop's protocol) that first waits 1.5 s (probes

@@ -5,12 +5,11 @@
 //! inactive it probes as usual (the slow path, after its trial).
 use std::{path::Path, process::Command};
 
-use anyhow::{Result, bail};
+use anyhow::Result;
 
 use super::{
     SLOW_PATH_KEPT,
-    attached::{TRIAL_WARMUP, best_of_three, start_timed, wait_ns},
-    said, start_memprobe, stop,
+    attached::{Attached, TRIAL_WARMUP, best_of_three, start_timed, wait_ns},
 };
 use crate::{run_command, workspace_root};
 
@@ -54,31 +53,19 @@ pub(super) fn own_profiler(memprobe: &Path, profiles_dir: &str) -> Result<OwnPro
     let alone = |conf: &str| best_of_three(|| Ok(wait_ns(start_timed(command(conf), None)?)?.0));
     let none = alone("")?;
     let prof_none = alone("prof:true")?;
-    let with_memprobe = |conf: &str, warmup: Option<&str>, said_first: &str| {
-        best_of_three(|| {
-            let child = start_timed(command(conf), warmup)?;
-            let pid = child.id().to_string();
-            let args = ["--pid", &pid, "-o", profiles_dir, "--format", "heap", "-v"];
-            let (mut probe, stderr) = start_memprobe(memprobe, &args)?;
-            let (ns, timing) = wait_ns(child)?;
-            stop(&mut probe);
-            let first = said(&stderr, said_first);
-            if first
-                .zip(timing)
-                .is_none_or(|(first, timing)| first >= timing)
-            {
-                bail!("memprobe did not say '{said_first}' before the loop's timing began");
-            }
-            Ok(ns)
-        })
+    let attached = |conf: &'static str, warmup, said_first| {
+        let attached = Attached {
+            memprobe,
+            profiles_dir,
+            flags: &["-v"],
+            warmup: Some(warmup),
+            said_first: Some(said_first),
+        };
+        attached.ns(|| command(conf))
     };
     // memprobe says it at attach, before the loop's delay ends.
-    let own = with_memprobe("prof:true", Some("1"), OWN_SAMPLES)?;
-    let inactive = with_memprobe(
-        "prof:true,prof_active:false",
-        Some(TRIAL_WARMUP),
-        SLOW_PATH_KEPT,
-    )?;
+    let own = attached("prof:true", "1", OWN_SAMPLES)?;
+    let inactive = attached("prof:true,prof_active:false", TRIAL_WARMUP, SLOW_PATH_KEPT)?;
     Ok(OwnProfiler {
         none,
         prof_none,
