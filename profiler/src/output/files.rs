@@ -150,12 +150,34 @@ fn rename_no_replace(from: &Path, to: &Path) -> io::Result<()> {
 mod tests {
     use super::*;
 
-    fn scratch(name: &str) -> PathBuf {
+    /// A fresh folder, removed when the test ends, failed or not.
+    struct Scratch(PathBuf);
+
+    impl std::ops::Deref for Scratch {
+        type Target = Path;
+        fn deref(&self) -> &Path {
+            &self.0
+        }
+    }
+
+    impl AsRef<Path> for Scratch {
+        fn as_ref(&self) -> &Path {
+            &self.0
+        }
+    }
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn scratch(name: &str) -> Scratch {
         let dir =
             std::env::temp_dir().join(format!("memprobe-files-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        dir
+        Scratch(dir)
     }
 
     #[test]
@@ -163,7 +185,7 @@ mod tests {
         let dir = scratch("skip");
         std::fs::write(dir.join("memprobe.7.0.heap"), "old").unwrap();
         std::os::unix::fs::symlink("/etc/passwd", dir.join("memprobe.7.1.heap")).unwrap();
-        let mut out = OutputDir::new(&dir);
+        let mut out = OutputDir::new(dir.to_path_buf());
         let seq = out.next_seq(7);
         assert_eq!(seq, 2);
         let path = out
@@ -184,7 +206,7 @@ mod tests {
         std::fs::write(dir.join(".memprobe.7.0.heap.4194305.tmp"), "half").unwrap();
         let live = format!(".memprobe.7.1.heap.{}.tmp", std::process::id());
         std::fs::write(dir.join(&live), "being written").unwrap();
-        let out = OutputDir::new(&dir);
+        let out = OutputDir::new(dir.to_path_buf());
         assert_eq!(out.remove_stale_temporaries(), 1);
         assert!(dir.join(&live).exists());
     }
@@ -193,7 +215,7 @@ mod tests {
     fn never_replaces_and_leaves_no_temporary() {
         let dir = scratch("noreplace");
         std::os::unix::fs::symlink("/nonexistent", dir.join("memprobe.1.0.svg")).unwrap();
-        let out = OutputDir::new(&dir);
+        let out = OutputDir::new(dir.to_path_buf());
         let err = out
             .write_file(1, 0, "svg", |w| w.write_all(b"x"))
             .unwrap_err();
