@@ -8,7 +8,11 @@
 //! probe on `endbr64`, which CET builds (Ubuntu's, Fedora's glibc) start
 //! every function with. The function is called with
 //! a size of 0, so the countdown never samples: each hit costs what an
-//! unsampled call costs.
+//! unsampled call costs. A free's program is timed with a new pointer each
+//! call, none of them sampled: like a real free, each hit looks its pointer
+//! up in the sampled set, in a bucket the previous hit did not warm (a
+//! null pointer returns before the lookup, which timed 20-25% below what
+//! a free's trap costs in a saturated redis-server).
 use std::{
     io::{BufRead, BufReader, Write},
     path::{Path, PathBuf},
@@ -52,6 +56,23 @@ const SLOW_CALLS: u64 = 2_000;
 const BASELINE_CALLS: u64 = 1_000_000;
 /// Each timing is the least of this many rounds.
 const ROUNDS: usize = 3;
+/// The first pointer a free's timing passes, then one every `stride` bytes:
+/// where a heap could be, never sampled (samples are keyed by process).
+const POINTER_BASE: u64 = 0x7f00_0000_0000;
+/// Bytes between the pointers a free's timing passes: a small size class.
+const FREE_STRIDE: u64 = 48;
+
+/// A request line: `CALLS` (argument 0) or `CALLS STRIDE` (pointers
+/// [`POINTER_BASE`] + i * STRIDE).
+fn parse_request(line: &str) -> Option<(u64, u64)> {
+    let mut words = line.split_whitespace();
+    let calls = words.next()?.parse().ok()?;
+    let stride = match words.next() {
+        Some(word) => word.parse().ok()?,
+        None => 0,
+    };
+    Some((calls, stride))
+}
 
 /// In memprobe's calibration copy: answers each line `N` on stdin with the
 /// nanoseconds per call of N calls, until the end of input; then exits.
@@ -64,7 +85,7 @@ pub fn serve_as_target() {
     let _ = writeln!(out, "ready");
     let _ = out.flush();
     for line in std::io::stdin().lock().lines() {
-        let Ok(calls) = line.unwrap_or_default().trim().parse::<u64>() else {
+        let Some((calls, stride)) = parse_request(&line.unwrap_or_default()) else {
             break;
         };
         // In a thread other than the main one: a kernel whose uprobe_multi
@@ -72,9 +93,14 @@ pub fn serve_as_target() {
         // there, and memprobe sees no hit and falls back.
         let timing = std::thread::spawn(move || {
             let started = std::time::Instant::now();
-            for _ in 0..calls {
+            for call in 0..calls {
+                let argument = if stride == 0 {
+                    0
+                } else {
+                    POINTER_BASE + call * stride
+                };
                 // SAFETY: the function touches no memory and returns at once.
-                unsafe { memprobe_calibration_target(std::hint::black_box(0)) };
+                unsafe { memprobe_calibration_target(std::hint::black_box(argument)) };
             }
             started.elapsed()
         });
@@ -117,12 +143,13 @@ impl Target {
         }
     }
 
-    /// Least nanoseconds per call over [`ROUNDS`] runs of `calls` calls.
-    fn time(&mut self, calls: u64) -> Result<f64, String> {
+    /// Least nanoseconds per call over [`ROUNDS`] runs of `calls` calls,
+    /// with pointers `stride` bytes apart (0: a null argument).
+    fn time(&mut self, calls: u64, stride: u64) -> Result<f64, String> {
         let mut best = f64::INFINITY;
         for _ in 0..ROUNDS {
             let stdin = self.child.stdin.as_mut().ok_or("no stdin")?;
-            writeln!(stdin, "{calls}").map_err(|e| e.to_string())?;
+            writeln!(stdin, "{calls} {stride}").map_err(|e| e.to_string())?;
             let line = self.read_line()?;
             best = best.min(
                 line.trim()
@@ -168,29 +195,30 @@ pub fn measure(probes: &mut KernelProbes) -> Result<CostModel, String> {
     let pid = target.child.id();
     // First: how probes are linked decides what they cost.
     probes.check_links(&executable, offset + NOP, pid);
-    let baseline = target.time(BASELINE_CALLS)?;
-    let mut timed = |probes: &mut KernelProbes, programs: &[(&'static str, u64)], calls| {
+    let baseline = target.time(BASELINE_CALLS, 0)?;
+    let pointers_baseline = target.time(BASELINE_CALLS, FREE_STRIDE)?;
+    let mut timed = |probes: &mut KernelProbes, programs: &[(&'static str, u64)], calls, stride| {
         let handle = probes.attach_for_calibration(programs, &executable, offset, pid)?;
-        let time = target.time(calls);
+        let time = target.time(calls, stride);
         probes.detach_calibration(handle);
         time
     };
     let entry = programs::ALLOC_SIZE_ARG0;
-    let mut emulated = timed(probes, &[(entry, NOP)], FAST_CALLS)?;
+    let mut emulated = timed(probes, &[(entry, NOP)], FAST_CALLS, 0)?;
     if probes.calibration_hits() == 0 {
         probes.give_up_entry_links();
-        emulated = timed(probes, &[(entry, NOP)], FAST_CALLS)?;
+        emulated = timed(probes, &[(entry, NOP)], FAST_CALLS, 0)?;
     }
-    let single_stepped = timed(probes, &[(entry, RET)], SLOW_CALLS)?;
+    let single_stepped = timed(probes, &[(entry, RET)], SLOW_CALLS, 0)?;
     let returns = [(entry, NOP), (programs::CALL_RETURN, NOP)];
-    let with_return = timed(probes, &returns, FAST_CALLS)?;
-    let endbr64 = timed(probes, &[(entry, ENDBR64)], SLOW_CALLS)?;
-    // A free's program: a pointer of 0, never sampled, looked up.
-    let free = timed(probes, &[(programs::FREE_ARG0, NOP)], FAST_CALLS)?;
+    let with_return = timed(probes, &returns, FAST_CALLS, 0)?;
+    let endbr64 = timed(probes, &[(entry, ENDBR64)], SLOW_CALLS, 0)?;
+    let free_program = [(programs::FREE_ARG0, NOP)];
+    let free = timed(probes, &free_program, FAST_CALLS, FREE_STRIDE)?;
     let nanos = |ns: f64| Duration::from_nanos(ns.max(1.0) as u64);
     Ok(CostModel {
         emulated: nanos(emulated - baseline),
-        free: nanos(free - baseline),
+        free: nanos(free - pointers_baseline),
         single_stepped: nanos(single_stepped - baseline),
         return_half: nanos(with_return - emulated),
         endbr64: nanos(endbr64 - baseline),
