@@ -19,7 +19,7 @@ mod own_profiler;
 mod redis;
 mod switches;
 use attached::{AttachedLoops, attached_loops, attached_table};
-use redis::{redis_bench, redis_table};
+use redis::{Load, redis_bench, redis_table};
 
 const LIBJEMALLOC: &str = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2";
 
@@ -193,10 +193,18 @@ pub fn bench(only: Option<Part>) -> Result<()> {
         };
         // redis-benchmark's own value size (3 bytes), and 256-byte values,
         // whose SETs repeat one cycle of sizes that jemalloc's threshold
-        // aliases with (see README).
-        for value_bytes in [3, 256] {
-            eprintln!("bench: redis-server under redis-benchmark, {value_bytes}-byte values");
-            let redis = redis_bench(&memprobe, &profiles_dir, &places, value_bytes)?;
+        // aliases with (see README); then 3-byte values pipelined, which
+        // keep the server busy: where the traps' indirect costs show.
+        for (value_bytes, pipeline) in [(3, 1), (256, 1), (3, 16)] {
+            eprintln!(
+                "bench: redis-server under redis-benchmark, {value_bytes}-byte values, \
+                 pipelining {pipeline}"
+            );
+            let load = Load {
+                value_bytes,
+                pipeline,
+            };
+            let redis = redis_bench(&memprobe, &profiles_dir, &places, load)?;
             table.push_str(&redis_table(&redis));
         }
     }

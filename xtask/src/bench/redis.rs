@@ -33,8 +33,7 @@ const LISTEN: &str = "127.0.0.1:6071";
 /// redis-server under redis-benchmark without memprobe, with the two-trap
 /// floor and with memprobe in each mode.
 pub(super) struct RedisResult {
-    /// The size of the values SET.
-    value_bytes: u32,
+    load: Load,
     /// Nothing attached: twin A's runs (`with`) and twin B's (`without`),
     /// taken in turn.
     unprofiled: Half,
@@ -126,22 +125,39 @@ const MODES: [(&str, &[&str]); 4] = [
 const FLOOR: &str =
     "two-trap floor: counting uprobe perf events at malloc and free, no BPF program";
 
-/// A redis-server under load, and the value size of its SETs.
+/// What redis-benchmark sends.
+#[derive(Clone, Copy)]
+pub(super) struct Load {
+    /// The size of the values SET.
+    pub value_bytes: u32,
+    /// Requests each client sends before it waits for replies (`-P`): 1, a
+    /// server that sleeps between requests; 16, one kept busy, as a
+    /// saturated production server is.
+    pub pipeline: u32,
+}
+
+impl Load {
+    /// SETs (and as many GETs) in one run: some seconds of work either way.
+    fn requests(&self) -> u32 {
+        if self.pipeline > 1 { 600_000 } else { 200_000 }
+    }
+}
+
+/// A redis-server under load.
 #[derive(Clone, Copy)]
 struct Server {
     pid: u32,
     port: &'static str,
-    value_bytes: u32,
+    load: Load,
 }
 
-/// Twin redis-servers started afresh, filled, and measured without
-/// memprobe, with the two-trap floor and with memprobe in each mode, their
-/// SETs storing values of `value_bytes`.
+/// Twin redis-servers started afresh, filled, and measured under `load`
+/// without memprobe, with the two-trap floor and with memprobe in each mode.
 pub(super) fn redis_bench(
     memprobe: &Path,
     profiles_dir: &str,
     places: &[Place],
-    value_bytes: u32,
+    load: Load,
 ) -> Result<RedisResult> {
     let mut children = Vec::new();
     let result = (|| {
@@ -151,7 +167,7 @@ pub(super) fn redis_bench(
             let server = Server {
                 pid: child.id(),
                 port,
-                value_bytes,
+                load,
             };
             children.push(child);
             fill(server)?;
@@ -181,7 +197,7 @@ pub(super) fn redis_bench(
             rows.push(Row { label, halves });
         }
         Ok(RedisResult {
-            value_bytes,
+            load,
             unprofiled,
             rows,
         })
@@ -241,7 +257,7 @@ fn fill(server: Server) -> Result<()> {
         .args(["-c", "1", "redis-benchmark", "-h", "127.0.0.1"])
         .args(["-p", server.port])
         .args(["-t", "set", "-n", "3000000", "-r", "1000000"])
-        .args(["-d", &server.value_bytes.to_string()])
+        .args(["-d", &server.load.value_bytes.to_string()])
         .args(["-P", "16", "-q"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -345,9 +361,15 @@ fn scraped_added_seconds(pid: u32) -> Option<f64> {
 pub(super) fn redis_table(redis: &RedisResult) -> String {
     let plain = &redis.unprofiled;
     let mut table = format!(
-        "\n| redis-server 7 (libjemalloc), redis-benchmark SET/GET of {}-byte values, 50 clients, random keys (a million, mostly set first), each run 200k SET + 200k GET; twin servers in turn, each once profiled and once the baseline | requests/s (vs without) | redis-server CPU s a run, with (without) | CPU per request vs without | redis-server's sleeps a run, with (without) | added CPU s over the 4 measured runs: measured / memprobe's report | memprobe's own CPU s, peak RSS |\n|---|---|---|---|---|---|---|\n\
+        "\n| redis-server 7 (libjemalloc), redis-benchmark SET/GET of {}-byte values, 50 clients{}, random keys (a million, mostly set first), each run {}k SET + {}k GET; twin servers in turn, each once profiled and once the baseline | requests/s (vs without) | redis-server CPU s a run, with (without) | CPU per request vs without | redis-server's sleeps a run, with (without) | added CPU s over the 4 measured runs: measured / memprobe's report | memprobe's own CPU s, peak RSS |\n|---|---|---|---|---|---|---|\n\
          | without memprobe (twin B's CPU per request over twin A's, nothing attached: {:.2}x) | {:.0} | {:.2} | 1.00x | {:.0} | - | - |\n",
-        redis.value_bytes,
+        redis.load.value_bytes,
+        match redis.load.pipeline {
+            1 => String::new(),
+            depth => format!(" each pipelining {depth} requests (the server never idle)"),
+        },
+        redis.load.requests() / 1000,
+        redis.load.requests() / 1000,
         plain.without.cpu_per_run() / plain.with.cpu_per_run().max(1e-12),
         (plain.with.rate() + plain.without.rate()) / 2.0,
         (plain.with.cpu_per_run() + plain.without.cpu_per_run()) / 2.0,
@@ -423,10 +445,13 @@ fn own(row: &Row) -> String {
 
 /// One redis-benchmark run's mean requests per second over SET and GET.
 fn requests_per_second(server: Server) -> Result<f64> {
+    let load = server.load;
     let output = Command::new("taskset")
         .args(["-c", "1", "redis-benchmark", "-h", "127.0.0.1"])
-        .args(["-p", server.port, "-t", "set,get", "-n", "200000"])
-        .args(["-d", &server.value_bytes.to_string()])
+        .args(["-p", server.port, "-t", "set,get"])
+        .args(["-n", &load.requests().to_string()])
+        .args(["-d", &load.value_bytes.to_string()])
+        .args(["-P", &load.pipeline.to_string()])
         // Random keys, as real clients' are: with one fixed key every
         // request allocates the same sizes, a cycle the slow path's trial
         // rightly refuses (see README).
