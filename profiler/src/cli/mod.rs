@@ -160,8 +160,9 @@ pub struct Cli {
     pub track: TrackArg,
 
     /// The most a process's probes may cost it, in percent of one CPU
-    /// (measured from its probe hits and the per-hit costs timed on this
-    /// host at start): a process above it for 10 s is written out and
+    /// (estimated from its probe hits and the per-hit costs timed on this
+    /// host at start, with an allowance for what the traps evict from a
+    /// busy process's caches): a process above it for 10 s is written out and
     /// detached, and memprobe says so. `none` for no limit. Not with --all,
     /// whose probes are shared by every process.
     #[arg(long, value_name = "PCT", default_value = "10", value_parser = parse_overhead)]

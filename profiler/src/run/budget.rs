@@ -2,7 +2,8 @@
 //! one CPU for [`SUSTAINED`] in a row gets its profile written and its
 //! probes detached, and memprobe says why: a production process is never
 //! slowed beyond what the user allowed for longer than that. The cost is
-//! its probe hits times the per-hit costs measured on this host. System-wide
+//! its probe hits times the per-hit costs measured on this host, with
+//! [`INDIRECT_ALLOWANCE`] on top. System-wide
 //! probes (`--all`) are shared by every process and cannot be detached
 //! from one: the budget applies to `--pid` and launched processes.
 use std::time::{Duration, Instant};
@@ -15,6 +16,15 @@ use crate::{
 /// How long a process may stay over its budget.
 pub const SUSTAINED: Duration = Duration::from_secs(10);
 
+/// What the budget counts per unit of estimated cost. The calibration times
+/// traps in a tight loop; in a busy server each trap also costs what the
+/// kernel's work evicts from the server's caches, which no tight loop
+/// shows: a saturated redis-server gained up to 1.22x memprobe's estimate
+/// (`cargo xtask bench`, the pipelined redis table).
+/// Counted here, not in the reported cost: a server that sleeps between
+/// requests gains less than the estimate, and the budget must hold for both.
+pub const INDIRECT_ALLOWANCE: f64 = 1.25;
+
 /// One process's recent cost, for the budget.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct BudgetWindow {
@@ -25,9 +35,9 @@ pub struct BudgetWindow {
 }
 
 impl BudgetWindow {
-    /// Takes the process's added seconds so far; returns its share of one
-    /// CPU since the last reading once it has been over `budget` (a
-    /// fraction of one CPU) for [`SUSTAINED`].
+    /// Takes the process's estimated added seconds so far; returns its
+    /// share of one CPU since the last reading, allowance included, once
+    /// that has been over `budget` (a fraction of one CPU) for [`SUSTAINED`].
     pub fn observe(&mut self, now: Instant, added_seconds: f64, budget: f64) -> Option<f64> {
         let previous = self.last.replace((added_seconds, now));
         let (before, then) = previous?;
@@ -35,7 +45,7 @@ impl BudgetWindow {
         if elapsed <= 0.0 {
             return None;
         }
-        let share = (added_seconds - before) / elapsed;
+        let share = (added_seconds - before) / elapsed * INDIRECT_ALLOWANCE;
         if share <= budget {
             self.over_since = None;
             return None;
@@ -81,9 +91,12 @@ impl Session<'_> {
 
     fn detach_over_budget(&mut self, pid: u32, share: f64, budget: f64) {
         let reason = format!(
-            "over budget: its probes cost {:.0}% of a CPU for {} s, above --max-overhead {:.0}%",
+            "over budget: its probes cost {:.0}% of a CPU for {} s ({:.0}% estimated from their \
+             hits, {:.0}% more allowed for the caches they disturb), above --max-overhead {:.0}%",
             share * 100.0,
             SUSTAINED.as_secs(),
+            share / INDIRECT_ALLOWANCE * 100.0,
+            (INDIRECT_ALLOWANCE - 1.0) * 100.0,
             budget * 100.0
         );
         self.snapshot(
@@ -115,7 +128,7 @@ mod tests {
             assert_eq!(window.observe(second(n), 0.5 * n as f64, 0.1), None, "{n}");
         }
         let share = window.observe(second(10), 5.0, 0.1).expect("over for 10 s");
-        assert!((share - 0.5).abs() < 1e-9);
+        assert!((share - 0.5 * INDIRECT_ALLOWANCE).abs() < 1e-9);
         // A quiet second starts the count again.
         let mut window = BudgetWindow::default();
         window.observe(second(0), 0.0, 0.1);
@@ -128,5 +141,23 @@ mod tests {
             assert_eq!(window.observe(second(n), added, 0.1), None, "{n}");
         }
         assert!(window.observe(second(16), 7.5, 0.1).is_some());
+    }
+
+    #[test]
+    fn the_allowance_counts_against_the_budget() {
+        let start = Instant::now();
+        let second = |n: u64| start + Duration::from_secs(n);
+        let over = |estimated: f64| {
+            let mut window = BudgetWindow::default();
+            (0..=10).any(|n| {
+                window
+                    .observe(second(n), estimated * n as f64, 0.1)
+                    .is_some()
+            })
+        };
+        // Estimated at 9% of a CPU: above a 10% budget once traps' effect
+        // on the caches is allowed for; 7% stays under it.
+        assert!(over(0.09));
+        assert!(!over(0.07));
     }
 }

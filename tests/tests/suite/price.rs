@@ -73,6 +73,7 @@ fn a_process_over_its_budget_is_written_out_and_detached() {
         "{reason}"
     );
     assert!(reason.contains("above --max-overhead 5%"), "{reason}");
+    assert!(reason.contains("more allowed for the caches"), "{reason}");
     assert!(
         stderr.contains("probes detached over --max-overhead"),
         "{stderr}"
