@@ -105,6 +105,41 @@ pub fn sites_static_fixture() -> PathBuf {
     })
 }
 
+/// jemalloc as a shared library, built from Debian's libjemalloc_pic.a:
+/// like Debian's libjemalloc.so.2 (the same build, `config.prof` on), but
+/// with its symbol table, so that a test can strip it into a debug file.
+pub fn shared_jemalloc_fixture() -> PathBuf {
+    build_once("libjemalloc_from_pic.so", |out| {
+        let mut command = Command::new("cc");
+        command
+            .args(["-shared", "-Wl,-soname,libjemalloc_from_pic.so", "-o"])
+            .arg(out)
+            .args([
+                "-Wl,--whole-archive",
+                JEMALLOC_STATIC,
+                "-Wl,--no-whole-archive",
+            ])
+            .args(["-lpthread", "-lm", "-ldl", "-lstdc++"]);
+        command
+    })
+}
+
+/// The sites fixture on [`shared_jemalloc_fixture`], which it loads from
+/// its own folder (`$ORIGIN`): a copy elsewhere takes the library there.
+pub fn sites_on_shared_jemalloc_fixture() -> PathBuf {
+    let library = shared_jemalloc_fixture();
+    let folder = library.parent().unwrap().to_str().unwrap().to_owned();
+    build_once("sites_on_shared_jemalloc", |out| {
+        let link = [
+            "-L",
+            &folder,
+            "-l:libjemalloc_from_pic.so",
+            "-Wl,-rpath,$ORIGIN",
+        ];
+        compile("cc", out, "sites.c", &link)
+    })
+}
+
 /// An allocation in an always-inlined function, -O2 with frame pointers.
 pub fn inlined_fixture() -> PathBuf {
     build_once("inlined", |out| {

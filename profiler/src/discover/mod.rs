@@ -18,7 +18,8 @@ use std::{
 use crate::{
     discover::code::{branch_targets, plt_stub_symbol, straight_line_exit},
     discover::elf::FunctionSymbols,
-    discover::entry_points::{EntryPoint, find_allocators},
+    discover::entry_points::{EntryPoint, FoundEntryPoints, find_allocators},
+    discover::own_sampling::OwnSampling,
     discover::placement::Placement,
     error::{Error, Result},
     proc::{FileId, Mapping, proc_path},
@@ -257,15 +258,21 @@ fn read_facts(path: &Path, debug: &DebugLookup<'_>, wanted: &[AllocatorKind]) ->
         };
     };
     // A stripped file with jemalloc linked in: its debug file has the names.
-    if mentions_jemalloc
+    let stripped = mentions_jemalloc
         && !symbols.has_symbol_table
-        && find_allocators(&symbols, &[AllocatorKind::Jemalloc]).is_empty()
-        && let Some(debug_file) = DebugFile::find(path, debug.name, &debug.root, debug.extra_dir)
-        && let Ok(debug_data) = debug_file.read()
-    {
-        let _ = symbols.adopt_debug_symbols(&debug_data);
-    }
+        && find_allocators(&symbols, &[AllocatorKind::Jemalloc]).is_empty();
+    let mut debug_data = stripped.then(|| adopt_debug_file(&mut symbols, path, debug));
     let found = find_allocators(&symbols, wanted);
+    let known_version = fast_path::version(&data).is_some_and(|v| v.starts_with("5.3."));
+    // jemalloc's profiler hooks are local: Debian's stripped library has them in its debug file.
+    let lacks_hooks = |f: &FoundEntryPoints| {
+        f.kind == AllocatorKind::Jemalloc && !OwnSampling::hooks_named(&symbols, &f.prefix)
+    };
+    if known_version && !stripped && found.iter().any(lacks_hooks) {
+        debug_data = Some(adopt_debug_file(&mut symbols, path, debug));
+    }
+    let symbol_file = debug_data.flatten();
+    let symbol_file = symbol_file.as_deref().unwrap_or(&data);
     let entry_addresses: Vec<u64> = found
         .iter()
         .flat_map(|f| &f.entry_points)
@@ -281,8 +288,6 @@ fn read_facts(path: &Path, debug: &DebugLookup<'_>, wanted: &[AllocatorKind]) ->
                     entry.placement = place_probe(&symbols, &data, entry);
                     entry.forwards = may_forward(&symbols, &data, entry, &entry_addresses);
                 }
-                let known_version =
-                    fast_path::version(&data).is_some_and(|v| v.starts_with("5.3."));
                 let fast_path = (found.kind == AllocatorKind::Jemalloc && known_version)
                     .then(|| symbols.function(&format!("{}malloc", found.prefix)))
                     .flatten()
@@ -291,7 +296,7 @@ fn read_facts(path: &Path, debug: &DebugLookup<'_>, wanted: &[AllocatorKind]) ->
                         fast_path::in_file_offsets(&symbols, &data, fast, &found.prefix)
                     });
                 let own_sampling = (found.kind == AllocatorKind::Jemalloc && known_version)
-                    .then(|| own_sampling::OwnSampling::find(&symbols, &data, &found.prefix))
+                    .then(|| OwnSampling::find(&symbols, &data, symbol_file, &found.prefix))
                     .flatten();
                 Arc::new(Allocator {
                     kind: found.kind,
@@ -307,6 +312,18 @@ fn read_facts(path: &Path, debug: &DebugLookup<'_>, wanted: &[AllocatorKind]) ->
         has_symbol_table: symbols.has_symbol_table,
         mentions_jemalloc,
     }
+}
+
+/// Adds the names of `path`'s debug file, if found, to `symbols`; its bytes.
+fn adopt_debug_file(
+    symbols: &mut FunctionSymbols,
+    path: &Path,
+    debug: &DebugLookup<'_>,
+) -> Option<Vec<u8>> {
+    let debug_file = DebugFile::find(path, debug.name, &debug.root, debug.extra_dir)?;
+    let debug_data = debug_file.read().ok()?;
+    symbols.adopt_debug_symbols(&debug_data).ok()?;
+    Some(debug_data)
 }
 
 /// Separates entry points whose straight-line path calls or jumps to another

@@ -4,8 +4,10 @@
 //! object (promoted out of the small size classes, page aligned) always
 //! leaves the inlined free fast path for `free_default` or
 //! `sdallocx_default`. Probing those instead of every call costs a trap per
-//! sample and per slow free, not one per call. Found by name: the build
-//! must keep its symbol table (static Rust and C++ builds usually do).
+//! sample and per slow free, not one per call. Found by name, all local
+//! symbols: in the file's symbol table (static Rust and C++ builds usually
+//! keep it) or in its separate debug file (a stripped build, such as
+//! Debian's libjemalloc.so.2 with its debug package installed).
 use std::{ops::Range, sync::Arc};
 
 use object::{Object, ObjectSymbol};
@@ -56,19 +58,36 @@ pub struct OwnSampling {
 /// one not sampled anew is freed through a slow path later).
 const INNER_FREES: [&str; 3] = ["realloc", "rallocx", "dallocx"];
 
+/// jemalloc's internal names: `je_` after the public prefix (tikv's
+/// `_rjem_je_`), or `je_` alone.
+fn internal_names(prefix: &str, name: &str) -> [String; 2] {
+    [format!("{prefix}je_{name}"), format!("je_{name}")]
+}
+
 impl OwnSampling {
-    /// jemalloc 5.3's profiler hooks in a file, where its symbols name them.
+    /// Whether `symbols` name the hook every sample of jemalloc's profiler
+    /// passes (a build without `config.prof`, or stripped, has none).
+    pub(crate) fn hooks_named(symbols: &FunctionSymbols, prefix: &str) -> bool {
+        internal_names(prefix, "prof_malloc_sample_object")
+            .iter()
+            .any(|name| symbols.function(name).is_some())
+    }
+
+    /// jemalloc 5.3's profiler hooks in a file (`data`), where symbols name
+    /// them: functions in `symbols`, variables in `symbol_file`'s symbol
+    /// table (the file itself, or its separate debug file).
     pub(crate) fn find(
         symbols: &FunctionSymbols,
         data: &[u8],
+        symbol_file: &[u8],
         prefix: &str,
     ) -> Option<OwnSampling> {
         let file = object::File::parse(data).ok()?;
-        // jemalloc's internal names: `je_` after the public prefix (tikv's
-        // `_rjem_je_`), or `je_` alone.
-        let names = |name: &str| [format!("{prefix}je_{name}"), format!("je_{name}")];
+        let named = object::File::parse(symbol_file).ok()?;
+        let names = |name: &str| internal_names(prefix, name);
         let address_of = |full: &str| {
-            file.symbols()
+            named
+                .symbols()
                 .find(|s| s.name() == Ok(full) && !s.is_undefined())
                 .map(|s| s.address())
         };

@@ -1,7 +1,9 @@
 //! Stripped executables with jemalloc linked in statically (C with Debian's
 //! libjemalloc_pic.a, Rust with tikv-jemallocator): their entry points are
 //! found through their separate debug file, and without one the error says
-//! how to give it.
+//! how to give it. And jemalloc's own profiler in stripped builds, static
+//! and shared (as Debian ships libjemalloc): its hooks and switches are
+//! local symbols, named only by the debug file.
 use std::{
     path::{Path, PathBuf},
     process::Command,
@@ -47,20 +49,54 @@ fn folded_bytes(folded: &str, site: &str) -> f64 {
         .sum()
 }
 
-/// Profiles `binary` with `--debug-dir`; its folded stacks.
-fn profile_with_debug_dir(binary: &Path, debug_dir: &Path, out: &Path) -> String {
-    let mut fixture = Fixture::start(binary, &[]);
-    let (heap, _) = profile_workload(
+/// What profiling a stripped program through its debug files gave.
+struct Profiled {
+    folded: String,
+    heap: PathBuf,
+    stderr: String,
+}
+
+/// Profiles `binary`, started with `env`, with `--debug-dir`.
+fn profile_with_debug_dir(
+    binary: &Path,
+    debug_dir: &Path,
+    out: &Path,
+    env: &[(&str, &str)],
+) -> Profiled {
+    let mut fixture = Fixture::start(binary, env);
+    let (heap, stderr) = profile_workload(
         &mut fixture,
         out,
         &[
+            "--verbose",
             "--debug-dir",
             debug_dir.to_str().unwrap(),
             "--format",
             "heap,folded",
         ],
     );
-    std::fs::read_to_string(heap.with_extension("folded")).unwrap()
+    assert!(fixture.finish().success());
+    let folded = std::fs::read_to_string(heap.with_extension("folded")).unwrap();
+    Profiled {
+        folded,
+        heap,
+        stderr,
+    }
+}
+
+/// The C sites fixture's kept sites, within 10%.
+fn assert_sites_kept(folded: &str) {
+    let keep_4k = folded_bytes(folded, "keep_4k");
+    assert_within("keep_4k", keep_4k, 2000.0 * 4096.0, 0.1);
+    assert_within("keep_1m", folded_bytes(folded, "keep_1m"), 16.0 * MIB, 0.1);
+}
+
+/// memprobe took jemalloc's own samples: no allocation call trapped.
+fn assert_own_samples_taken(profiled: &Profiled) {
+    let note = malloc_sampling_note(&profiled.heap);
+    let stderr = &profiled.stderr;
+    assert!(note.contains("jemalloc's own samples"), "{note}\n{stderr}");
+    assert_eq!(summary_count(stderr, " allocation calls"), 0, "{stderr}");
 }
 
 #[test]
@@ -69,14 +105,8 @@ fn stripped_static_jemalloc_is_probed_through_its_debug_file() {
     let out = output_dir("stripped_static_debug");
     let (binary, debug_dir) = strip_keeping_debug(&sites_static_fixture(), &out, "sites_stripped");
     // Found in --debug-dir by the binary's debuglink name (CRC checked).
-    let folded = profile_with_debug_dir(&binary, &debug_dir, &out);
-    assert_within(
-        "keep_4k",
-        folded_bytes(&folded, "keep_4k"),
-        2000.0 * 4096.0,
-        0.1,
-    );
-    assert_within("keep_1m", folded_bytes(&folded, "keep_1m"), 16.0 * MIB, 0.1);
+    let profiled = profile_with_debug_dir(&binary, &debug_dir, &out, &[]);
+    assert_sites_kept(&profiled.folded);
 }
 
 #[test]
@@ -95,11 +125,48 @@ fn stripped_rust_binary_on_tikv_jemallocator_is_probed_through_its_debug_file() 
         "{stderr}"
     );
     drop(fixture);
-    let folded = profile_with_debug_dir(&binary, &debug_dir, &out);
-    assert_within(
-        "keep_vectors",
-        folded_bytes(&folded, "keep_vectors"),
-        RUST_KEPT_BYTES,
-        0.1,
+    let profiled = profile_with_debug_dir(&binary, &debug_dir, &out, &[]);
+    let kept = folded_bytes(&profiled.folded, "keep_vectors");
+    assert_within("keep_vectors", kept, RUST_KEPT_BYTES, 0.1);
+}
+
+#[test]
+fn jemallocs_own_samples_in_a_stripped_static_binary() {
+    let _guard = shared();
+    let out = output_dir("stripped_rust_own_samples");
+    let (binary, debug_dir) = strip_keeping_debug(&rust_prof_fixture(), &out, "rust_prof");
+    let env = [("_RJEM_MALLOC_CONF", "prof:true,lg_prof_sample:12")];
+    let profiled = profile_with_debug_dir(&binary, &debug_dir, &out, &env);
+    assert_own_samples_taken(&profiled);
+    let kept = folded_bytes(&profiled.folded, "keep_vectors");
+    assert_within("keep_vectors", kept, RUST_KEPT_BYTES, 0.1);
+}
+
+/// A jemalloc shared library stripped as distributions ship it, its
+/// exported entry points in its dynamic symbol table and the rest in its
+/// debug file, under the sites program (which finds it next to itself).
+#[test]
+fn jemallocs_own_samples_in_a_stripped_shared_library() {
+    let _guard = shared();
+    let out = output_dir("stripped_shared_own_samples");
+    let program = out.join("sites");
+    std::fs::copy(sites_on_shared_jemalloc_fixture(), &program).unwrap();
+    let library = shared_jemalloc_fixture();
+    let name = library.file_name().unwrap().to_str().unwrap();
+    let (_, debug_dir) = strip_keeping_debug(&library, &out, name);
+    let env = [("MALLOC_CONF", "prof:true,lg_prof_sample:13")];
+    let profiled = profile_with_debug_dir(&program, &debug_dir, &out, &env);
+    let hook = format!(
+        "je_prof_malloc_sample_object at {}+",
+        out.join(name).display()
     );
+    assert!(profiled.stderr.contains(&hook), "{}", profiled.stderr);
+    assert_own_samples_taken(&profiled);
+    // The bytes in use in all, whatever their stacks: keep_4k's samples
+    // come in one burst that fills the ring buffer's half, and a sample
+    // sent without its stack copy is walked by frame pointers, which
+    // Debian's jemalloc, where its samples are taken, does not keep (the
+    // summary counts them). The Rust test above checks sites.
+    let in_use = folded_bytes(&profiled.folded, "");
+    assert_within("bytes in use", in_use, 2000.0 * 4096.0 + 16.0 * MIB, 0.1);
 }
