@@ -6,6 +6,7 @@ mod attach;
 mod budget;
 pub mod calibrate;
 pub mod cost;
+mod drain;
 mod growth;
 pub mod launch;
 mod options;
@@ -40,11 +41,7 @@ pub use status::{ProcessSummary, Summary, summary_lines};
 use crate::{
     discover::{AllocatorCache, AllocatorKind, Found, allocators_in_file},
     error::{Error, Result},
-    kernel::{
-        KernelProbes, Scope,
-        events::{Event, decode},
-        features,
-    },
+    kernel::{KernelProbes, Scope, features},
     output::files::OutputDir,
     proc::{FileId, command_name, parse_maps, read_maps},
     run::{
@@ -429,55 +426,6 @@ impl Session<'_> {
             .filter(|t| !t.exited)
             .map(|t| t.pid)
             .collect()
-    }
-
-    fn drain(&mut self, ring: &mut RingBuf<MapData>) {
-        while let Some(record) = ring.next() {
-            let Some(mut event) = decode(&record) else {
-                continue;
-            };
-            let pid = event.header().pid;
-            // System-wide probes see processes before the next scan does;
-            // memprobe's own allocations (glibc's, probed with `--all`) are
-            // not profiled.
-            if !self.tracked.contains_key(&pid)
-                && matches!(self.options.targets, Targets::All)
-                && pid != std::process::id()
-            {
-                let maps = read_maps(pid).unwrap_or_default();
-                self.track(pid, maps);
-            }
-            let Some(t) = self.tracked.get_mut(&pid) else {
-                continue;
-            };
-            if t.comes_from_unmapped_code(&event) {
-                t.set_maps(read_maps(pid).ok());
-            }
-            let fast_path = self.probes.frame_pointer_fast_path();
-            if let Some(trusted) = t.stacks.complete(&mut event, fast_path, &mut t.heap.drops) {
-                self.probes.trust_frame_pointers(pid, trusted);
-            }
-            if let Event::Sampled {
-                header,
-                allocator,
-                frames,
-                interval,
-                copy,
-                ..
-            } = &mut event
-                && let Some(probe) = self.probes.attached.get(header.probe as usize)
-            {
-                *allocator = probe.allocator;
-                *copy = probe.instance;
-                if probe.shape == profiler_common::CallShape::OwnSample {
-                    *interval = own_sampling::own_interval(&t.watched, probe.instance);
-                }
-                if let Some(own_code) = &probe.own_code {
-                    t.drop_allocator_frames(&probe.path, own_code, frames);
-                }
-            }
-            t.heap.apply(event);
-        }
     }
 }
 
