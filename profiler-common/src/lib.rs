@@ -139,6 +139,9 @@ pub mod event_kind {
     pub const RESIZE: u32 = 4;
     /// An [`AllocStackEvent`](crate::AllocStackEvent).
     pub const ALLOC_WITH_STACK: u32 = 5;
+    /// An [`AllocStackEvent`](crate::AllocStackEvent) with
+    /// [`SMALL_STACK_COPY_BYTES`](crate::SMALL_STACK_COPY_BYTES) of stack.
+    pub const ALLOC_WITH_SMALL_STACK: u32 = 6;
 }
 
 /// Common head of every ring-buffer record.
@@ -182,15 +185,16 @@ pub struct AllocEvent {
 }
 
 /// A sampled allocation call with a copy of its user stack, for DWARF
-/// unwinding in userspace (kind [`event_kind::ALLOC_WITH_STACK`]).
+/// unwinding in userspace (kind [`event_kind::ALLOC_WITH_STACK`], or
+/// [`event_kind::ALLOC_WITH_SMALL_STACK`] with a small copy).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
-pub struct AllocStackEvent {
+pub struct AllocStackEvent<const N: usize = STACK_COPY_BYTES> {
     pub alloc: AllocEvent,
     /// How many bytes of `stack_copy` were read (0 when none could be).
     pub stack_copy_bytes: u64,
     /// The user stack from `alloc.regs.sp` up.
-    pub stack_copy: [u8; STACK_COPY_BYTES],
+    pub stack_copy: [u8; N],
 }
 
 /// The registers DWARF unwinding needs on x86-64.
@@ -208,6 +212,11 @@ pub struct UserRegs {
 pub const STACK_COPY_BYTES: usize = 16384;
 pub const STACK_COPY_PAGE: usize = 4096;
 pub const STACK_COPY_PAGES: usize = STACK_COPY_BYTES / STACK_COPY_PAGE;
+/// Bytes of user stack copied with a sample when the ring buffer is too busy
+/// for a whole copy: the frames nearest the call, which a frame-pointer walk
+/// gets wrong in code without frame pointers (jemalloc's, where its own
+/// samples are taken), at an eighth of the ring's space.
+pub const SMALL_STACK_COPY_BYTES: usize = 2048;
 
 /// The pointer a sampled allocation call returned (0 when it failed).
 #[repr(C)]
@@ -364,10 +373,13 @@ pub enum Counter {
     Crossings = 11,
     /// Slow-path calls for a thread-cache refill: not counted.
     Refills = 12,
+    /// Samples sent with a small stack copy because the ring buffer was
+    /// too busy for a whole one.
+    SmallStackCopies = 13,
 }
 
 impl Counter {
-    pub const COUNT: u32 = 13;
+    pub const COUNT: u32 = 14;
     pub const ALL: [Counter; Self::COUNT as usize] = [
         Counter::AllocCalls,
         Counter::SampledCalls,
@@ -382,6 +394,7 @@ impl Counter {
         Counter::InnerCalls,
         Counter::Crossings,
         Counter::Refills,
+        Counter::SmallStackCopies,
     ];
 }
 

@@ -15,7 +15,8 @@ use aya_ebpf::{
 };
 use profiler_common::{
     AllocEvent, AllocStackEvent, Counter, FP_CHECK_ONE_IN, MAX_STACK_DEPTH, PendingCall,
-    STACK_COPY_BYTES, STACK_COPY_PAGE, STACK_COPY_PAGES, UserRegs, cookie, event_kind,
+    SMALL_STACK_COPY_BYTES, STACK_COPY_BYTES, STACK_COPY_PAGE, STACK_COPY_PAGES, UserRegs, cookie,
+    event_kind,
 };
 
 use crate::{
@@ -98,26 +99,19 @@ pub(crate) fn record_allocation(
             core::ptr::read_volatile(&RING_BUSY_BYTES),
         )
     };
+    let sizes = (size, align, window);
     if copy && !frame_pointers_suffice(id) {
-        if EVENTS.query(BPF_RB_AVAIL_DATA as u64) <= busy_bytes
-            && let Some(mut entry) = EVENTS.reserve::<AllocStackEvent>(0)
+        let queued = EVENTS.query(BPF_RB_AVAIL_DATA as u64);
+        if queued <= busy_bytes && send_with_stack::<STACK_COPY_BYTES>(ctx, id, sizes) {
+            thread.expect_return(ctx);
+            return true;
+        }
+        // Busy: a small copy still unwinds the frames nearest the call,
+        // until the ring is three quarters full.
+        if queued <= busy_bytes + busy_bytes / 2
+            && send_with_stack::<SMALL_STACK_COPY_BYTES>(ctx, id, sizes)
         {
-            let event = entry.as_mut_ptr();
-            // SAFETY: `event` points at reserved ring-buffer memory of the
-            // right size; written in place, too big for the BPF stack.
-            unsafe {
-                let sp = (*ctx.regs).rsp;
-                fill_alloc(
-                    ctx,
-                    id,
-                    (size, align, window),
-                    event_kind::ALLOC_WITH_STACK,
-                    addr_of_mut!((*event).alloc),
-                );
-                let copied = copy_stack(addr_of_mut!((*event).stack_copy) as *mut u8, sp);
-                addr_of_mut!((*event).stack_copy_bytes).write(copied);
-            }
-            entry.submit(0);
+            count(Counter::SmallStackCopies);
             thread.expect_return(ctx);
             return true;
         }
@@ -128,11 +122,40 @@ pub(crate) fn record_allocation(
         let _ = PENDING.remove(id);
         return false;
     };
-    // SAFETY: as above.
-    let sizes = (size, align, window);
+    // SAFETY: `entry` is reserved ring-buffer memory for an `AllocEvent`.
     unsafe { fill_alloc(ctx, id, sizes, event_kind::ALLOC, entry.as_mut_ptr()) };
     entry.submit(0);
     thread.expect_return(ctx);
+    true
+}
+
+/// Sends a sampled call with `N` bytes of its stack (the whole copy, or the
+/// small one); false if the ring buffer had no room.
+#[inline(always)]
+fn send_with_stack<const N: usize>(ctx: &ProbeContext, id: u64, sizes: (u64, u64, u64)) -> bool {
+    let Some(mut entry) = EVENTS.reserve::<AllocStackEvent<N>>(0) else {
+        return false;
+    };
+    let kind = if N == STACK_COPY_BYTES {
+        event_kind::ALLOC_WITH_STACK
+    } else {
+        event_kind::ALLOC_WITH_SMALL_STACK
+    };
+    let event = entry.as_mut_ptr();
+    // SAFETY: `event` points at reserved ring-buffer memory of the right
+    // size; written in place, too big for the BPF stack.
+    unsafe {
+        let sp = (*ctx.regs).rsp;
+        fill_alloc(ctx, id, sizes, kind, addr_of_mut!((*event).alloc));
+        let buffer = addr_of_mut!((*event).stack_copy) as *mut u8;
+        let copied = if N == STACK_COPY_BYTES {
+            copy_stack(buffer, sp)
+        } else {
+            copy_small_stack(buffer, sp)
+        };
+        addr_of_mut!((*event).stack_copy_bytes).write(copied);
+    }
+    entry.submit(0);
     true
 }
 
@@ -195,6 +218,24 @@ pub(crate) unsafe fn fill_alloc(
         });
     }
 }
+/// Copies [`SMALL_STACK_COPY_BYTES`] of user stack from `sp` into `buffer`,
+/// or, where the stack ends sooner, up to the page boundary. Returns how
+/// many bytes were copied.
+#[inline(always)]
+fn copy_small_stack(buffer: *mut u8, sp: u64) -> u64 {
+    const SMALL: u64 = SMALL_STACK_COPY_BYTES as u64;
+    let read = |len: u64| {
+        // SAFETY: `len` <= SMALL, the buffer's size; the helper faults safely.
+        unsafe { bpf_probe_read_user_raw(buffer as *mut c_void, len as u32, sp as *const c_void) }
+    };
+    if read(SMALL) >= 0 {
+        return SMALL;
+    }
+    let to_page_end = STACK_COPY_PAGE as u64 - (sp & (STACK_COPY_PAGE as u64 - 1));
+    let first = to_page_end.min(SMALL);
+    if read(first) >= 0 { first } else { 0 }
+}
+
 /// Copies the user stack from `sp` up into `buffer` (STACK_COPY_BYTES long):
 /// up to the next page boundary, then whole pages, stopping at the first
 /// page that cannot be read (the stack's end, or a page not resident).

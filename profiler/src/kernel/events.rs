@@ -5,7 +5,7 @@ use crate::discover::AllocatorKind;
 
 use profiler_common::{
     AllocEvent, AllocReturnEvent, AllocStackEvent, EventHeader, FreeEvent, MAX_STACK_DEPTH,
-    ResizeEvent, STACK_COPY_BYTES, UserRegs, event_kind,
+    ResizeEvent, SMALL_STACK_COPY_BYTES, STACK_COPY_BYTES, UserRegs, event_kind,
 };
 
 #[derive(Clone, Debug, PartialEq)]
@@ -73,20 +73,24 @@ fn read<T: Copy>(bytes: &[u8]) -> Option<T> {
     (bytes.len() >= size_of::<T>()).then(|| unsafe { bytes.as_ptr().cast::<T>().read_unaligned() })
 }
 
+/// A sampled call with `N` bytes of its stack copied.
+fn with_stack<const N: usize>(header: EventHeader, bytes: &[u8]) -> Option<Event> {
+    let event: AllocStackEvent<N> = read(bytes)?;
+    let copied = (event.stack_copy_bytes as usize).min(N);
+    let stack_copy = (copied > 0).then(|| StackCopy {
+        regs: event.alloc.regs,
+        bytes: event.stack_copy[..copied].to_vec(),
+    });
+    Some(sampled(header, &event.alloc, stack_copy))
+}
+
 /// Decodes one record; `None` for a record of unknown kind or short length.
 pub fn decode(bytes: &[u8]) -> Option<Event> {
     let header: EventHeader = read(bytes)?;
     Some(match header.kind {
         event_kind::ALLOC => sampled(header, &read(bytes)?, None),
-        event_kind::ALLOC_WITH_STACK => {
-            let event: AllocStackEvent = read(bytes)?;
-            let copied = (event.stack_copy_bytes as usize).min(STACK_COPY_BYTES);
-            let stack_copy = (copied > 0).then(|| StackCopy {
-                regs: event.alloc.regs,
-                bytes: event.stack_copy[..copied].to_vec(),
-            });
-            sampled(header, &event.alloc, stack_copy)
-        }
+        event_kind::ALLOC_WITH_STACK => with_stack::<STACK_COPY_BYTES>(header, bytes)?,
+        event_kind::ALLOC_WITH_SMALL_STACK => with_stack::<SMALL_STACK_COPY_BYTES>(header, bytes)?,
         event_kind::ALLOC_RETURN => {
             let event: AllocReturnEvent = read(bytes)?;
             Event::Returned {
@@ -211,5 +215,38 @@ mod tests {
         }
         assert_eq!(decode(&bytes[..20]), None);
         assert_eq!(decode(&[0xff; 64]), None);
+    }
+
+    #[test]
+    fn a_small_stack_copy_decodes_with_the_bytes_it_holds() {
+        let mut alloc = alloc_event(0x1111, &[0xa000]);
+        alloc.header.kind = event_kind::ALLOC_WITH_SMALL_STACK;
+        alloc.regs.sp = 0x7ff0_0000;
+        let event = AllocStackEvent::<SMALL_STACK_COPY_BYTES> {
+            alloc,
+            stack_copy_bytes: 100,
+            stack_copy: [7; SMALL_STACK_COPY_BYTES],
+        };
+        // SAFETY: viewing a POD struct as bytes.
+        let bytes = unsafe {
+            std::slice::from_raw_parts(
+                (&event as *const AllocStackEvent<SMALL_STACK_COPY_BYTES>).cast::<u8>(),
+                size_of_val(&event),
+            )
+        };
+        match decode(bytes) {
+            Some(Event::Sampled {
+                stack_copy: Some(copy),
+                ..
+            }) => {
+                assert_eq!(copy.bytes, [7; 100]);
+                assert_eq!(copy.regs.sp, 0x7ff0_0000);
+            }
+            other => panic!("{other:?}"),
+        }
+        // A whole copy's kind needs a whole copy's length.
+        let mut whole = bytes.to_vec();
+        whole[..4].copy_from_slice(&event_kind::ALLOC_WITH_STACK.to_ne_bytes());
+        assert_eq!(decode(&whole), None);
     }
 }

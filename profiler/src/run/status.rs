@@ -239,8 +239,12 @@ fn kernel_drops_line(counters: &KernelCounters) -> Option<String> {
         (Counter::PendingFull, "pending table full"),
         (Counter::StackErrors, "stack unreadable"),
         (
+            Counter::SmallStackCopies,
+            "sent with a small stack copy (ring buffer over half full)",
+        ),
+        (
             Counter::StackCopiesSkipped,
-            "sent without a stack copy (ring buffer over half full; frame pointers only)",
+            "sent without a stack copy (ring buffer three quarters full; frame pointers only)",
         ),
     ];
     let dropped: Vec<String> = kernel_drops

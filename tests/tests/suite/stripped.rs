@@ -154,7 +154,10 @@ fn jemallocs_own_samples_in_a_stripped_shared_library() {
     let library = shared_jemalloc_fixture();
     let name = library.file_name().unwrap().to_str().unwrap();
     let (_, debug_dir) = strip_keeping_debug(&library, &out, name);
-    let env = [("MALLOC_CONF", "prof:true,lg_prof_sample:13")];
+    // keep_4k's samples come in one burst that fills the ring buffer past
+    // half: those go with a small stack copy, which still unwinds through
+    // Debian's jemalloc (no frame pointers) to the site.
+    let env = [("MALLOC_CONF", "prof:true,lg_prof_sample:12")];
     let profiled = profile_with_debug_dir(&program, &debug_dir, &out, &env);
     let hook = format!(
         "je_prof_malloc_sample_object at {}+",
@@ -162,11 +165,5 @@ fn jemallocs_own_samples_in_a_stripped_shared_library() {
     );
     assert!(profiled.stderr.contains(&hook), "{}", profiled.stderr);
     assert_own_samples_taken(&profiled);
-    // The bytes in use in all, whatever their stacks: keep_4k's samples
-    // come in one burst that fills the ring buffer's half, and a sample
-    // sent without its stack copy is walked by frame pointers, which
-    // Debian's jemalloc, where its samples are taken, does not keep (the
-    // summary counts them). The Rust test above checks sites.
-    let in_use = folded_bytes(&profiled.folded, "");
-    assert_within("bytes in use", in_use, 2000.0 * 4096.0 + 16.0 * MIB, 0.1);
+    assert_sites_kept(&profiled.folded);
 }
