@@ -11,7 +11,6 @@ use super::{
     SLOW_PATH_KEPT,
     attached::{Attached, TRIAL_WARMUP, best_of_three, start_timed, wait_ns},
 };
-use crate::{run_command, workspace_root};
 
 /// What memprobe says when it takes jemalloc's own samples.
 const OWN_SAMPLES: &str = "jemalloc's own samples";
@@ -24,25 +23,10 @@ pub(super) struct OwnProfiler {
     inactive: f64,
 }
 
-/// The fixture, built as the tests build it (the same target folder).
-fn build_fixture() -> Result<std::path::PathBuf> {
-    let root = workspace_root();
-    let target = root.join("target/fixtures/rust-prof");
-    run_command(
-        Command::new("cargo")
-            .args(["build", "--release", "--quiet", "--features", "profiling"])
-            .arg("--manifest-path")
-            .arg(root.join("tests/fixtures/rust-jemalloc/Cargo.toml"))
-            .arg("--target-dir")
-            .arg(&target)
-            .env("RUSTFLAGS", "-C force-frame-pointers=yes"),
-    )?;
-    Ok(target.join("release/rust-jemalloc-fixture"))
-}
-
 pub(super) fn own_profiler(memprobe: &Path, profiles_dir: &str) -> Result<OwnProfiler> {
     eprintln!("bench: a loop running jemalloc's own profiler (prof:true), attached with --pid");
-    let fixture = build_fixture()?;
+    // Built as the tests build it, into the same target folder.
+    let fixture = tests::rust_prof_fixture();
     let command = |conf: &str| {
         let mut command = Command::new(&fixture);
         command
