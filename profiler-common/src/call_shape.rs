@@ -26,12 +26,17 @@ pub enum CallShape {
     /// an allocation jemalloc's own profiler (`prof:true`) sampled, its
     /// pointer already known.
     OwnSample,
+    /// `realloc` or `rallocx` where jemalloc's own profiler samples: old
+    /// pointer, then size. Only the free of the old pointer is followed,
+    /// and undone if the call fails.
+    FreeInResize,
 }
 
 impl CallShape {
-    pub const ALL: [CallShape; 11] = [
+    pub const ALL: [CallShape; 12] = [
         CallShape::SlowPath,
         CallShape::OwnSample,
+        CallShape::FreeInResize,
         CallShape::SizeArg0,
         CallShape::SizeArg1,
         CallShape::Calloc,
@@ -62,6 +67,7 @@ impl CallShape {
             CallShape::Free => (programs::FREE_ARG0, None),
             CallShape::SlowPath => (programs::ALLOC_SLOW_PATH, Some(session::SLOW_PATH)),
             CallShape::OwnSample => (programs::OWN_SAMPLE, None),
+            CallShape::FreeInResize => (programs::FREE_IN_RESIZE, Some(session::FREE_IN_RESIZE)),
         }
     }
 
@@ -80,6 +86,9 @@ impl CallShape {
 
     /// Shapes whose entry point allocates (for reports).
     pub const fn allocates(self) -> bool {
-        !matches!(self, CallShape::Free | CallShape::Xallocx)
+        !matches!(
+            self,
+            CallShape::Free | CallShape::Xallocx | CallShape::FreeInResize
+        )
     }
 }

@@ -81,10 +81,12 @@ pub mod programs {
     pub const CALL_RETURN: &str = "call_return";
     pub const ALLOC_SLOW_PATH: &str = "alloc_slow_path";
     pub const OWN_SAMPLE: &str = "own_sample";
+    pub const FREE_IN_RESIZE: &str = "free_in_resize";
     /// Every plain uprobe program.
-    pub const ALL: [&str; 12] = [
+    pub const ALL: [&str; 13] = [
         ALLOC_SLOW_PATH,
         OWN_SAMPLE,
+        FREE_IN_RESIZE,
         ALLOC_SIZE_ARG0,
         ALLOC_SIZE_ARG1,
         ALLOC_CALLOC,
@@ -110,8 +112,10 @@ pub mod programs {
         pub const RALLOCX: &str = "session_rallocx";
         pub const XALLOCX: &str = "session_xallocx";
         pub const SLOW_PATH: &str = "session_slow_path";
-        pub const ALL: [&str; 9] = [
+        pub const FREE_IN_RESIZE: &str = "session_free_in_resize";
+        pub const ALL: [&str; 10] = [
             SLOW_PATH,
+            FREE_IN_RESIZE,
             SIZE_ARG0,
             SIZE_ARG1,
             CALLOC,
@@ -142,6 +146,12 @@ pub mod event_kind {
     /// An [`AllocStackEvent`](crate::AllocStackEvent) with
     /// [`SMALL_STACK_COPY_BYTES`](crate::SMALL_STACK_COPY_BYTES) of stack.
     pub const ALLOC_WITH_SMALL_STACK: u32 = 6;
+    /// A [`FreeEvent`](crate::FreeEvent): a sampled pointer passed to
+    /// `realloc` or `rallocx`, freed unless the call fails ([`RESTORED`]).
+    pub const FREE_IN_RESIZE: u32 = 7;
+    /// A [`FreeEvent`](crate::FreeEvent): the `realloc` or `rallocx` that
+    /// freed this thread's sampled pointer failed; the pointer is live again.
+    pub const RESTORED: u32 = 8;
 }
 
 /// Common head of every ring-buffer record.
@@ -182,6 +192,12 @@ pub struct AllocEvent {
     /// its previous crossing, which this call's sample stands for (0 for a
     /// call sampled by its own size).
     pub window: u64,
+    /// Where this thread's call in flight had its return address replaced
+    /// by the kernel's uretprobe trampoline for memprobe's return half (a
+    /// `realloc` around jemalloc's own sample), and that address; 0, 0
+    /// when none.
+    pub hijacked_slot: u64,
+    pub hijacked_return: u64,
 }
 
 /// A sampled allocation call with a copy of its user stack, for DWARF
@@ -229,7 +245,7 @@ pub struct AllocReturnEvent {
     pub untracked: u64,
 }
 
-/// A sampled pointer was freed (or moved away by a realloc).
+/// A sampled pointer was freed (or moved away by a realloc), or restored.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct FreeEvent {
@@ -255,6 +271,10 @@ pub struct ThreadState {
     /// `rsp` at the return of this thread's sampled call in flight (0 when
     /// none): how a uprobe session program tells its return half apart.
     pub return_sp: u64,
+    /// The return address that call's return half replaces with the
+    /// kernel's trampoline (at `return_sp - 8`), where samples taken inside
+    /// the call need it; 0 when not known.
+    pub hijacked_return: u64,
     /// The last call of this thread to an entry point that may pass its
     /// call on to another probed entry point (glibc's realloc calling
     /// malloc): that inner call must not be counted again.
@@ -317,7 +337,9 @@ pub struct PendingCall {
     /// One of [`pending_kind`].
     pub kind: u64,
     /// For `posix_memalign`: where the pointer is stored. For `xallocx`: the
-    /// pointer being resized.
+    /// pointer being resized. For a sampled `realloc` or `rallocx`
+    /// (`RETURNED_POINTER`): its old pointer if that was sampled too, to
+    /// restore if the call fails; else 0.
     pub addr: u64,
 }
 
@@ -328,6 +350,9 @@ pub mod pending_kind {
     pub const STORED_POINTER: u64 = 2;
     /// `xallocx` of the sampled pointer at `addr`; the return value is its new size.
     pub const RESIZE: u64 = 3;
+    /// `realloc` or `rallocx` of the sampled pointer at `addr`, the call
+    /// itself not sampled: a null return means it failed and `addr` lives on.
+    pub const RESTORE_IF_FAILED: u64 = 4;
 }
 
 /// Key of the kernel's set of sampled pointers: pointers are only unique

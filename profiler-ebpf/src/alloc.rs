@@ -102,14 +102,14 @@ pub(crate) fn record_allocation(
     let sizes = (size, align, window);
     if copy && !frame_pointers_suffice(id) {
         let queued = EVENTS.query(BPF_RB_AVAIL_DATA as u64);
-        if queued <= busy_bytes && send_with_stack::<STACK_COPY_BYTES>(ctx, id, sizes) {
+        if queued <= busy_bytes && send_with_stack::<STACK_COPY_BYTES>(ctx, thread, sizes) {
             thread.expect_return(ctx);
             return true;
         }
         // Busy: a small copy still unwinds the frames nearest the call,
         // until the ring is three quarters full.
         if queued <= busy_bytes + busy_bytes / 2
-            && send_with_stack::<SMALL_STACK_COPY_BYTES>(ctx, id, sizes)
+            && send_with_stack::<SMALL_STACK_COPY_BYTES>(ctx, thread, sizes)
         {
             count(Counter::SmallStackCopies);
             thread.expect_return(ctx);
@@ -123,7 +123,7 @@ pub(crate) fn record_allocation(
         return false;
     };
     // SAFETY: `entry` is reserved ring-buffer memory for an `AllocEvent`.
-    unsafe { fill_alloc(ctx, id, sizes, event_kind::ALLOC, entry.as_mut_ptr()) };
+    unsafe { fill_alloc(ctx, thread, sizes, event_kind::ALLOC, entry.as_mut_ptr()) };
     entry.submit(0);
     thread.expect_return(ctx);
     true
@@ -132,7 +132,11 @@ pub(crate) fn record_allocation(
 /// Sends a sampled call with `N` bytes of its stack (the whole copy, or the
 /// small one); false if the ring buffer had no room.
 #[inline(always)]
-fn send_with_stack<const N: usize>(ctx: &ProbeContext, id: u64, sizes: (u64, u64, u64)) -> bool {
+fn send_with_stack<const N: usize>(
+    ctx: &ProbeContext,
+    thread: &Thread,
+    sizes: (u64, u64, u64),
+) -> bool {
     let Some(mut entry) = EVENTS.reserve::<AllocStackEvent<N>>(0) else {
         return false;
     };
@@ -146,7 +150,7 @@ fn send_with_stack<const N: usize>(ctx: &ProbeContext, id: u64, sizes: (u64, u64
     // size; written in place, too big for the BPF stack.
     unsafe {
         let sp = (*ctx.regs).rsp;
-        fill_alloc(ctx, id, sizes, kind, addr_of_mut!((*event).alloc));
+        fill_alloc(ctx, thread, sizes, kind, addr_of_mut!((*event).alloc));
         let buffer = addr_of_mut!((*event).stack_copy) as *mut u8;
         let copied = if N == STACK_COPY_BYTES {
             copy_stack(buffer, sp)
@@ -184,7 +188,7 @@ pub(crate) fn frame_pointers_suffice(id: u64) -> bool {
 #[inline(always)]
 pub(crate) unsafe fn fill_alloc(
     ctx: &ProbeContext,
-    id: u64,
+    thread: &Thread,
     (size, align, window): (u64, u64, u64),
     kind: u32,
     event: *mut AllocEvent,
@@ -192,8 +196,19 @@ pub(crate) unsafe fn fill_alloc(
     let cookie = probe_cookie(ctx);
     let args = Args::of(ctx);
     let return_address = args.stack_pointer + cookie::return_address_offset(cookie);
-    // SAFETY: the caller guarantees `event`; helpers fault safely.
+    // SAFETY: the caller guarantees `event`; helpers fault safely; the
+    // thread's entry is only written by this thread.
     unsafe {
+        let (return_sp, hijacked_return) =
+            ((*thread.state).return_sp, (*thread.state).hijacked_return);
+        let hijacked_slot = if hijacked_return != 0 {
+            return_sp - 8
+        } else {
+            0
+        };
+        addr_of_mut!((*event).hijacked_slot).write(hijacked_slot);
+        addr_of_mut!((*event).hijacked_return).write(hijacked_return);
+        let id = thread.id;
         addr_of_mut!((*event).header).write(header(kind, id, cookie::probe_index(cookie)));
         addr_of_mut!((*event).size).write(size);
         addr_of_mut!((*event).align).write(align);

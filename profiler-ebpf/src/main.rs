@@ -24,7 +24,9 @@ use aya_ebpf::{
 };
 use maps::PENDING;
 use profiler_common::{PendingCall, pending_kind};
-use release::{finish_allocation, on_free, on_resize_entry, on_return};
+use release::{
+    expect_restore, finish_allocation, on_free, on_free_in_resize, on_resize_entry, on_return,
+};
 use sampling::{Args, Thread, count_hit, probe_cookie, session};
 use slow_path::on_slow_path;
 
@@ -103,6 +105,15 @@ entry_point!(
 );
 
 entry_point!(
+    /// realloc and rallocx where jemalloc's own profiler samples (its
+    /// samples come from `own_sample`): a free of the first argument,
+    /// undone at the return if the call fails.
+    free_in_resize,
+    session_free_in_resize,
+    free_in_resize_entry
+);
+
+entry_point!(
     /// jemalloc's malloc_default: the slow path of malloc and operator new.
     alloc_slow_path,
     session_slow_path,
@@ -140,8 +151,28 @@ fn calloc(ctx: &ProbeContext, thread: &Thread) -> bool {
 #[inline(always)]
 fn realloc(ctx: &ProbeContext, thread: &Thread) -> bool {
     let args = Args::of(ctx);
-    on_free(ctx, args.arg(0));
-    on_allocation(ctx, thread, args.arg(1), 0, returned_pointer())
+    resize(ctx, thread, args.arg(0), args.arg(1), 0)
+}
+
+/// realloc and rallocx: a free of `ptr` (undone if the call fails), then
+/// an allocation of `size`. Returns whether the return half is needed.
+#[inline(always)]
+fn resize(ctx: &ProbeContext, thread: &Thread, ptr: u64, size: u64, align: u64) -> bool {
+    let restorable = on_free_in_resize(ctx, ptr, size);
+    let pending = PendingCall {
+        kind: pending_kind::RETURNED_POINTER,
+        addr: if restorable { ptr } else { 0 },
+    };
+    on_allocation(ctx, thread, size, align, pending)
+        || (restorable && expect_restore(ctx, thread, ptr))
+}
+
+#[inline(always)]
+fn free_in_resize_entry(ctx: &ProbeContext, thread: &Thread) -> bool {
+    sampling::count_entry(ctx);
+    let args = Args::of(ctx);
+    let ptr = args.arg(0);
+    on_free_in_resize(ctx, ptr, args.arg(1)) && expect_restore(ctx, thread, ptr)
 }
 
 #[inline(always)]
@@ -164,9 +195,8 @@ fn mallocx(ctx: &ProbeContext, thread: &Thread) -> bool {
 #[inline(always)]
 fn rallocx(ctx: &ProbeContext, thread: &Thread) -> bool {
     let args = Args::of(ctx);
-    on_free(ctx, args.arg(0));
     let align = sampling::mallocx_alignment(args.arg(2));
-    on_allocation(ctx, thread, args.arg(1), align, returned_pointer())
+    resize(ctx, thread, args.arg(0), args.arg(1), align)
 }
 
 #[inline(always)]
@@ -196,10 +226,15 @@ pub fn own_sample(ctx: ProbeContext) -> u32 {
     count_hit(&ctx);
     let args = Args::of(&ctx);
     let (ptr, usable) = (args.arg(1), args.arg(3));
+    // Inside a probed realloc: its return half must still be recognised.
+    // SAFETY: the entry belongs to this thread; only this thread writes it.
+    let in_flight = unsafe { ((*thread.state).return_sp, (*thread.state).hijacked_return) };
     if record_allocation(&ctx, &thread, usable, 0, returned_pointer(), 0) {
         let _ = PENDING.remove(thread.id);
         finish_allocation(thread.id, probe_cookie(&ctx), ptr);
     }
+    // SAFETY: as above.
+    unsafe { ((*thread.state).return_sp, (*thread.state).hijacked_return) = in_flight };
     0
 }
 

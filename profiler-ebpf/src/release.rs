@@ -27,28 +27,83 @@ pub(crate) fn live_key(id: u64, cookie: u64, ptr: u64) -> LiveKey {
 /// A free: costs one lookup unless the pointer was sampled.
 #[inline(always)]
 pub(crate) fn on_free(ctx: &ProbeContext, ptr: u64) {
+    free_if_sampled(ctx, ptr, event_kind::FREE);
+}
+
+/// `realloc` or `rallocx` of `ptr` to `size`: the old pointer is freed
+/// now, at the entry, since the call frees it inside and another thread
+/// may get the region before the call returns. Returns whether the free
+/// is to be undone if the call fails (a sampled pointer, a size that is
+/// not 0: a null return then means failure, not a free).
+#[inline(always)]
+pub(crate) fn on_free_in_resize(ctx: &ProbeContext, ptr: u64, size: u64) -> bool {
+    free_if_sampled(ctx, ptr, event_kind::FREE_IN_RESIZE) && size != 0
+}
+
+/// Removes a sampled `ptr` from the set and reports it (as `kind`);
+/// whether it was sampled and reported.
+#[inline(always)]
+fn free_if_sampled(ctx: &ProbeContext, ptr: u64, kind: u32) -> bool {
     count(Counter::FreeCalls);
     if ptr == 0 {
-        return;
+        return false;
     }
     let id = bpf_get_current_pid_tgid();
     let probe_cookie = probe_cookie(ctx);
     let key = live_key(id, probe_cookie, ptr);
     if SAMPLED.get_ptr(key).is_none() {
-        return;
+        return false;
     }
     let event = FreeEvent {
-        header: header(event_kind::FREE, id, cookie::probe_index(probe_cookie)),
+        header: header(kind, id, cookie::probe_index(probe_cookie)),
         ptr,
     };
     if EVENTS.output::<FreeEvent>(event, 0).is_err() {
         // Kept in the set: the address's next free, once reused, reports
         // it; dropped here the sample would stay in use for good.
         count(Counter::RingBufferFull);
-        return;
+        return false;
     }
     // Only now: the region is not free (nor reusable) before this returns.
     let _ = SAMPLED.remove(key);
+    true
+}
+
+/// A resize whose own call is not sampled freed the sampled `ptr`: its
+/// return half undoes that if the call failed. Returns whether the return
+/// half is needed.
+#[inline(always)]
+pub(crate) fn expect_restore(ctx: &ProbeContext, thread: &Thread, ptr: u64) -> bool {
+    let pending = PendingCall {
+        kind: pending_kind::RESTORE_IF_FAILED,
+        addr: ptr,
+    };
+    if PENDING.insert(thread.id, pending, 0).is_err() {
+        count(Counter::PendingFull);
+        return false;
+    }
+    thread.expect_return_around_samples(ctx);
+    true
+}
+
+/// The resize that freed the sampled `ptr` failed: it was never freed, so
+/// no other thread can have it; back into the set, and reported.
+#[inline(always)]
+fn restore(id: u64, probe_cookie: u64, ptr: u64) {
+    let key = live_key(id, probe_cookie, ptr);
+    if SAMPLED.insert(key, 0u8, 0).is_err() {
+        count(Counter::SampledSetFull);
+        return;
+    }
+    let event = FreeEvent {
+        header: header(event_kind::RESTORED, id, cookie::probe_index(probe_cookie)),
+        ptr,
+    };
+    if EVENTS.output::<FreeEvent>(event, 0).is_err() {
+        count(Counter::RingBufferFull);
+        // Not followed in userspace: its free must not be reported either.
+        let _ = SAMPLED.remove(key);
+    }
 }
 
 /// xallocx of a sampled pointer: its new size comes at return. Returns
@@ -106,7 +161,18 @@ pub(crate) fn on_return<C: EbpfContext>(ctx: &C, returned: u64) {
             };
             finish_allocation(id, probe_cookie, ptr);
         }
-        _ => finish_allocation(id, probe_cookie, returned),
+        pending_kind::RESTORE_IF_FAILED => {
+            if returned == 0 {
+                restore(id, probe_cookie, pending.addr);
+            }
+        }
+        _ => {
+            // A sampled resize of a sampled pointer (`addr`) that failed.
+            if returned == 0 && pending.addr != 0 {
+                restore(id, probe_cookie, pending.addr);
+            }
+            finish_allocation(id, probe_cookie, returned)
+        }
     }
 }
 

@@ -126,6 +126,7 @@ impl Thread {
         let fresh = ThreadState {
             bytes_until_sample: draw_countdown(),
             return_sp: 0,
+            hijacked_return: 0,
             forwarder: Forwarder::default(),
             last_allocated: 0,
             counted_bytes: 0,
@@ -141,7 +142,24 @@ impl Thread {
         let args = Args::of(ctx);
         let return_address = args.stack_pointer + cookie::return_address_offset(probe_cookie(ctx));
         // SAFETY: the entry belongs to this thread; only this thread writes it.
-        unsafe { (*self.state).return_sp = return_address + 8 };
+        unsafe {
+            (*self.state).return_sp = return_address + 8;
+            (*self.state).hijacked_return = 0;
+        }
+    }
+
+    /// As [`expect_return`](Self::expect_return), for a call inside which
+    /// samples are taken (jemalloc's, inside a `realloc`): also remembers
+    /// the return address the return half is about to replace.
+    #[inline(always)]
+    pub(crate) fn expect_return_around_samples(&self, ctx: &ProbeContext) {
+        self.expect_return(ctx);
+        // SAFETY: as above; reading user memory through the helper.
+        unsafe {
+            let slot = (*self.state).return_sp - 8;
+            let original = bpf_probe_read_user(slot as *const u64).unwrap_or(0);
+            (*self.state).hijacked_return = original;
+        }
     }
 
     /// Whether this allocation call was made by the thread's last
@@ -203,6 +221,7 @@ impl Thread {
                 return false;
             }
             (*self.state).return_sp = 0;
+            (*self.state).hijacked_return = 0;
         }
         true
     }

@@ -6,6 +6,8 @@ pub mod sampling;
 pub mod size_class;
 use std::collections::HashMap;
 
+use profiler_common::event_kind;
+
 use crate::{
     collect::sampling::{sample_weight, window_weight},
     collect::size_class::usable_size_of,
@@ -82,6 +84,11 @@ struct PendingSample {
     copy: u16,
 }
 
+/// Threads whose last `realloc` freed a sampled allocation that is held
+/// for a failure of the call; past this many the table starts over (one
+/// entry a thread, left by every resize that did not fail).
+const RESIZED_AWAY_CAP: usize = 4096;
+
 /// The live set and per-stack estimates of one process.
 #[derive(Debug)]
 pub struct ProcessHeap {
@@ -93,6 +100,9 @@ pub struct ProcessHeap {
     stack_ids: HashMap<Vec<u64>, u32>,
     live: HashMap<u64, LiveAllocation>,
     pending: HashMap<u32, PendingSample>,
+    /// Per thread, the sampled allocation its last `realloc` or `rallocx`
+    /// freed: live again if that call failed (`Event::Restored`).
+    resized_away: HashMap<u32, (u64, LiveAllocation)>,
     pub samples: u64,
     pub drops: Drops,
 }
@@ -108,6 +118,7 @@ impl ProcessHeap {
             stack_ids: HashMap::new(),
             live: HashMap::new(),
             pending: HashMap::new(),
+            resized_away: HashMap::new(),
             samples: 0,
             drops: Drops::default(),
         }
@@ -161,11 +172,15 @@ impl ProcessHeap {
                 ptr,
                 untracked,
             } => self.returned(header.tid, header.time_ns, ptr, untracked),
-            Event::Freed { ptr, .. } => {
+            Event::Freed { header, ptr } => {
                 if let Some(old) = self.live.remove(&ptr) {
                     self.release(old);
+                    if header.kind == event_kind::FREE_IN_RESIZE {
+                        self.hold_resized_away(header.tid, ptr, old);
+                    }
                 }
             }
+            Event::Restored { header, ptr } => self.restore(header.tid, ptr),
             Event::Resized { ptr, new_size, .. } => {
                 if let Some(live) = self.live.get_mut(&ptr) {
                     let stats = &mut self.stacks[live.stack as usize];
@@ -199,21 +214,42 @@ impl ProcessHeap {
             self.drops.live_table_full += 1;
             return;
         }
-        stats.inuse_objects += weight;
-        stats.inuse_bytes += weight * usable as f64;
-        let previous = self.live.insert(
-            ptr,
-            LiveAllocation {
-                stack: sample.stack,
-                weight,
-                usable,
-                time_ns,
-                copy: sample.copy,
-            },
-        );
+        let allocation = LiveAllocation {
+            stack: sample.stack,
+            weight,
+            usable,
+            time_ns,
+            copy: sample.copy,
+        };
+        self.track(ptr, allocation);
+    }
+
+    /// `allocation` is in use at `ptr` from now on.
+    fn track(&mut self, ptr: u64, allocation: LiveAllocation) {
+        let stats = &mut self.stacks[allocation.stack as usize];
+        stats.inuse_objects += allocation.weight;
+        stats.inuse_bytes += allocation.weight * allocation.usable as f64;
         // A free we missed: the old allocation is gone.
-        if let Some(old) = previous {
+        if let Some(old) = self.live.insert(ptr, allocation) {
             self.release(old);
+        }
+    }
+
+    fn hold_resized_away(&mut self, tid: u32, ptr: u64, allocation: LiveAllocation) {
+        if self.resized_away.len() >= RESIZED_AWAY_CAP && !self.resized_away.contains_key(&tid) {
+            self.resized_away.clear();
+        }
+        self.resized_away.insert(tid, (ptr, allocation));
+    }
+
+    /// The resize that freed `ptr` on thread `tid` failed: it was never
+    /// freed, and is in use again as it was.
+    fn restore(&mut self, tid: u32, ptr: u64) {
+        let Some((held, allocation)) = self.resized_away.remove(&tid) else {
+            return;
+        };
+        if held == ptr && !self.live.contains_key(&ptr) {
+            self.track(ptr, allocation);
         }
     }
 

@@ -26,6 +26,7 @@ fn sampled(tid: u32, size: u64, frames: &[u64]) -> Event {
         allocator: AllocatorKind::Jemalloc,
         interval: 0,
         copy: 0,
+        hijacked: None,
     }
 }
 
@@ -160,4 +161,62 @@ fn forgetting_a_copy_drops_only_its_live_samples() {
         ptr: 0x2000,
     });
     assert!((heap.inuse_bytes() - before / 2.0).abs() < 1e-6 * before);
+}
+
+fn freed_in_resize(tid: u32, ptr: u64) -> Event {
+    let mut header = header(tid);
+    header.kind = profiler_common::event_kind::FREE_IN_RESIZE;
+    Event::Freed { header, ptr }
+}
+
+#[test]
+fn a_failed_resize_puts_its_pointer_back_as_it_was() {
+    let mut heap = heap(100);
+    heap.apply(sampled(1, 4096, &[0x10]));
+    heap.apply(returned(1, 0x1000));
+    let before = heap.inuse_bytes();
+    heap.apply(freed_in_resize(1, 0x1000));
+    assert_eq!(heap.inuse_bytes(), 0.0);
+    heap.apply(Event::Restored {
+        header: header(1),
+        ptr: 0x1000,
+    });
+    assert_eq!(heap.live_samples(), 1);
+    assert!((heap.inuse_bytes() - before).abs() < 1e-6 * before);
+    // Allocated once, not twice.
+    assert!((heap.alloc_bytes() - before).abs() < 1e-6 * before);
+    // Its later free finds it.
+    heap.apply(Event::Freed {
+        header: header(1),
+        ptr: 0x1000,
+    });
+    assert_eq!(heap.live_samples(), 0);
+}
+
+#[test]
+fn a_restore_needs_the_same_thread_and_pointer() {
+    let mut heap = heap(100);
+    heap.apply(sampled(1, 4096, &[0x10]));
+    heap.apply(returned(1, 0x1000));
+    heap.apply(freed_in_resize(1, 0x1000));
+    // Another thread's restore, or another pointer's, is not this one's.
+    for (tid, ptr) in [(2, 0x1000), (1, 0x2000)] {
+        heap.apply(Event::Restored {
+            header: header(tid),
+            ptr,
+        });
+    }
+    assert_eq!(heap.live_samples(), 0);
+    // A plain free is not held for a restore.
+    heap.apply(sampled(1, 4096, &[0x10]));
+    heap.apply(returned(1, 0x3000));
+    heap.apply(Event::Freed {
+        header: header(1),
+        ptr: 0x3000,
+    });
+    heap.apply(Event::Restored {
+        header: header(1),
+        ptr: 0x3000,
+    });
+    assert_eq!(heap.live_samples(), 0);
 }

@@ -12,9 +12,11 @@ pub fn registers_read(shape: CallShape) -> &'static [Register] {
     use Register::{RCX, RDI, RDX, RSI};
     match shape {
         CallShape::SizeArg0 | CallShape::Xallocx | CallShape::Free | CallShape::SlowPath => &[RDI],
-        CallShape::SizeArg1 | CallShape::Calloc | CallShape::Realloc | CallShape::Mallocx => {
-            &[RDI, RSI]
-        }
+        CallShape::SizeArg1
+        | CallShape::Calloc
+        | CallShape::Realloc
+        | CallShape::Mallocx
+        | CallShape::FreeInResize => &[RDI, RSI],
         CallShape::PosixMemalign | CallShape::Rallocx => &[RDI, RSI, RDX],
         CallShape::OwnSample => &[RSI, RCX],
     }

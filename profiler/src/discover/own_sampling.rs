@@ -51,12 +51,17 @@ pub struct OwnSampling {
 }
 
 /// Entry points that free a sampled object without passing the free slow
-/// paths: resizes that may move (which free the old object inside) and
-/// `dallocx`, which has no fast path. Probed as frees of their first
-/// argument. Not `xallocx`: it often fails, and then the object stays (one
-/// it resized in place and jemalloc sampled anew replaces the old sample;
-/// one not sampled anew is freed through a slow path later).
-const INNER_FREES: [&str; 3] = ["realloc", "rallocx", "dallocx"];
+/// paths, probed as frees of their first argument: resizes that may move
+/// (which free the old object inside, unless they fail: then the free is
+/// undone at their return), and `dallocx`, which has no fast path. Not
+/// `xallocx`: it often fails, and then the object stays (one it resized in
+/// place and jemalloc sampled anew replaces the old sample; one not
+/// sampled anew is freed through a slow path later).
+const INNER_FREES: [(&str, CallShape); 3] = [
+    ("realloc", CallShape::FreeInResize),
+    ("rallocx", CallShape::FreeInResize),
+    ("dallocx", CallShape::Free),
+];
 
 /// jemalloc's internal names: `je_` after the public prefix (tikv's
 /// `_rjem_je_`), or `je_` alone.
@@ -143,14 +148,16 @@ impl Allocator {
     /// (as frees); `None` where its hooks were not found.
     pub fn on_own_sampling(&self) -> Option<Allocator> {
         let own = self.own_sampling.clone()?;
-        let inner_frees = self.entry_points.iter().filter(|e| {
-            let bare = e.symbol.strip_prefix(&self.prefix).unwrap_or(&e.symbol);
-            INNER_FREES.contains(&bare)
-        });
-        let mut entry_points: Vec<EntryPoint> = inner_frees
-            .map(|e| EntryPoint {
-                shape: CallShape::Free,
-                ..e.clone()
+        let mut entry_points: Vec<EntryPoint> = self
+            .entry_points
+            .iter()
+            .filter_map(|e| {
+                let bare = e.symbol.strip_prefix(&self.prefix).unwrap_or(&e.symbol);
+                let (_, shape) = INNER_FREES.iter().find(|(name, _)| *name == bare)?;
+                Some(EntryPoint {
+                    shape: *shape,
+                    ..e.clone()
+                })
             })
             .collect();
         entry_points.push(own.sample.clone());

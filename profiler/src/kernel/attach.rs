@@ -256,10 +256,8 @@ impl KernelProbes {
             };
         }
         if return_half != ReturnHalf::Session {
-            let mut programs = vec![entry.shape.program()];
-            if return_half == ReturnHalf::Uretprobe {
-                programs.push(programs::CALL_RETURN);
-            }
+            let programs;
+            (programs, return_half) = plain_programs(entry.shape, return_half);
             for program in programs {
                 if let Err(message) = self.attach_plain(program, target, offset, cookie, &mut links)
                 {
@@ -430,5 +428,20 @@ impl KernelProbes {
             (None, None) => "uretprobes (--return-probes uretprobes)".into(),
         };
         format!("{returns}; entry probes: {entries}")
+    }
+}
+
+/// The plain programs that probe an entry point of `shape` when it is not
+/// a uprobe session, and the return half they make.
+fn plain_programs(shape: CallShape, return_half: ReturnHalf) -> (Vec<&'static str>, ReturnHalf) {
+    match (shape, return_half) {
+        // A uretprobe on every realloc, for the rare one that fails, would
+        // cost more than it tells: without sessions it is a plain free.
+        (CallShape::FreeInResize, _) => (vec![programs::FREE_ARG0], ReturnHalf::None),
+        (shape, ReturnHalf::Uretprobe) => (
+            vec![shape.program(), programs::CALL_RETURN],
+            ReturnHalf::Uretprobe,
+        ),
+        (shape, return_half) => (vec![shape.program()], return_half),
     }
 }

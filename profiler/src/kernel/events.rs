@@ -32,16 +32,21 @@ pub enum Event {
         interval: u64,
         /// The allocator copy of the probe (its instance; set by the run).
         copy: u16,
+        /// A call in flight around the sample whose return address
+        /// memprobe's own return half replaced with the kernel's trampoline.
+        hijacked: Option<HijackedReturn>,
     },
     Returned {
         header: EventHeader,
         ptr: u64,
         untracked: bool,
     },
-    Freed {
-        header: EventHeader,
-        ptr: u64,
-    },
+    /// A sampled pointer was freed; by a `realloc` or `rallocx` when the
+    /// header's kind is `FREE_IN_RESIZE` (then `Restored` follows on the
+    /// same thread if the call fails).
+    Freed { header: EventHeader, ptr: u64 },
+    /// The resize that freed the thread's sampled `ptr` failed.
+    Restored { header: EventHeader, ptr: u64 },
     Resized {
         header: EventHeader,
         ptr: u64,
@@ -55,9 +60,18 @@ impl Event {
             Event::Sampled { header, .. }
             | Event::Returned { header, .. }
             | Event::Freed { header, .. }
+            | Event::Restored { header, .. }
             | Event::Resized { header, .. } => header,
         }
     }
+}
+
+/// Where the kernel's uretprobe trampoline stands for a return address on
+/// the sampled thread's stack, and that address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HijackedReturn {
+    pub slot: u64,
+    pub return_address: u64,
 }
 
 /// What the kernel copied for unwinding a sampled call in userspace.
@@ -99,9 +113,16 @@ pub fn decode(bytes: &[u8]) -> Option<Event> {
                 untracked: event.untracked != 0,
             }
         }
-        event_kind::FREE => {
+        event_kind::FREE | event_kind::FREE_IN_RESIZE => {
             let event: FreeEvent = read(bytes)?;
             Event::Freed {
+                header,
+                ptr: event.ptr,
+            }
+        }
+        event_kind::RESTORED => {
+            let event: FreeEvent = read(bytes)?;
+            Event::Restored {
                 header,
                 ptr: event.ptr,
             }
@@ -131,6 +152,10 @@ fn sampled(header: EventHeader, event: &AllocEvent, stack_copy: Option<StackCopy
         allocator: AllocatorKind::Jemalloc,
         interval: 0,
         copy: 0,
+        hijacked: (event.hijacked_slot != 0).then_some(HijackedReturn {
+            slot: event.hijacked_slot,
+            return_address: event.hijacked_return,
+        }),
     }
 }
 
@@ -181,6 +206,8 @@ mod tests {
             stack,
             regs: UserRegs::default(),
             window: 0,
+            hijacked_slot: 0,
+            hijacked_return: 0,
         }
     }
 

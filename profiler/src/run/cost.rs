@@ -79,7 +79,7 @@ impl CostModel {
     pub fn per_hit(&self, probe: &AttachedProbe) -> Duration {
         let entry = if probe.placement.fallback.is_some() {
             self.single_stepped
-        } else if probe.shape == CallShape::Free {
+        } else if matches!(probe.shape, CallShape::Free | CallShape::FreeInResize) {
             self.free
         } else {
             self.emulated

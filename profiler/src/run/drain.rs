@@ -50,7 +50,7 @@ impl Session<'_> {
         let Some(t) = self.tracked.get_mut(&pid) else {
             return;
         };
-        if t.comes_from_unmapped_code(&event) {
+        if t.comes_from_unmapped_code(&event) || t.stacks.needs_trampoline(&event) {
             t.set_maps(read_maps(pid).ok());
         }
         let fast_path = self.probes.frame_pointer_fast_path();

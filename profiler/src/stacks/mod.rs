@@ -45,6 +45,7 @@ impl ProcessStacks {
         fast_path: bool,
         drops: &mut Drops,
     ) -> Option<bool> {
+        self.put_back_hijacked_return(event);
         let trust = self.unwind(event, fast_path, drops);
         if let Event::Sampled { frames, .. } = event
             && self.trampoline_caller(frames)
@@ -53,6 +54,51 @@ impl ProcessStacks {
             drops.trampoline_callers += 1;
         }
         trust
+    }
+
+    /// Whether `event` needs the trampoline's place, not known yet (the
+    /// kernel maps it at the first return probe that runs): the maps are
+    /// to be read again.
+    pub fn needs_trampoline(&self, event: &Event) -> bool {
+        matches!(
+            event,
+            Event::Sampled {
+                hijacked: Some(_),
+                ..
+            }
+        ) && self.trampoline.is_none()
+    }
+
+    /// memprobe's own return half replaced a return address on the sampled
+    /// stack with the kernel's trampoline (a `realloc` around one of
+    /// jemalloc's samples): puts it back in the stack copy and in the
+    /// frame-pointer walk, so that both go on past it. Only where the
+    /// trampoline stands: the kernel's note may be of a call that returned.
+    fn put_back_hijacked_return(&self, event: &mut Event) {
+        let (
+            Event::Sampled {
+                frames,
+                stack_copy,
+                hijacked: Some(hijacked),
+                ..
+            },
+            Some(trampoline),
+        ) = (event, self.trampoline)
+        else {
+            return;
+        };
+        let original = hijacked.return_address.to_le_bytes();
+        if let Some(copy) = stack_copy
+            && let Some(offset) = hijacked.slot.checked_sub(copy.regs.sp)
+            && let Ok(offset) = usize::try_from(offset)
+            && let Some(word) = copy.bytes.get_mut(offset..offset.saturating_add(8))
+            && trampoline.contains(u64::from_le_bytes((&*word).try_into().unwrap_or_default()))
+        {
+            word.copy_from_slice(&original);
+        }
+        if let Some(frame) = frames.iter_mut().find(|f| trampoline.contains(**f)) {
+            *frame = hijacked.return_address;
+        }
     }
 
     /// Forgets the trust of a process that exited: its pid may come back.
@@ -109,5 +155,95 @@ impl ProcessStacks {
         frames
             .first()
             .is_some_and(|&caller| trampoline.contains(caller))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use profiler_common::{EventHeader, UserRegs};
+
+    use super::*;
+    use crate::{
+        discover::AllocatorKind,
+        kernel::events::{HijackedReturn, StackCopy},
+        proc::parse_maps,
+    };
+
+    const TRAMPOLINE: u64 = 0x7fff_ffff_e000;
+    const SP: u64 = 0x7ffd_0000_0000;
+
+    fn with_trampoline() -> ProcessStacks {
+        let mut stacks = ProcessStacks::default();
+        let maps = "7fffffffe000-7ffffffff000 r-xp 00000000 00:00 0 [uprobes]";
+        stacks.set_mappings(std::process::id(), &parse_maps(maps));
+        stacks
+    }
+
+    /// A sample with `words` of stack from `SP` and a frame-pointer walk.
+    fn sample(words: &[u64], frames: &[u64], slot: u64) -> Event {
+        Event::Sampled {
+            header: EventHeader::default(),
+            size: 64,
+            align: 0,
+            frames: frames.to_vec(),
+            stack_error: false,
+            stack_copy: Some(StackCopy {
+                regs: UserRegs {
+                    ip: 0x1000,
+                    sp: SP,
+                    bp: 0,
+                },
+                bytes: words.iter().flat_map(|w| w.to_le_bytes()).collect(),
+            }),
+            window: 0,
+            allocator: AllocatorKind::Jemalloc,
+            interval: 0,
+            copy: 0,
+            hijacked: Some(HijackedReturn {
+                slot,
+                return_address: 0x4242,
+            }),
+        }
+    }
+
+    fn stack_and_frames(event: &Event) -> (Vec<u64>, Vec<u64>) {
+        let Event::Sampled {
+            frames, stack_copy, ..
+        } = event
+        else {
+            unreachable!()
+        };
+        let words = stack_copy.as_ref().unwrap().bytes.chunks(8);
+        let words = words.map(|w| u64::from_le_bytes(w.try_into().unwrap()));
+        (words.collect(), frames.clone())
+    }
+
+    #[test]
+    fn the_trampoline_gives_back_the_return_address_it_stands_for() {
+        let stacks = with_trampoline();
+        let mut event = sample(&[1, TRAMPOLINE, 3], &[0x10, TRAMPOLINE, 0x30], SP + 8);
+        assert!(!stacks.needs_trampoline(&event));
+        stacks.put_back_hijacked_return(&mut event);
+        let (words, frames) = stack_and_frames(&event);
+        assert_eq!(words, [1, 0x4242, 3]);
+        assert_eq!(frames, [0x10, 0x4242, 0x30]);
+    }
+
+    #[test]
+    fn a_slot_that_holds_no_trampoline_is_left_alone() {
+        // The kernel's note was of a call that returned: nothing changes.
+        let stacks = with_trampoline();
+        let mut event = sample(&[1, 2, 3], &[0x10, 0x20], SP + 8);
+        stacks.put_back_hijacked_return(&mut event);
+        assert_eq!(stack_and_frames(&event), (vec![1, 2, 3], vec![0x10, 0x20]));
+        // Past the copy's end, or below its start.
+        for slot in [SP + 24, SP - 8] {
+            let mut event = sample(&[1, TRAMPOLINE, 3], &[], slot);
+            stacks.put_back_hijacked_return(&mut event);
+            assert_eq!(stack_and_frames(&event).0, [1, TRAMPOLINE, 3]);
+        }
+        // Where the trampoline is not known yet, the maps are read again.
+        let event = sample(&[1, TRAMPOLINE, 3], &[], SP + 8);
+        assert!(ProcessStacks::default().needs_trampoline(&event));
     }
 }

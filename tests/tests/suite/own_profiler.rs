@@ -127,7 +127,8 @@ fn a_profiler_made_active_has_its_samples_taken() {
 /// jemalloc's C entry points through its own samples (`c_api.rs` of the
 /// fixture): calloc and posix_memalign are not probed, their samples come
 /// from jemalloc; realloc is probed as a free of its old pointer, so the
-/// moved `allocate_small` regions are not left in use.
+/// moved `allocate_small` regions are not left in use, and that free is
+/// undone when the realloc fails (`keep_failed_realloc`'s regions stay).
 #[test]
 fn c_entry_points_through_jemallocs_samples() {
     let _guard = shared();
@@ -154,6 +155,7 @@ fn c_entry_points_through_jemallocs_samples() {
     within("keep_calloc", 4096.0 * 1024.0);
     within("keep_aligned", 2000.0 * 2048.0);
     within("grow_by_realloc", 1000.0 * 3072.0);
+    within("keep_failed_realloc", 1000.0 * 4096.0);
     let moved = inuse
         .iter()
         .filter(|r| r.name.contains("allocate_small"))

@@ -52,6 +52,39 @@ fn rust_on_tikv_jemallocator_on_the_slow_path() {
     assert_rust_churn_allocated(&binary, &heap);
 }
 
+/// jemalloc's C entry points on memprobe's own sampling (the Rust
+/// fixture's `c_api.rs`): a realloc frees its old pointer unless it fails,
+/// so `keep_failed_realloc`'s regions stay in use, and `allocate_small`'s,
+/// moved by reallocs that succeeded, do not. With uprobe sessions and with
+/// uretprobes (kernels before 6.13).
+#[test]
+fn a_failed_realloc_leaves_its_region_in_use() {
+    let _guard = shared();
+    let binary = rust_fixture();
+    for return_probes in ["sessions", "uretprobes"] {
+        let out = output_dir(&format!("slow_path_failed_realloc_{return_probes}"));
+        let mut fixture = Fixture::start(&binary, &[("FIXTURE_C_SHAPES", "1")]);
+        let flags = ["--return-probes", return_probes];
+        let (heap, stderr) = profile_workload(&mut fixture, &out, &flags);
+        assert!(fixture.finish().success());
+        let inuse = jeprof_rows(&binary, &heap, "--inuse_space");
+        let cum = |name: &str| row(&inuse, name).cum * MIB;
+        let failed = cum("keep_failed_realloc");
+        assert_within(return_probes, failed, 1000.0 * 4096.0, 0.10);
+        let grown = cum("grow_by_realloc");
+        assert_within(return_probes, grown, 1000.0 * 3072.0, 0.10);
+        let moved = inuse
+            .iter()
+            .filter(|r| r.name.contains("allocate_small"))
+            .map(|r| r.cum * MIB)
+            .fold(0.0, f64::max);
+        assert!(
+            moved < 0.05 * 1000.0 * 1024.0,
+            "{return_probes}: {moved} B of moved regions in use\n{stderr}"
+        );
+    }
+}
+
 /// The default is the slow path; a jemalloc whose fast path is not 5.3's
 /// (tikv-jemallocator 0.4, jemalloc 5.2.1) is sampled at entry instead,
 /// said in the profile, and its sites are as accurate.
