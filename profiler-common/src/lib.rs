@@ -60,7 +60,11 @@ pub mod globals {
     /// the kernel's BTF), 0 when unknown: a task's TLS for jemalloc's
     /// thread counters.
     pub const TASK_FSBASE: &str = "TASK_FSBASE";
-    pub const ALL: [&str; 3] = [COPY_STACK, RING_BUSY_BYTES, TASK_FSBASE];
+    /// `u32`: memprobe's own process id, never sampled: `--all`'s
+    /// system-wide probes fire in it too, and each of its samples would
+    /// make memprobe allocate, and so sample itself, again.
+    pub const OWN_TGID: &str = "OWN_TGID";
+    pub const ALL: [&str; 4] = [COPY_STACK, RING_BUSY_BYTES, TASK_FSBASE, OWN_TGID];
 }
 
 /// Most entry points counted in [`maps::PROBE_HITS`]; probes beyond share

@@ -49,6 +49,10 @@ pub static TASK_FSBASE: u64 = 0;
 #[unsafe(no_mangle)]
 pub static COPY_STACK: u8 = 1;
 
+/// Set by userspace (`globals::OWN_TGID`).
+#[unsafe(no_mangle)]
+pub static OWN_TGID: u32 = 0;
+
 /// Set by userspace (`globals::RING_BUSY_BYTES`).
 #[unsafe(no_mangle)]
 pub static RING_BUSY_BYTES: u64 = 4 << 20;

@@ -13,7 +13,7 @@ use profiler_common::{
 };
 
 use crate::{
-    maps::{COUNTERS, EXP_QUANTILES, PROBE_HITS, THREADS},
+    maps::{COUNTERS, EXP_QUANTILES, OWN_TGID, PROBE_HITS, THREADS},
     release::on_return,
 };
 
@@ -117,9 +117,14 @@ pub(crate) struct Thread {
 }
 
 impl Thread {
+    /// This thread's state; `None` in memprobe's own process.
     #[inline(always)]
     pub fn current() -> Option<Self> {
         let id = bpf_get_current_pid_tgid();
+        // SAFETY: a plain read of a global userspace set at load time.
+        if (id >> 32) as u32 == unsafe { core::ptr::read_volatile(&OWN_TGID) } {
+            return None;
+        }
         if let Some(state) = THREADS.get_ptr_mut(id) {
             return Some(Self { id, state });
         }

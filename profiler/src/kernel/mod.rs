@@ -205,6 +205,7 @@ impl KernelProbes {
                 true,
             )
             .override_global(globals::TASK_FSBASE, &task_fsbase_offset(), true)
+            .override_global(globals::OWN_TGID, &std::process::id(), true)
             .load(OBJECT)
             .map_err(|e| load_error("eBPF object", e))?;
         let mut table: Array<_, u64> = Array::try_from(

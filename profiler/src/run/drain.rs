@@ -15,24 +15,26 @@ use crate::{
 };
 
 impl Session<'_> {
-    pub(super) fn drain(&mut self, ring: &mut RingBuf<MapData>) {
-        // At most the ring's size held at once: memory stays bounded.
+    /// Handles one batch: at most the ring's size, so that memory stays
+    /// bounded and a target that sends faster than memprobe handles cannot
+    /// keep the event loop from signals and timers. Returns whether the
+    /// ring was left empty.
+    pub(super) fn drain(&mut self, ring: &mut RingBuf<MapData>) -> bool {
         let most = KernelOptions::default().ring_buffer_bytes as usize;
-        loop {
-            let (mut batch, mut bytes) = (Vec::new(), 0);
-            while bytes < most
-                && let Some(record) = ring.next()
-            {
-                bytes += record.len();
-                batch.extend(decode(&record));
-            }
-            if batch.is_empty() {
-                return;
-            }
-            for event in batch {
-                self.handle(event);
-            }
+        let (mut batch, mut bytes) = (Vec::new(), 0);
+        let mut emptied = false;
+        while bytes < most {
+            let Some(record) = ring.next() else {
+                emptied = true;
+                break;
+            };
+            bytes += record.len();
+            batch.extend(decode(&record));
         }
+        for event in batch {
+            self.handle(event);
+        }
+        emptied
     }
 
     fn handle(&mut self, mut event: Event) {

@@ -257,8 +257,11 @@ impl Session<'_> {
             tokio::select! {
                 readable = ring.readable_mut() => {
                     let mut guard = readable.map_err(|e| events_error("reading the ring buffer", e))?;
-                    self.drain(guard.get_inner_mut());
-                    guard.clear_ready();
+                    // Left ready while records remain: the kernel wakes a
+                    // reader only once it has caught up.
+                    if self.drain(guard.get_inner_mut()) {
+                        guard.clear_ready();
+                    }
                 }
                 _ = sleep_until(deadline) => return Ok((Stop::Duration, None)),
                 _ = signals.interrupt.recv() => return Ok((Stop::Signal(libc::SIGINT), None)),
