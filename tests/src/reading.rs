@@ -41,6 +41,20 @@ pub fn assert_rust_kept_in_use(binary: &Path, heap: &Path) -> Vec<JeprofRow> {
     inuse
 }
 
+/// Asserts that the C shapes of the Rust fixture (`c_api.rs`) left no
+/// `allocate_small` region in use: reallocs moved and freed them all.
+pub fn assert_moved_regions_freed(inuse: &[JeprofRow], context: &str) {
+    let moved = inuse
+        .iter()
+        .filter(|r| r.name.contains("allocate_small"))
+        .map(|r| r.cum * MIB)
+        .fold(0.0, f64::max);
+    assert!(
+        moved < 0.05 * 1000.0 * 1024.0,
+        "{moved} B of moved regions in use\n{context}"
+    );
+}
+
 /// Asserts the Rust fixture's `churn_vectors` allocated within 10%.
 pub fn assert_rust_churn_allocated(binary: &Path, heap: &Path) {
     let allocated = jeprof_rows(binary, heap, "--alloc_space");

@@ -73,15 +73,7 @@ fn a_failed_realloc_leaves_its_region_in_use() {
         assert_within(return_probes, failed, 1000.0 * 4096.0, 0.10);
         let grown = cum("grow_by_realloc");
         assert_within(return_probes, grown, 1000.0 * 3072.0, 0.10);
-        let moved = inuse
-            .iter()
-            .filter(|r| r.name.contains("allocate_small"))
-            .map(|r| r.cum * MIB)
-            .fold(0.0, f64::max);
-        assert!(
-            moved < 0.05 * 1000.0 * 1024.0,
-            "{return_probes}: {moved} B of moved regions in use\n{stderr}"
-        );
+        assert_moved_regions_freed(&inuse, &format!("{return_probes}\n{stderr}"));
     }
 }
 
