@@ -445,3 +445,22 @@ fn plain_programs(shape: CallShape, return_half: ReturnHalf) -> (Vec<&'static st
         (shape, return_half) => (vec![shape.program()], return_half),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_uretprobe_comes_with_the_entry_program_but_not_for_a_free_in_resize() {
+        let (programs, half) = plain_programs(CallShape::Realloc, ReturnHalf::Uretprobe);
+        assert_eq!(programs, [programs::ALLOC_REALLOC, programs::CALL_RETURN]);
+        assert_eq!(half, ReturnHalf::Uretprobe);
+        // Without sessions jemalloc's realloc is a plain free: no return half.
+        let (programs, half) = plain_programs(CallShape::FreeInResize, ReturnHalf::Uretprobe);
+        assert_eq!(programs, [programs::FREE_ARG0]);
+        assert_eq!(half, ReturnHalf::None);
+        let (programs, half) = plain_programs(CallShape::Free, ReturnHalf::None);
+        assert_eq!(programs, [programs::FREE_ARG0]);
+        assert_eq!(half, ReturnHalf::None);
+    }
+}
