@@ -74,9 +74,15 @@ pub(crate) fn count_down(
         }
         (*state).bytes_until_sample = draw_countdown();
     }
-    record_allocation(ctx, thread, size, align, pending, window)
+    let recorded = record_allocation(ctx, thread, size, align, pending, window);
+    if recorded {
+        thread.expect_return(ctx);
+    }
+    recorded
 }
 
+/// Sends a sampled call and leaves `pending` for its return half; whether
+/// it was sent. Its caller knows whether a return half follows.
 #[inline(always)]
 pub(crate) fn record_allocation(
     ctx: &ProbeContext,
@@ -103,7 +109,6 @@ pub(crate) fn record_allocation(
     if copy && !frame_pointers_suffice(id) {
         let queued = EVENTS.query(BPF_RB_AVAIL_DATA as u64);
         if queued <= busy_bytes && send_with_stack::<STACK_COPY_BYTES>(ctx, thread, sizes) {
-            thread.expect_return(ctx);
             return true;
         }
         // Busy: a small copy still unwinds the frames nearest the call,
@@ -112,7 +117,6 @@ pub(crate) fn record_allocation(
             && send_with_stack::<SMALL_STACK_COPY_BYTES>(ctx, thread, sizes)
         {
             count(Counter::SmallStackCopies);
-            thread.expect_return(ctx);
             return true;
         }
         count(Counter::StackCopiesSkipped);
@@ -125,7 +129,6 @@ pub(crate) fn record_allocation(
     // SAFETY: `entry` is reserved ring-buffer memory for an `AllocEvent`.
     unsafe { fill_alloc(ctx, thread, sizes, event_kind::ALLOC, entry.as_mut_ptr()) };
     entry.submit(0);
-    thread.expect_return(ctx);
     true
 }
 

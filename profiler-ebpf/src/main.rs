@@ -226,15 +226,12 @@ pub fn own_sample(ctx: ProbeContext) -> u32 {
     count_hit(&ctx);
     let args = Args::of(&ctx);
     let (ptr, usable) = (args.arg(1), args.arg(3));
-    // Inside a probed realloc: its return half must still be recognised.
-    // SAFETY: the entry belongs to this thread; only this thread writes it.
-    let in_flight = unsafe { ((*thread.state).return_sp, (*thread.state).hijacked_return) };
+    // No return half: the thread's call in flight (a probed realloc
+    // around this sample) keeps its own.
     if record_allocation(&ctx, &thread, usable, 0, returned_pointer(), 0) {
         let _ = PENDING.remove(thread.id);
         finish_allocation(thread.id, probe_cookie(&ctx), ptr);
     }
-    // SAFETY: as above.
-    unsafe { ((*thread.state).return_sp, (*thread.state).hijacked_return) = in_flight };
     0
 }
 
