@@ -196,10 +196,10 @@ pub struct AllocEvent {
     /// its previous crossing, which this call's sample stands for (0 for a
     /// call sampled by its own size).
     pub window: u64,
-    /// Where this thread's call in flight had its return address replaced
-    /// by the kernel's uretprobe trampoline for memprobe's return half (a
-    /// `realloc` around jemalloc's own sample), and that address; 0, 0
-    /// when none.
+    /// Where the thread's last probed `realloc` keeps its return address,
+    /// and that address, for a sample taken inside the call (jemalloc's
+    /// own): a return half there replaces it with the kernel's trampoline.
+    /// 0, 0 when not known.
     pub hijacked_slot: u64,
     pub hijacked_return: u64,
 }
@@ -275,10 +275,14 @@ pub struct ThreadState {
     /// `rsp` at the return of this thread's sampled call in flight (0 when
     /// none): how a uprobe session program tells its return half apart.
     pub return_sp: u64,
-    /// The return address that call's return half replaces with the
-    /// kernel's trampoline (at `return_sp - 8`), where samples taken inside
-    /// the call need it; 0 when not known.
-    pub hijacked_return: u64,
+    /// Where this thread's last probed `realloc` or `rallocx` (where
+    /// jemalloc's own samples are taken) keeps its return address, and that
+    /// address. A return half replaces it with the kernel's trampoline:
+    /// memprobe's, or that of any uprobe session on the same file (the
+    /// kernel runs other processes' session programs too, and a filtered
+    /// one asks for the return). Samples inside the call carry both.
+    pub resize_slot: u64,
+    pub resize_return: u64,
     /// The last call of this thread to an entry point that may pass its
     /// call on to another probed entry point (glibc's realloc calling
     /// malloc): that inner call must not be counted again.

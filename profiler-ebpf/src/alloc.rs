@@ -202,15 +202,8 @@ pub(crate) unsafe fn fill_alloc(
     // SAFETY: the caller guarantees `event`; helpers fault safely; the
     // thread's entry is only written by this thread.
     unsafe {
-        let (return_sp, hijacked_return) =
-            ((*thread.state).return_sp, (*thread.state).hijacked_return);
-        let hijacked_slot = if hijacked_return != 0 {
-            return_sp - 8
-        } else {
-            0
-        };
-        addr_of_mut!((*event).hijacked_slot).write(hijacked_slot);
-        addr_of_mut!((*event).hijacked_return).write(hijacked_return);
+        addr_of_mut!((*event).hijacked_slot).write((*thread.state).resize_slot);
+        addr_of_mut!((*event).hijacked_return).write((*thread.state).resize_return);
         let id = thread.id;
         addr_of_mut!((*event).header).write(header(kind, id, cookie::probe_index(cookie)));
         addr_of_mut!((*event).size).write(size);

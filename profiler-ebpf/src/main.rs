@@ -170,6 +170,9 @@ fn resize(ctx: &ProbeContext, thread: &Thread, ptr: u64, size: u64, align: u64) 
 #[inline(always)]
 fn free_in_resize_entry(ctx: &ProbeContext, thread: &Thread) -> bool {
     sampling::count_entry(ctx);
+    // Whoever asks for this call's return half, jemalloc's samples inside
+    // it find the trampoline where its return address was.
+    thread.note_resize_return(ctx);
     let args = Args::of(ctx);
     let ptr = args.arg(0);
     on_free_in_resize(ctx, ptr, args.arg(1)) && expect_restore(ctx, thread, ptr)

@@ -82,7 +82,7 @@ pub(crate) fn expect_restore(ctx: &ProbeContext, thread: &Thread, ptr: u64) -> b
         count(Counter::PendingFull);
         return false;
     }
-    thread.expect_return_around_samples(ctx);
+    thread.expect_return(ctx);
     true
 }
 

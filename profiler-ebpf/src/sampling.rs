@@ -131,7 +131,8 @@ impl Thread {
         let fresh = ThreadState {
             bytes_until_sample: draw_countdown(),
             return_sp: 0,
-            hijacked_return: 0,
+            resize_slot: 0,
+            resize_return: 0,
             forwarder: Forwarder::default(),
             last_allocated: 0,
             counted_bytes: 0,
@@ -147,23 +148,21 @@ impl Thread {
         let args = Args::of(ctx);
         let return_address = args.stack_pointer + cookie::return_address_offset(probe_cookie(ctx));
         // SAFETY: the entry belongs to this thread; only this thread writes it.
-        unsafe {
-            (*self.state).return_sp = return_address + 8;
-            (*self.state).hijacked_return = 0;
-        }
+        unsafe { (*self.state).return_sp = return_address + 8 };
     }
 
-    /// As [`expect_return`](Self::expect_return), for a call inside which
-    /// samples are taken (jemalloc's, inside a `realloc`): also remembers
-    /// the return address the return half is about to replace.
+    /// Remembers where the call in flight (a `realloc` inside which
+    /// jemalloc takes its samples) keeps its return address, and that
+    /// address, before any return half replaces it.
     #[inline(always)]
-    pub(crate) fn expect_return_around_samples(&self, ctx: &ProbeContext) {
-        self.expect_return(ctx);
-        // SAFETY: as above; reading user memory through the helper.
+    pub(crate) fn note_resize_return(&self, ctx: &ProbeContext) {
+        let slot = Args::of(ctx).stack_pointer + cookie::return_address_offset(probe_cookie(ctx));
+        // SAFETY: reading user memory through the helper, which faults
+        // safely; the entry belongs to this thread.
         unsafe {
-            let slot = (*self.state).return_sp - 8;
             let original = bpf_probe_read_user(slot as *const u64).unwrap_or(0);
-            (*self.state).hijacked_return = original;
+            (*self.state).resize_slot = if original != 0 { slot } else { 0 };
+            (*self.state).resize_return = original;
         }
     }
 
@@ -226,7 +225,6 @@ impl Thread {
                 return false;
             }
             (*self.state).return_sp = 0;
-            (*self.state).hijacked_return = 0;
         }
         true
     }

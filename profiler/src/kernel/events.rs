@@ -32,8 +32,8 @@ pub enum Event {
         interval: u64,
         /// The allocator copy of the probe (its instance; set by the run).
         copy: u16,
-        /// A call in flight around the sample whose return address
-        /// memprobe's own return half replaced with the kernel's trampoline.
+        /// Where the thread's last probed `realloc` kept its return address,
+        /// which a return half replaces with the kernel's trampoline.
         hijacked: Option<HijackedReturn>,
     },
     Returned {

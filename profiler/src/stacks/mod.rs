@@ -69,11 +69,13 @@ impl ProcessStacks {
         ) && self.trampoline.is_none()
     }
 
-    /// memprobe's own return half replaced a return address on the sampled
-    /// stack with the kernel's trampoline (a `realloc` around one of
-    /// jemalloc's samples): puts it back in the stack copy and in the
-    /// frame-pointer walk, so that both go on past it. Only where the
-    /// trampoline stands: the kernel's note may be of a call that returned.
+    /// A return half (memprobe's, or another uprobe session's on the same
+    /// file) replaced a return address on the sampled stack with the
+    /// kernel's trampoline (a `realloc` around one of jemalloc's samples):
+    /// puts it back in the stack copy and in the frame-pointer walk, so
+    /// that both go on past it. Only where the trampoline stands: the
+    /// kernel's note is of the thread's last `realloc`, which may have
+    /// returned.
     fn put_back_hijacked_return(&self, event: &mut Event) {
         let (
             Event::Sampled {
