@@ -67,7 +67,8 @@ impl CallShape {
             CallShape::Free => (programs::FREE_ARG0, None),
             CallShape::SlowPath => (programs::ALLOC_SLOW_PATH, Some(session::SLOW_PATH)),
             CallShape::OwnSample => (programs::OWN_SAMPLE, None),
-            CallShape::FreeInResize => (programs::FREE_IN_RESIZE, Some(session::FREE_IN_RESIZE)),
+            // Without sessions, a plain free (see `returns_by_uretprobe`).
+            CallShape::FreeInResize => (programs::FREE_ARG0, Some(session::FREE_IN_RESIZE)),
         }
     }
 
@@ -82,6 +83,14 @@ impl CallShape {
     /// Whether the call's result is needed: the new pointer or size.
     pub const fn needs_return(self) -> bool {
         self.session_program().is_some()
+    }
+
+    /// Whether, where uprobe sessions are missing, the return half comes
+    /// from a uretprobe on every call. Not for a realloc under jemalloc's
+    /// own samples: a uretprobe on every realloc, for the rare one that
+    /// fails, would cost more than it tells, so there it is a plain free.
+    pub const fn returns_by_uretprobe(self) -> bool {
+        self.needs_return() && !matches!(self, CallShape::FreeInResize)
     }
 
     /// Shapes whose entry point allocates (for reports).

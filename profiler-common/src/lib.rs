@@ -85,12 +85,10 @@ pub mod programs {
     pub const CALL_RETURN: &str = "call_return";
     pub const ALLOC_SLOW_PATH: &str = "alloc_slow_path";
     pub const OWN_SAMPLE: &str = "own_sample";
-    pub const FREE_IN_RESIZE: &str = "free_in_resize";
     /// Every plain uprobe program.
-    pub const ALL: [&str; 13] = [
+    pub const ALL: [&str; 12] = [
         ALLOC_SLOW_PATH,
         OWN_SAMPLE,
-        FREE_IN_RESIZE,
         ALLOC_SIZE_ARG0,
         ALLOC_SIZE_ARG1,
         ALLOC_CALLOC,

@@ -43,6 +43,14 @@ macro_rules! entry_point {
             0
         }
 
+        session_program!($session, $entry);
+    };
+}
+
+/// Declares the uprobe-session program of one entry-point shape.
+macro_rules! session_program {
+    ($(#[$doc:meta])* $session:ident, $entry:ident) => {
+        $(#[$doc])*
         // Not `#[uprobe]`: its wrapper returns 0 whatever the function
         // returns, and a session entry's return value is what matters. The
         // section is the plain uprobe one so that aya parses the object;
@@ -104,11 +112,11 @@ entry_point!(
     xallocx
 );
 
-entry_point!(
+session_program!(
     /// realloc and rallocx where jemalloc's own profiler samples (its
     /// samples come from `own_sample`): a free of the first argument,
-    /// undone at the return if the call fails.
-    free_in_resize,
+    /// undone at the return if the call fails. Without sessions these calls
+    /// are plain frees (`free_arg0`).
     session_free_in_resize,
     free_in_resize_entry
 );

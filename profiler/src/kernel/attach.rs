@@ -251,14 +251,15 @@ impl KernelProbes {
                     links.multi.push(link);
                     ReturnHalf::Session
                 }
-                Err(SessionLink::Unavailable) => ReturnHalf::Uretprobe,
+                Err(SessionLink::Unavailable) if entry.shape.returns_by_uretprobe() => {
+                    ReturnHalf::Uretprobe
+                }
+                Err(SessionLink::Unavailable) => ReturnHalf::None,
                 Err(SessionLink::Failed(message)) => return Err(error(message)),
             };
         }
         if return_half != ReturnHalf::Session {
-            let programs;
-            (programs, return_half) = plain_programs(entry.shape, return_half);
-            for program in programs {
+            for program in plain_programs(entry.shape, return_half) {
                 if let Err(message) = self.attach_plain(program, target, offset, cookie, &mut links)
                 {
                     self.detach_links(links);
@@ -432,17 +433,11 @@ impl KernelProbes {
 }
 
 /// The plain programs that probe an entry point of `shape` when it is not
-/// a uprobe session, and the return half they make.
-fn plain_programs(shape: CallShape, return_half: ReturnHalf) -> (Vec<&'static str>, ReturnHalf) {
-    match (shape, return_half) {
-        // A uretprobe on every realloc, for the rare one that fails, would
-        // cost more than it tells: without sessions it is a plain free.
-        (CallShape::FreeInResize, _) => (vec![programs::FREE_ARG0], ReturnHalf::None),
-        (shape, ReturnHalf::Uretprobe) => (
-            vec![shape.program(), programs::CALL_RETURN],
-            ReturnHalf::Uretprobe,
-        ),
-        (shape, return_half) => (vec![shape.program()], return_half),
+/// a uprobe session: a uretprobe comes with the entry program.
+fn plain_programs(shape: CallShape, return_half: ReturnHalf) -> Vec<&'static str> {
+    match return_half {
+        ReturnHalf::Uretprobe => vec![shape.program(), programs::CALL_RETURN],
+        ReturnHalf::None | ReturnHalf::Session => vec![shape.program()],
     }
 }
 
@@ -452,15 +447,13 @@ mod tests {
 
     #[test]
     fn a_uretprobe_comes_with_the_entry_program_but_not_for_a_free_in_resize() {
-        let (programs, half) = plain_programs(CallShape::Realloc, ReturnHalf::Uretprobe);
+        let programs = plain_programs(CallShape::Realloc, ReturnHalf::Uretprobe);
         assert_eq!(programs, [programs::ALLOC_REALLOC, programs::CALL_RETURN]);
-        assert_eq!(half, ReturnHalf::Uretprobe);
         // Without sessions jemalloc's realloc is a plain free: no return half.
-        let (programs, half) = plain_programs(CallShape::FreeInResize, ReturnHalf::Uretprobe);
+        assert!(CallShape::Realloc.returns_by_uretprobe());
+        assert!(!CallShape::FreeInResize.returns_by_uretprobe());
+        assert!(!CallShape::Free.returns_by_uretprobe());
+        let programs = plain_programs(CallShape::FreeInResize, ReturnHalf::None);
         assert_eq!(programs, [programs::FREE_ARG0]);
-        assert_eq!(half, ReturnHalf::None);
-        let (programs, half) = plain_programs(CallShape::Free, ReturnHalf::None);
-        assert_eq!(programs, [programs::FREE_ARG0]);
-        assert_eq!(half, ReturnHalf::None);
     }
 }

@@ -9,11 +9,22 @@ use tests::*;
 /// Profiles the fixture run with `conf` as its `_RJEM_MALLOC_CONF` (and
 /// `env`); the profile and memprobe's output.
 fn profiled_with(conf: &str, env: &[(&str, &str)], test: &str) -> (PathBuf, String) {
+    profiled_with_args(conf, env, &[], test)
+}
+
+/// The same, with more of memprobe's flags.
+fn profiled_with_args(
+    conf: &str,
+    env: &[(&str, &str)],
+    args: &[&str],
+    test: &str,
+) -> (PathBuf, String) {
     let binary = rust_prof_fixture();
     let out = output_dir(test);
     let env = [&[("_RJEM_MALLOC_CONF", conf)], env].concat();
     let mut fixture = Fixture::start(&binary, &env);
-    let (heap, stderr) = profile_workload(&mut fixture, &out, &["--verbose"]);
+    let args = [&["--verbose"], args].concat();
+    let (heap, stderr) = profile_workload(&mut fixture, &out, &args);
     assert!(fixture.finish().success());
     (heap, stderr)
 }
@@ -160,4 +171,29 @@ fn c_entry_points_through_jemallocs_samples() {
     let allocated = jeprof_rows(&binary, &heap, "--alloc_space");
     let small = row(&allocated, "allocate_small").cum * MIB;
     assert_within("allocate_small allocated", small, 1000.0 * 1024.0, 0.15);
+}
+
+/// Without uprobe sessions (`--return-probes uretprobes`, as on kernels
+/// before 6.13) jemalloc's realloc is probed as a plain free, with no trap
+/// at every realloc's return: regions it moves are freed as with sessions,
+/// and a realloc that fails counts as a free (a limit the README lists).
+#[test]
+fn without_sessions_a_realloc_is_a_plain_free() {
+    let _guard = shared();
+    let env = [("FIXTURE_C_SHAPES", "1")];
+    let args = ["--return-probes", "uretprobes"];
+    let conf = "prof:true,lg_prof_sample:12";
+    let (heap, stderr) = profiled_with_args(conf, &env, &args, "own_profiler_plain");
+    assert!(stderr.contains("_rjem_realloc at "), "{stderr}");
+    assert_eq!(summary_count(&stderr, " return probe runs"), 0, "{stderr}");
+    let binary = rust_prof_fixture();
+    let inuse = jeprof_rows(&binary, &heap, "--inuse_space");
+    let grown = row(&inuse, "grow_by_realloc").cum * MIB;
+    assert_within("grow_by_realloc in use", grown, 1000.0 * 3072.0, 0.10);
+    assert_moved_regions_freed(&inuse, &stderr);
+    let failed = inuse
+        .iter()
+        .find(|r| r.name.contains("keep_failed_realloc"))
+        .map_or(0.0, |r| r.cum * MIB);
+    assert!(failed < 0.05 * 4096.0 * 1000.0, "{failed} B\n{stderr}");
 }
