@@ -1,6 +1,6 @@
 //! A malloc/free loop that is already running when probes attach to it
-//! (`--pid`): the two-trap floor, memprobe at entry, and memprobe on
-//! jemalloc's slow path once its trial has kept it.
+//! (`--pid`): the two-trap and one-trap floors, memprobe at entry, and
+//! memprobe on jemalloc's slow path once its trial has kept it.
 use std::{
     io::{BufRead, BufReader},
     path::Path,
@@ -13,6 +13,7 @@ use anyhow::{Context, Result, bail};
 use super::{
     LIBJEMALLOC, SLOW_PATH_KEPT,
     floor::{Floor, Place, memprobe_places},
+    one_trap::OneTrap,
     said, start_memprobe, stop,
 };
 
@@ -21,6 +22,7 @@ pub(super) struct AttachedLoops {
     /// Where memprobe probes jemalloc's malloc and free.
     pub(super) places: [Place; 2],
     floor: f64,
+    one_trap: f64,
     entry: f64,
     slow: f64,
 }
@@ -34,7 +36,7 @@ pub(super) fn attached_loops(
     malloc_loop: &Path,
     profiles_dir: &str,
 ) -> Result<AttachedLoops> {
-    eprintln!("bench: loops attached with --pid: two-trap floor, entry, slow path");
+    eprintln!("bench: loops attached with --pid: two-trap and one-trap floors, entry, slow path");
     let places = memprobe_places(memprobe, malloc_loop, LIBJEMALLOC)?;
     // A 3-s timed loop.
     let timed_loop = || {
@@ -48,6 +50,15 @@ pub(super) fn attached_loops(
         let ns = wait_ns(child)?.0;
         if counters.hits()? == 0 {
             bail!("the two-trap floor's uprobes counted no hit");
+        }
+        Ok(ns)
+    })?;
+    let one_trap = best_of_three(|| {
+        let child = start_timed(timed_loop(), None)?;
+        let counter = OneTrap::attach(child.id(), &places[1])?;
+        let ns = wait_ns(child)?.0;
+        if counter.hits()? == 0 {
+            bail!("the one-trap floor's probe counted no hit");
         }
         Ok(ns)
     })?;
@@ -69,6 +80,7 @@ pub(super) fn attached_loops(
     Ok(AttachedLoops {
         places,
         floor,
+        one_trap,
         entry,
         slow,
     })
@@ -156,22 +168,24 @@ pub(super) fn wait_ns(mut child: std::process::Child) -> Result<(f64, Option<Ins
 
 /// The README's table of the attached loop.
 pub(super) fn attached_table(none: f64, r: &AttachedLoops) -> String {
-    let floor = r.floor - none;
+    let (floor, one_trap) = (r.floor - none, r.one_trap - none);
     let row = |name: &str, ns: f64| {
         format!(
-            "| {name} | {ns:.0} | {:.0} | {:.2}x |\n",
+            "| {name} | {ns:.0} | {:.0} | {:.2}x | {:.2}x |\n",
             ns - none,
-            (ns - none) / floor
+            (ns - none) / floor,
+            (ns - none) / one_trap
         )
     };
     let mut table = String::from(
-        "\n| the same loop, attached with `--pid` while it runs | ns per pair | added ns | vs two-trap floor |\n|---|---|---|---|\n",
+        "\n| the same loop, attached with `--pid` while it runs | ns per pair | added ns | vs two-trap floor | vs one-trap floor |\n|---|---|---|---|---|\n",
     );
-    table.push_str(&format!("| no profiler | {none:.1} | - | - |\n"));
+    table.push_str(&format!("| no profiler | {none:.1} | - | - | - |\n"));
     table.push_str(&row(
         "two-trap floor: counting uprobe perf events, no BPF program, at memprobe's `malloc` and `free` places",
         r.floor,
     ));
+    table.push_str(&row(ONE_TRAP, r.one_trap));
     table.push_str(&row(
         "memprobe `--sampling entry` (malloc traps at every call)",
         r.entry,
@@ -182,3 +196,6 @@ pub(super) fn attached_table(none: f64, r: &AttachedLoops) -> String {
     ));
     table
 }
+
+/// The one-trap floor's row label, in both tables.
+pub(super) const ONE_TRAP: &str = "one-trap floor: a uprobe_multi link at memprobe's `free` place, its program counting hits (nothing else probed)";

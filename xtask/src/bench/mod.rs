@@ -15,6 +15,7 @@ use crate::{run_command, workspace_root};
 
 mod attached;
 mod floor;
+mod one_trap;
 mod own_profiler;
 mod redis;
 mod switches;

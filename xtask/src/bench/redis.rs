@@ -22,8 +22,11 @@ use anyhow::{Context, Result, bail};
 
 use super::{
     FELL_BACK, SLOW_PATH_KEPT, Usage,
+    attached::ONE_TRAP,
     floor::{Floor, Place},
-    line_with, said, start_memprobe, stop, usage,
+    line_with,
+    one_trap::OneTrap,
+    said, start_memprobe, stop, usage,
 };
 
 /// Where the profiled twin's memprobe serves /metrics, read for the time it
@@ -188,6 +191,18 @@ pub(super) fn redis_bench(
         rows.push(Row {
             label: FLOOR,
             halves: floor,
+        });
+        let one_trap = crossover(twins, |pair, half| {
+            let counter = OneTrap::attach(pair[0].pid, &places[1])?;
+            in_turn(pair, half)?;
+            if counter.hits()? == 0 {
+                bail!("the one-trap floor's probe counted no hit in redis-server");
+            }
+            Ok(())
+        })?;
+        rows.push(Row {
+            label: ONE_TRAP,
+            halves: one_trap,
         });
         for (label, flags) in MODES {
             let halves = crossover(twins, |pair, half| {
