@@ -17,6 +17,9 @@ pub mod maps {
     /// Sampled pointers still live ([`crate::LiveKey`] -> u8), so that a free
     /// of an unsampled pointer costs one lookup and emits nothing.
     pub const SAMPLED: &str = "SAMPLED";
+    /// How many of [`SAMPLED`]'s pointers hash to each slot (u64), see
+    /// [`crate::sampled_slots`].
+    pub const SAMPLED_SLOTS: &str = "SAMPLED_SLOTS";
     /// Quantiles of the exponential distribution, see [`crate::sampling`].
     pub const EXP_QUANTILES: &str = "EXP_QUANTILES";
     /// Per-CPU counters indexed by [`crate::Counter`].
@@ -32,12 +35,13 @@ pub mod maps {
     /// Every map. The eBPF side must spell them in `#[map(name = ...)]`
     /// literals (the macro takes no path); a unit test of the profiler
     /// checks the built object has each of these.
-    pub const ALL: [&str; 9] = [
+    pub const ALL: [&str; 10] = [
         FAST_PATHS,
         EVENTS,
         THREADS,
         PENDING,
         SAMPLED,
+        SAMPLED_SLOTS,
         EXP_QUANTILES,
         COUNTERS,
         PROBE_HITS,
@@ -430,6 +434,8 @@ impl Counter {
 }
 
 pub mod cookie;
+
+pub mod sampled_slots;
 
 pub mod sampling;
 

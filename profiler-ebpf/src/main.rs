@@ -8,10 +8,15 @@
 //! halves and asks for the return half only when the call was sampled.
 #![no_std]
 #![no_main]
+// Atomic adds on map values: core's Atomic types need a compare-and-swap
+// the BPF target does not offer.
+#![feature(core_intrinsics)]
+#![allow(internal_features)]
 
 mod alloc;
 mod maps;
 mod release;
+mod sampled;
 mod sampling;
 mod slow_path;
 

@@ -23,6 +23,10 @@ pub static PENDING: LruHashMap<u64, PendingCall> = LruHashMap::with_max_entries(
 #[map(name = "SAMPLED")]
 pub static SAMPLED: HashMap<LiveKey, u8> = HashMap::with_max_entries(262144, 0);
 
+#[map(name = "SAMPLED_SLOTS")]
+pub static SAMPLED_SLOTS: Array<u64> =
+    Array::with_max_entries(profiler_common::sampled_slots::SLOTS, 0);
+
 #[map(name = "EXP_QUANTILES")]
 pub static EXP_QUANTILES: Array<u64> = Array::with_max_entries(sampling::TABLE_LEN, 0);
 

@@ -11,7 +11,8 @@ use profiler_common::{
 };
 
 use crate::{
-    maps::{EVENTS, PENDING, SAMPLED},
+    maps::{EVENTS, PENDING},
+    sampled,
     sampling::{Thread, count, header, probe_cookie},
 };
 
@@ -45,13 +46,13 @@ pub(crate) fn on_free_in_resize(ctx: &ProbeContext, ptr: u64, size: u64) -> bool
 #[inline(always)]
 fn free_if_sampled(ctx: &ProbeContext, ptr: u64, kind: u32) -> bool {
     count(Counter::FreeCalls);
-    if ptr == 0 {
+    if ptr == 0 || !sampled::may_hold(ptr) {
         return false;
     }
     let id = bpf_get_current_pid_tgid();
     let probe_cookie = probe_cookie(ctx);
     let key = live_key(id, probe_cookie, ptr);
-    if SAMPLED.get_ptr(key).is_none() {
+    if !sampled::holds(&key) {
         return false;
     }
     let event = FreeEvent {
@@ -65,7 +66,7 @@ fn free_if_sampled(ctx: &ProbeContext, ptr: u64, kind: u32) -> bool {
         return false;
     }
     // Only now: the region is not free (nor reusable) before this returns.
-    let _ = SAMPLED.remove(key);
+    sampled::remove(&key);
     true
 }
 
@@ -91,7 +92,7 @@ pub(crate) fn expect_restore(ctx: &ProbeContext, thread: &Thread, ptr: u64) -> b
 #[inline(always)]
 fn restore(id: u64, probe_cookie: u64, ptr: u64) {
     let key = live_key(id, probe_cookie, ptr);
-    if SAMPLED.insert(key, 0u8, 0).is_err() {
+    if !sampled::insert(&key) {
         count(Counter::SampledSetFull);
         return;
     }
@@ -102,7 +103,7 @@ fn restore(id: u64, probe_cookie: u64, ptr: u64) {
     if EVENTS.output::<FreeEvent>(event, 0).is_err() {
         count(Counter::RingBufferFull);
         // Not followed in userspace: its free must not be reported either.
-        let _ = SAMPLED.remove(key);
+        sampled::remove(&key);
     }
 }
 
@@ -112,7 +113,7 @@ fn restore(id: u64, probe_cookie: u64, ptr: u64) {
 pub(crate) fn on_resize_entry(ctx: &ProbeContext, thread: &Thread, ptr: u64) -> bool {
     let id = thread.id;
     let key = live_key(id, probe_cookie(ctx), ptr);
-    if SAMPLED.get_ptr(key).is_none() {
+    if !sampled::holds(&key) {
         return false;
     }
     let pending = PendingCall {
@@ -181,7 +182,7 @@ pub(crate) fn finish_allocation(id: u64, probe_cookie: u64, ptr: u64) {
     let mut untracked = 0;
     if ptr != 0 {
         let key = live_key(id, probe_cookie, ptr);
-        if SAMPLED.insert(key, 0u8, 0).is_err() {
+        if !sampled::insert(&key) {
             count(Counter::SampledSetFull);
             untracked = 1;
         }
