@@ -9,10 +9,10 @@
 //! every function with. The function is called with
 //! a size of 0, so the countdown never samples: each hit costs what an
 //! unsampled call costs. A free's program is timed with a new pointer each
-//! call, none of them sampled: like a real free, each hit looks its pointer
-//! up in the sampled set, in a bucket the previous hit did not warm (a
-//! null pointer returns before the lookup, which timed 20-25% below what
-//! a free's trap costs in a saturated redis-server).
+//! call, none of them sampled: like a real free, each hit reads its
+//! pointer's slot in the counts of sampled pointers (and looks it up in
+//! the sampled set where the slot counts any), a slot the previous hit did
+//! not warm (a null pointer returns before either).
 use std::{
     io::{BufRead, BufReader, Write},
     path::{Path, PathBuf},

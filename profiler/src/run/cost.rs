@@ -14,9 +14,9 @@ use crate::kernel::{AttachedProbe, ReturnHalf, Scope};
 pub struct CostModel {
     /// A probe on an instruction the kernel emulates.
     pub emulated: Duration,
-    /// The same for a free's probe, whose program is one hash lookup in
-    /// a bucket no recent call warmed: about what an allocation's
-    /// countdown costs.
+    /// The same for a free's probe, whose program reads a slot of the
+    /// sampled pointers' counts that no recent call warmed (and looks the
+    /// pointer up where the slot counts any).
     pub free: Duration,
     /// A probe on an instruction the kernel single-steps.
     pub single_stepped: Duration,

@@ -437,6 +437,11 @@ fn added(row: &Row, cpu_ratio: f64) -> String {
         .sum();
     let reported: Option<f64> = row.halves.iter().map(|h| h.reported).sum();
     match reported {
+        // Within the twins' noise a mode that traps almost never can read
+        // a loss: no ratio to give.
+        Some(reported) if gained <= 0.0 => {
+            format!("{gained:.2} / {reported:.2} (no gain measured)")
+        }
         Some(reported) => format!(
             "{gained:.2} / {reported:.2} ({:.0}%)",
             100.0 * reported / gained.max(1e-9)
