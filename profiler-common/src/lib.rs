@@ -15,7 +15,8 @@ pub mod maps {
     /// Calls whose return value is wanted ([`crate::PendingCall`]), keyed by pid_tgid.
     pub const PENDING: &str = "PENDING";
     /// Sampled pointers still live ([`crate::LiveKey`] -> u8), so that a free
-    /// of an unsampled pointer costs one lookup and emits nothing.
+    /// of an unsampled pointer emits nothing (and, with [`SAMPLED_SLOTS`],
+    /// mostly costs no lookup here).
     pub const SAMPLED: &str = "SAMPLED";
     /// How many of [`SAMPLED`]'s pointers hash to each slot (u64), see
     /// [`crate::sampled_slots`].

@@ -52,7 +52,7 @@ fn free_if_sampled(ctx: &ProbeContext, ptr: u64, kind: u32) -> bool {
     let id = bpf_get_current_pid_tgid();
     let probe_cookie = probe_cookie(ctx);
     let key = live_key(id, probe_cookie, ptr);
-    if !sampled::holds(&key) {
+    if !sampled::contains(&key) {
         return false;
     }
     let event = FreeEvent {

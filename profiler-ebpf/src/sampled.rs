@@ -23,7 +23,13 @@ pub(crate) fn may_hold(ptr: u64) -> bool {
 /// Whether the set holds `key`.
 #[inline(always)]
 pub(crate) fn holds(key: &LiveKey) -> bool {
-    may_hold(key.ptr) && SAMPLED.get_ptr(key).is_some()
+    may_hold(key.ptr) && contains(key)
+}
+
+/// The set's own lookup, for a caller that has seen `may_hold` say yes.
+#[inline(always)]
+pub(crate) fn contains(key: &LiveKey) -> bool {
+    SAMPLED.get_ptr(key).is_some()
 }
 
 /// Adds `key`; false when the set is full. A key added twice is counted
