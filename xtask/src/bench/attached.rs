@@ -12,7 +12,7 @@ use anyhow::{Context, Result, bail};
 
 use super::{
     LIBJEMALLOC, SLOW_PATH_KEPT,
-    floor::{Floor, Place, memprobe_places},
+    floor::{CountsHits, Floor, Place, memprobe_places},
     one_trap::OneTrap,
     said, start_memprobe, stop,
 };
@@ -44,23 +44,11 @@ pub(super) fn attached_loops(
         command.args(["0", "3"]);
         command
     };
-    let floor = best_of_three(|| {
-        let child = start_timed(timed_loop(), None)?;
-        let counters = Floor::attach(child.id(), &places)?;
-        let ns = wait_ns(child)?.0;
-        if counters.hits()? == 0 {
-            bail!("the two-trap floor's uprobes counted no hit");
-        }
-        Ok(ns)
+    let floor = floor_ns(timed_loop, "two-trap floor", |pid| {
+        Floor::attach(pid, &places)
     })?;
-    let one_trap = best_of_three(|| {
-        let child = start_timed(timed_loop(), None)?;
-        let counter = OneTrap::attach(child.id(), &places[1])?;
-        let ns = wait_ns(child)?.0;
-        if counter.hits()? == 0 {
-            bail!("the one-trap floor's probe counted no hit");
-        }
-        Ok(ns)
+    let one_trap = floor_ns(timed_loop, "one-trap floor", |pid| {
+        OneTrap::attach(pid, &places[1])
     })?;
     let attached = Attached {
         memprobe,
@@ -83,6 +71,24 @@ pub(super) fn attached_loops(
         one_trap,
         entry,
         slow,
+    })
+}
+
+/// The timed loop's nanoseconds per pair, best of three, with a floor's
+/// probes (`attach`ed to its pid) on it.
+fn floor_ns<P: CountsHits>(
+    timed_loop: impl Fn() -> Command,
+    floor: &str,
+    attach: impl Fn(u32) -> Result<P>,
+) -> Result<f64> {
+    best_of_three(|| {
+        let child = start_timed(timed_loop(), None)?;
+        let probes = attach(child.id())?;
+        let ns = wait_ns(child)?.0;
+        if probes.hits()? == 0 {
+            bail!("the {floor}'s probes counted no hit");
+        }
+        Ok(ns)
     })
 }
 

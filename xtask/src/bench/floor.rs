@@ -39,6 +39,13 @@ const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 1 << 3;
 /// A probed instruction: the file and the offset in it.
 pub(super) type Place = (String, u64);
 
+/// Probes that count their hits and nothing else: the floors. A floor that
+/// counted none measured nothing.
+pub(super) trait CountsHits {
+    /// Hits counted so far.
+    fn hits(&self) -> Result<u64>;
+}
+
 /// Counting uprobe events on one process; removed when dropped.
 pub(super) struct Floor {
     events: Vec<OwnedFd>,
@@ -82,9 +89,11 @@ impl Floor {
         }
         Ok(Self { events })
     }
+}
 
+impl CountsHits for Floor {
     /// Hits counted so far, all places together.
-    pub(super) fn hits(&self) -> Result<u64> {
+    fn hits(&self) -> Result<u64> {
         let mut total = 0;
         for event in &self.events {
             let mut count = 0u64;

@@ -3,7 +3,7 @@
 //! exactly pays this at least, one trap per free, and nothing is cheaper to
 //! attach: the link is the kind memprobe's own probes use (no per-task
 //! perf event switched at every context switch, unlike the two-trap
-//! floor's counters), and the program is nine instructions.
+//! floor's counters), and the program is eleven instructions.
 //!
 //! Made with raw `bpf(2)` calls: the bench needs no eBPF object of its own.
 use std::{
@@ -14,7 +14,7 @@ use std::{
 
 use anyhow::{Context, Result};
 
-use super::floor::Place;
+use super::floor::{CountsHits, Place};
 
 /// `enum bpf_cmd` values.
 const BPF_MAP_CREATE: i64 = 0;
@@ -26,8 +26,9 @@ const ARRAY: u32 = 2;
 const KPROBE: u32 = 2;
 const UPROBE_MULTI: u32 = 48;
 
-/// `union bpf_attr`, as 8-byte words: every command's fields used here fit
-/// in its first 64 bytes, and the rest stays zero as the kernel requires.
+/// `union bpf_attr`, as bytes aligned like it: every command's fields used
+/// here fit in its first 72 bytes, and the rest stays zero as the kernel
+/// requires.
 #[repr(C, align(8))]
 struct Attr([u8; 128]);
 
@@ -137,9 +138,10 @@ impl OneTrap {
             _link: link,
         })
     }
+}
 
-    /// Hits counted so far.
-    pub(super) fn hits(&self) -> Result<u64> {
+impl CountsHits for OneTrap {
+    fn hits(&self) -> Result<u64> {
         let key = 0u32;
         let mut count = 0u64;
         Attr::default()

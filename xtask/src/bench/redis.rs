@@ -23,7 +23,7 @@ use anyhow::{Context, Result, bail};
 use super::{
     FELL_BACK, SLOW_PATH_KEPT, Usage,
     attached::ONE_TRAP,
-    floor::{Floor, Place},
+    floor::{CountsHits, Floor, Place},
     line_with,
     one_trap::OneTrap,
     said, start_memprobe, stop, usage,
@@ -180,29 +180,13 @@ pub(super) fn redis_bench(
         let mut unprofiled = Half::default();
         in_turn(twins, &mut unprofiled)?;
         let mut rows = Vec::new();
-        let floor = crossover(twins, |pair, half| {
-            let counters = Floor::attach(pair[0].pid, places)?;
-            in_turn(pair, half)?;
-            if counters.hits()? == 0 {
-                bail!("the two-trap floor's uprobes counted no hit in redis-server");
-            }
-            Ok(())
-        })?;
         rows.push(Row {
             label: FLOOR,
-            halves: floor,
+            halves: floor_halves(twins, |pid| Floor::attach(pid, places))?,
         });
-        let one_trap = crossover(twins, |pair, half| {
-            let counter = OneTrap::attach(pair[0].pid, &places[1])?;
-            in_turn(pair, half)?;
-            if counter.hits()? == 0 {
-                bail!("the one-trap floor's probe counted no hit in redis-server");
-            }
-            Ok(())
-        })?;
         rows.push(Row {
             label: ONE_TRAP,
-            halves: one_trap,
+            halves: floor_halves(twins, |pid| OneTrap::attach(pid, &places[1]))?,
         });
         for (label, flags) in MODES {
             let halves = crossover(twins, |pair, half| {
@@ -248,6 +232,22 @@ fn crossover(
     measure([a, b], &mut halves[0])?;
     measure([b, a], &mut halves[1])?;
     Ok(halves)
+}
+
+/// Both halves of a crossover with a floor's probes (`attach`ed to a pid)
+/// on the first twin of the pair.
+fn floor_halves<P: CountsHits>(
+    twins: [Server; 2],
+    attach: impl Fn(u32) -> Result<P>,
+) -> Result<[Half; 2]> {
+    crossover(twins, |pair, half| {
+        let probes = attach(pair[0].pid)?;
+        in_turn(pair, half)?;
+        if probes.hits()? == 0 {
+            bail!("a floor's probes counted no hit in redis-server");
+        }
+        Ok(())
+    })
 }
 
 /// Runs of `pair[0]` (into `half.with`) and `pair[1]` (into
