@@ -44,11 +44,7 @@ pub fn assert_rust_kept_in_use(binary: &Path, heap: &Path) -> Vec<JeprofRow> {
 /// Asserts that the C shapes of the Rust fixture (`c_api.rs`) left no
 /// `allocate_small` region in use: reallocs moved and freed them all.
 pub fn assert_moved_regions_freed(inuse: &[JeprofRow], context: &str) {
-    let moved = inuse
-        .iter()
-        .filter(|r| r.name.contains("allocate_small"))
-        .map(|r| r.cum * MIB)
-        .fold(0.0, f64::max);
+    let moved = site_bytes(inuse, "allocate_small");
     assert!(
         moved < 0.05 * 1000.0 * 1024.0,
         "{moved} B of moved regions in use\n{context}"
@@ -201,6 +197,15 @@ pub fn parse_jeprof_text(text: &str) -> HashMap<String, f64> {
         .into_iter()
         .map(|r| (r.name, r.flat))
         .collect()
+}
+
+/// The bytes of `needle`'s largest row (cumulative), 0 where jeprof lists
+/// none: for sites that should be gone.
+pub fn site_bytes(rows: &[JeprofRow], needle: &str) -> f64 {
+    rows.iter()
+        .filter(|r| r.name.contains(needle))
+        .map(|r| r.cum * MIB)
+        .fold(0.0, f64::max)
 }
 
 /// The row whose function name contains `needle`, with the largest cum.

@@ -55,10 +55,7 @@ fn jemallocs_own_samples_are_taken_when_its_profiler_runs() {
     let binary = rust_prof_fixture();
     let inuse = assert_rust_kept_in_use(&binary, &heap);
     // Freed churn is not in use; allocated, it is all there.
-    let churn_in_use = inuse
-        .iter()
-        .find(|r| r.name.contains("churn_vectors"))
-        .map_or(0.0, |r| r.cum * MIB);
+    let churn_in_use = site_bytes(&inuse, "churn_vectors");
     assert!(churn_in_use < 0.05 * 16.0 * MIB, "{churn_in_use} B in use");
     assert_rust_churn_allocated(&binary, &heap);
 }
@@ -191,9 +188,6 @@ fn without_sessions_a_realloc_is_a_plain_free() {
     let grown = row(&inuse, "grow_by_realloc").cum * MIB;
     assert_within("grow_by_realloc in use", grown, 1000.0 * 3072.0, 0.10);
     assert_moved_regions_freed(&inuse, &stderr);
-    let failed = inuse
-        .iter()
-        .find(|r| r.name.contains("keep_failed_realloc"))
-        .map_or(0.0, |r| r.cum * MIB);
+    let failed = site_bytes(&inuse, "keep_failed_realloc");
     assert!(failed < 0.05 * 4096.0 * 1000.0, "{failed} B\n{stderr}");
 }
