@@ -3,6 +3,7 @@
 //! one-line 4xx for bad queries, and `--keep` bounding the disk.
 use std::{
     io::Write,
+    path::Path,
     process::{Command, Stdio},
     time::{Duration, Instant},
 };
@@ -10,7 +11,7 @@ use std::{
 use tests::*;
 
 /// memprobe on the sites fixture, serving on a free loopback port.
-fn serving(out: &std::path::Path, extra: &[&str]) -> (Fixture, Memprobe, String) {
+fn serving(out: &Path, extra: &[&str]) -> (Fixture, Memprobe, String) {
     let fixture = Fixture::start(&sites_fixture(), &[]);
     let mut args = vec!["--sample-interval", "4096", "--listen", "127.0.0.1:0"];
     args.extend_from_slice(extra);
@@ -26,7 +27,8 @@ fn go_tool_pprof_reads_the_heap_endpoint_and_its_delta() {
     let (mut fixture, memprobe, address) = serving(&out, &[]);
     // A 3 s delta taken across the workload holds its allocations.
     let delta_url = format!("http://{address}/debug/pprof/heap?seconds=3");
-    let delta = std::thread::spawn(move || pprof_url_top(&delta_url, "inuse_space"));
+    let saved = out.clone();
+    let delta = std::thread::spawn(move || pprof_url_top(&delta_url, "inuse_space", &saved));
     std::thread::sleep(Duration::from_millis(500));
     fixture.run_workload();
     let delta = delta.join().unwrap();
@@ -41,7 +43,7 @@ fn go_tool_pprof_reads_the_heap_endpoint_and_its_delta() {
         format!("http://{address}/debug/pprof/heap"),
         format!("http://{address}/debug/pprof/heap?pid={}", fixture.pid),
     ] {
-        let top = pprof_url_top(&url, "inuse_space");
+        let top = pprof_url_top(&url, "inuse_space", &out);
         // The kept sites, in order, with the fixture's numbers.
         let at = |site: &str| top.find(&format!(" {site}\n")).unwrap_or(usize::MAX);
         assert!(
@@ -50,7 +52,7 @@ fn go_tool_pprof_reads_the_heap_endpoint_and_its_delta() {
         );
         assert_within("keep_1m", pprof_flat(&top, "keep_1m"), 16.0 * MIB, 0.1);
         assert_within("keep_4k", pprof_flat(&top, "keep_4k"), 2000.0 * 4096.0, 0.1);
-        let objects = pprof_url_top(&url, "inuse_objects");
+        let objects = pprof_url_top(&url, "inuse_objects", &out);
         assert_within(
             "keep_1m objects",
             pprof_flat(&objects, "keep_1m"),
@@ -62,6 +64,7 @@ fn go_tool_pprof_reads_the_heap_endpoint_and_its_delta() {
     let quiet = pprof_url_top(
         &format!("http://{address}/debug/pprof/heap?seconds=1"),
         "inuse_space",
+        &out,
     );
     assert!(
         !quiet.contains("keep_1m") && !quiet.contains("keep_4k"),
@@ -125,13 +128,14 @@ fn concurrent_requests_during_a_busy_run_drop_no_events() {
     assert!(stderr.contains(" 0 dropped"), "{stderr}");
 }
 
-/// `go tool pprof -top` of a profile fetched over HTTP.
-fn pprof_url_top(url: &str, sample_type: &str) -> String {
+/// `go tool pprof -top` of a profile fetched over HTTP; pprof keeps its copy
+/// of what it fetched in `saved_in`, the test's own directory.
+fn pprof_url_top(url: &str, sample_type: &str, saved_in: &Path) -> String {
     let out = Command::new("go")
         .args(["tool", "pprof", "-top"])
         .arg(format!("-sample_index={sample_type}"))
         .arg(url)
-        .env("PPROF_TMPDIR", std::env::temp_dir())
+        .env("PPROF_TMPDIR", saved_in)
         .output()
         .expect("running go tool pprof");
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
