@@ -152,8 +152,11 @@ pub enum Part {
     Switches,
     /// A loop running jemalloc's own profiler (prof:true).
     OwnProfiler,
-    /// redis-server under redis-benchmark.
+    /// redis-server under redis-benchmark, each load.
     Redis,
+    /// redis-server under redis-benchmark's own load alone (3-byte values,
+    /// not pipelined), in the most rounds.
+    RedisDefaultLoad,
     /// Offline reports of a large profile.
     Offline,
 }
@@ -184,7 +187,12 @@ pub fn bench(only: Option<Part>) -> Result<()> {
         let result = own_profiler::own_profiler(&memprobe, &profiles_dir)?;
         table.push_str(&own_profiler::own_profiler_table(&result));
     }
-    if runs(Part::Redis) {
+    let loads: &[Load] = match only {
+        None | Some(Part::Redis) => &redis::LOADS,
+        Some(Part::RedisDefaultLoad) => &redis::LOADS[..1],
+        Some(_) => &[],
+    };
+    if !loads.is_empty() {
         let places = match places {
             Some(places) => places,
             None => {
@@ -192,19 +200,11 @@ pub fn bench(only: Option<Part>) -> Result<()> {
                 floor::memprobe_places(&memprobe, &malloc_loop, LIBJEMALLOC)?
             }
         };
-        // redis-benchmark's own value size (3 bytes), and 256-byte values,
-        // whose SETs repeat one cycle of sizes that jemalloc's threshold
-        // aliases with (see README); then 3-byte values pipelined, which
-        // keep the server busy: where the traps' indirect costs show.
-        for (value_bytes, pipeline) in [(3, 1), (256, 1), (3, 16)] {
+        for &load in loads {
             eprintln!(
-                "bench: redis-server under redis-benchmark, {value_bytes}-byte values, \
-                 pipelining {pipeline}"
+                "bench: redis-server under redis-benchmark, {}-byte values, pipelining {}",
+                load.value_bytes, load.pipeline
             );
-            let load = Load {
-                value_bytes,
-                pipeline,
-            };
             let redis = redis_bench(&memprobe, &profiles_dir, &places, load)?;
             table.push_str(&redis_table(&redis));
         }

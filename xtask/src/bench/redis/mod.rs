@@ -20,6 +20,9 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
+mod table;
+pub(super) use table::redis_table;
+
 use super::{
     FELL_BACK, SLOW_PATH_KEPT, Usage,
     attached::ONE_TRAP,
@@ -56,12 +59,22 @@ struct Row {
 struct Half {
     with: Runs,
     without: Runs,
+    /// The same runs round by round: how much a round's ratio wanders says
+    /// how far the totals can be trusted.
+    rounds: Vec<Round>,
     /// memprobe's report of the time it added over the `with` runs.
     reported: Option<f64>,
     /// What a slow-path mode's trial had decided before the measured runs.
     trial: Option<&'static str>,
     /// memprobe's own CPU and peak RSS at the end of the half.
     own: Usage,
+}
+
+/// One round of runs in turn: with, without, without, with.
+#[derive(Default, Clone, Copy)]
+struct Round {
+    with: Runs,
+    without: Runs,
 }
 
 /// redis-benchmark runs, summed.
@@ -84,6 +97,13 @@ impl Runs {
         self.rates += run.rate;
         self.cpu += run.cpu;
         self.sleeps += run.sleeps;
+    }
+
+    fn merge(&mut self, other: &Runs) {
+        self.count += other.count;
+        self.rates += other.rates;
+        self.cpu += other.cpu;
+        self.sleeps += other.sleeps;
     }
 
     fn rate(&self) -> f64 {
@@ -137,6 +157,9 @@ pub(super) struct Load {
     /// server that sleeps between requests; 16, one kept busy, as a
     /// saturated production server is.
     pub pipeline: u32,
+    /// Rounds of runs in turn (with, without, without, with) that each
+    /// half measures: more rounds, a narrower interval.
+    pub rounds: u32,
 }
 
 impl Load {
@@ -145,6 +168,30 @@ impl Load {
         if self.pipeline > 1 { 600_000 } else { 200_000 }
     }
 }
+
+/// The loads redis-server is measured under. First redis-benchmark's own
+/// (3-byte values, not pipelined), in more rounds than the rest: the load
+/// the README's goals are stated for. Then 256-byte values, whose SETs
+/// repeat one cycle of sizes that jemalloc's threshold aliases with (see
+/// README), and 3-byte values pipelined, which keep the server busy: where
+/// the traps' indirect costs show.
+pub(super) const LOADS: [Load; 3] = [
+    Load {
+        value_bytes: 3,
+        pipeline: 1,
+        rounds: 4,
+    },
+    Load {
+        value_bytes: 256,
+        pipeline: 1,
+        rounds: 1,
+    },
+    Load {
+        value_bytes: 3,
+        pipeline: 16,
+        rounds: 1,
+    },
+];
 
 /// A redis-server under load.
 #[derive(Clone, Copy)]
@@ -250,16 +297,22 @@ fn floor_halves<P: CountsHits>(
     })
 }
 
-/// Runs of `pair[0]` (into `half.with`) and `pair[1]` (into
-/// `half.without`) in the order with, without, without, with: a drift
-/// that is steady over them cancels out.
+/// Rounds of runs of `pair[0]` (into `half.with`) and `pair[1]` (into
+/// `half.without`), each in the order with, without, without, with: a
+/// drift that is steady over a round cancels out.
 fn in_turn(pair: [Server; 2], half: &mut Half) -> Result<()> {
-    for profiled in [true, false, false, true] {
-        if profiled {
-            half.with.add(measure_run(pair[0])?);
-        } else {
-            half.without.add(measure_run(pair[1])?);
+    for _ in 0..pair[0].load.rounds {
+        let mut round = Round::default();
+        for profiled in [true, false, false, true] {
+            if profiled {
+                round.with.add(measure_run(pair[0])?);
+            } else {
+                round.without.add(measure_run(pair[1])?);
+            }
         }
+        half.with.merge(&round.with);
+        half.without.merge(&round.without);
+        half.rounds.push(round);
     }
     Ok(())
 }
@@ -369,98 +422,6 @@ fn scraped_added_seconds(pid: u32) -> Option<f64> {
     let series = format!("memprobe_added_seconds_total{{pid=\"{pid}\"");
     let line = text.lines().find(|line| line.starts_with(&series))?;
     line.rsplit(' ').next()?.parse().ok()
-}
-
-/// The README's redis table, and how memprobe's reported cost compares
-/// with what redis-server gained.
-pub(super) fn redis_table(redis: &RedisResult) -> String {
-    let plain = &redis.unprofiled;
-    let mut table = format!(
-        "\n| redis-server 7 (libjemalloc), redis-benchmark SET/GET of {}-byte values, 50 clients{}, random keys (a million, mostly set first), each run {}k SET + {}k GET; twin servers in turn, each once profiled and once the baseline | requests/s (vs without) | redis-server CPU s a run, with (without) | CPU per request vs without | redis-server's sleeps a run, with (without) | added CPU s over the 4 measured runs: measured / memprobe's report | memprobe's own CPU s, peak RSS |\n|---|---|---|---|---|---|---|\n\
-         | without memprobe (twin B's CPU per request over twin A's, nothing attached: {:.2}x) | {:.0} | {:.2} | 1.00x | {:.0} | - | - |\n",
-        redis.load.value_bytes,
-        match redis.load.pipeline {
-            1 => String::new(),
-            depth => format!(" each pipelining {depth} requests (the server never idle)"),
-        },
-        redis.load.requests() / 1000,
-        redis.load.requests() / 1000,
-        plain.without.cpu_per_run() / plain.with.cpu_per_run().max(1e-12),
-        (plain.with.rate() + plain.without.rate()) / 2.0,
-        (plain.with.cpu_per_run() + plain.without.cpu_per_run()) / 2.0,
-        (plain.with.sleeps_per_run() + plain.without.sleeps_per_run()) / 2.0,
-    );
-    for row in &redis.rows {
-        table.push_str(&table_row(row));
-    }
-    table
-}
-
-/// One configuration's line: the geometric means of its two halves'
-/// ratios, so that the twins' own difference cancels.
-fn table_row(row: &Row) -> String {
-    let [a, b] = &row.halves;
-    let ratio = |value: fn(&Runs) -> f64| {
-        let half = |h: &Half| value(&h.with) / value(&h.without).max(1e-12);
-        (half(a) * half(b)).sqrt()
-    };
-    let (rate, cpu) = (ratio(Runs::rate), ratio(Runs::cpu_per_run));
-    let mean =
-        |value: fn(&Runs) -> f64, runs: fn(&Half) -> &Runs| (value(runs(a)) + value(runs(b))) / 2.0;
-    let trials: Vec<&str> = row.halves.iter().filter_map(|h| h.trial).collect();
-    let undecided = if trials.iter().all(|&t| t == "kept the slow path") {
-        String::new()
-    } else {
-        format!(" (its trials: {})", trials.join("; "))
-    };
-    format!(
-        "| {}{undecided} | {:.0} ({:.1}%) | {:.2} ({:.2}) | {cpu:.2}x | {:.0} ({:.0}) | {} | {} |\n",
-        row.label,
-        mean(Runs::rate, |h| &h.with),
-        100.0 * rate,
-        mean(Runs::cpu_per_run, |h| &h.with),
-        mean(Runs::cpu_per_run, |h| &h.without),
-        mean(Runs::sleeps_per_run, |h| &h.with),
-        mean(Runs::sleeps_per_run, |h| &h.without),
-        added(row, cpu),
-        own(row),
-    )
-}
-
-/// What redis-server gained over the measured runs (their CPU less the same
-/// at `cpu_ratio` less per request) against memprobe's report.
-fn added(row: &Row, cpu_ratio: f64) -> String {
-    let gained: f64 = row
-        .halves
-        .iter()
-        .map(|h| h.with.cpu * (1.0 - 1.0 / cpu_ratio))
-        .sum();
-    let reported: Option<f64> = row.halves.iter().map(|h| h.reported).sum();
-    match reported {
-        // Within the twins' noise a mode that traps almost never can read
-        // a loss: no ratio to give.
-        Some(reported) if gained <= 0.0 => {
-            format!("{gained:.2} / {reported:.2} (no gain measured)")
-        }
-        Some(reported) => format!(
-            "{gained:.2} / {reported:.2} ({:.0}%)",
-            100.0 * reported / gained.max(1e-9)
-        ),
-        None => "-".to_owned(),
-    }
-}
-
-/// memprobe's own CPU over both halves and its larger peak RSS.
-fn own(row: &Row) -> String {
-    let usages: Option<Vec<(f64, u64)>> = row.halves.iter().map(|h| h.own).collect();
-    match usages {
-        Some(usages) => format!(
-            "{:.2} s, {:.1} MiB",
-            usages.iter().map(|u| u.0).sum::<f64>(),
-            usages.iter().map(|u| u.1).max().unwrap_or(0) as f64 / 1024.0
-        ),
-        None => "-".to_owned(),
-    }
 }
 
 /// One redis-benchmark run's mean requests per second over SET and GET.
