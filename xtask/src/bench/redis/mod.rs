@@ -21,6 +21,7 @@ use std::{
 use anyhow::{Context, Result, bail};
 
 mod table;
+use table::cpu_per_request;
 pub(super) use table::redis_table;
 
 use super::{
@@ -227,20 +228,24 @@ pub(super) fn redis_bench(
         let mut unprofiled = Half::default();
         in_turn(twins, &mut unprofiled)?;
         let mut rows = Vec::new();
-        rows.push(Row {
-            label: FLOOR,
-            halves: floor_halves(twins, |pid| Floor::attach(pid, places))?,
-        });
-        rows.push(Row {
-            label: ONE_TRAP,
-            halves: floor_halves(twins, |pid| OneTrap::attach(pid, &places[1]))?,
-        });
+        let measured = |rows: &mut Vec<Row>, label, halves| {
+            let row = Row { label, halves };
+            eprintln!(
+                "bench:   {label}: CPU per request {}",
+                cpu_per_request(&row)
+            );
+            rows.push(row);
+        };
+        let halves = floor_halves(twins, |pid| Floor::attach(pid, places))?;
+        measured(&mut rows, FLOOR, halves);
+        let halves = floor_halves(twins, |pid| OneTrap::attach(pid, &places[1]))?;
+        measured(&mut rows, ONE_TRAP, halves);
         for (label, flags) in MODES {
             let halves = crossover(twins, |pair, half| {
                 attached_half(memprobe, profiles_dir, pair, flags, half)
             })?;
             report_trial(label, &halves);
-            rows.push(Row { label, halves });
+            measured(&mut rows, label, halves);
         }
         Ok(RedisResult {
             load,

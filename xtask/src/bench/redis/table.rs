@@ -29,27 +29,13 @@ pub(in crate::bench) fn redis_table(redis: &RedisResult) -> String {
 }
 
 /// One configuration's line. Its ratios are the geometric means of its two
-/// halves', so that the twins' own difference cancels; CPU per request is
-/// the mean of its rounds', with a 95% interval where there are enough.
+/// halves', so that the twins' own difference cancels.
 fn table_row(row: &Row) -> String {
     let [a, b] = &row.halves;
     let rate = ((a.with.rate() / a.without.rate().max(1e-12))
         * (b.with.rate() / b.without.rate().max(1e-12)))
     .sqrt();
-    let log_ratios = |h: &Half| -> Vec<f64> {
-        let ratio = |r: &Round| (r.with.cpu / r.without.cpu.max(1e-12)).max(1e-12).ln();
-        h.rounds.iter().map(ratio).collect()
-    };
-    let (log_cpu, margin) = mean_and_margin([&log_ratios(a), &log_ratios(b)]);
-    let cpu = match margin {
-        Some(m) => format!(
-            "{:.2}x ({:.2}x to {:.2}x)",
-            log_cpu.exp(),
-            (log_cpu - m).exp(),
-            (log_cpu + m).exp()
-        ),
-        None => format!("{:.2}x", log_cpu.exp()),
-    };
+    let cpu = cpu_per_request(row);
     let mean =
         |value: fn(&Runs) -> f64, runs: fn(&Half) -> &Runs| (value(runs(a)) + value(runs(b))) / 2.0;
     let trials: Vec<&str> = row.halves.iter().filter_map(|h| h.trial).collect();
@@ -70,6 +56,26 @@ fn table_row(row: &Row) -> String {
         added(row),
         own(row),
     )
+}
+
+/// redis-server's CPU per request with against without: the mean of the
+/// rounds' ratios, with a 95% interval where there are enough rounds.
+pub(super) fn cpu_per_request(row: &Row) -> String {
+    let [a, b] = &row.halves;
+    let log_ratios = |h: &Half| -> Vec<f64> {
+        let ratio = |r: &Round| (r.with.cpu / r.without.cpu.max(1e-12)).max(1e-12).ln();
+        h.rounds.iter().map(ratio).collect()
+    };
+    let (log_cpu, margin) = mean_and_margin([&log_ratios(a), &log_ratios(b)]);
+    match margin {
+        Some(m) => format!(
+            "{:.2}x ({:.2}x to {:.2}x)",
+            log_cpu.exp(),
+            (log_cpu - m).exp(),
+            (log_cpu + m).exp()
+        ),
+        None => format!("{:.2}x", log_cpu.exp()),
+    }
 }
 
 /// What redis-server gained over the measured runs (each round's CPU with
