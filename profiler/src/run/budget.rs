@@ -19,11 +19,12 @@ pub const SUSTAINED: Duration = Duration::from_secs(10);
 /// What the budget counts per unit of estimated cost. The calibration times
 /// traps in a tight loop; in a busy server each trap also costs what the
 /// kernel's work evicts from the server's caches, which no tight loop
-/// shows: a saturated redis-server gained up to 1.22x memprobe's estimate
-/// (`cargo xtask bench`, the pipelined redis table).
+/// shows: a saturated redis-server gained up to 1.43x memprobe's estimate
+/// (`cargo xtask bench`, the pipelined redis table; 1.12x to 1.43x over
+/// three runs and three modes).
 /// Counted here, not in the reported cost: a server that sleeps between
 /// requests gains less than the estimate, and the budget must hold for both.
-pub const INDIRECT_ALLOWANCE: f64 = 1.25;
+pub const INDIRECT_ALLOWANCE: f64 = 1.5;
 
 /// One process's recent cost, for the budget.
 #[derive(Clone, Copy, Debug, Default)]
@@ -155,9 +156,9 @@ mod tests {
                     .is_some()
             })
         };
-        // Estimated at 9% of a CPU: above a 10% budget once traps' effect
-        // on the caches is allowed for; 7% stays under it.
-        assert!(over(0.09));
-        assert!(!over(0.07));
+        // Estimated at 7% of a CPU: above a 10% budget once traps' effect
+        // on the caches is allowed for; 6% stays under it.
+        assert!(over(0.07));
+        assert!(!over(0.06));
     }
 }
