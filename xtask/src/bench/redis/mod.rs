@@ -4,12 +4,13 @@
 //!
 //! Two redis-servers, twins filled alike, take turns in a crossover: while
 //! one has memprobe (or the floor's counters) attached, the other, with
-//! nothing attached, is its baseline, run by run in the order with,
+//! nothing attached, is its baseline, in rounds of runs in the order with,
 //! without, without, with; then they swap roles. Runs a few seconds apart
 //! cancel the VM's drift (redis-server's CPU for the same requests wanders
 //! by up to 19% over minutes here), and each twin being once profiled and
-//! once baseline cancels any lasting difference between the two (7% was
-//! seen): the cost is the geometric mean of the two halves' ratios.
+//! once baseline, for as many rounds, cancels any lasting difference
+//! between the two (7% was seen): the cost is the geometric mean of the
+//! rounds' ratios.
 use std::{
     io::{Read, Write},
     net::TcpStream,
@@ -58,10 +59,8 @@ struct Row {
 /// taken in turn.
 #[derive(Default)]
 struct Half {
-    with: Runs,
-    without: Runs,
-    /// The same runs round by round: how much a round's ratio wanders says
-    /// how far the totals can be trusted.
+    /// The runs round by round: how much a round's ratio wanders says how
+    /// far the totals can be trusted.
     rounds: Vec<Round>,
     /// memprobe's report of the time it added over the `with` runs.
     reported: Option<f64>,
@@ -69,6 +68,26 @@ struct Half {
     trial: Option<&'static str>,
     /// memprobe's own CPU and peak RSS at the end of the half.
     own: Usage,
+}
+
+impl Half {
+    /// All the runs of the twin with something attached.
+    fn with(&self) -> Runs {
+        self.total(|round| round.with)
+    }
+
+    /// All the runs of the twin without.
+    fn without(&self) -> Runs {
+        self.total(|round| round.without)
+    }
+
+    fn total(&self, side: fn(&Round) -> Runs) -> Runs {
+        let mut total = Runs::default();
+        for round in &self.rounds {
+            total.merge(&side(round));
+        }
+        total
+    }
 }
 
 /// One round of runs in turn: with, without, without, with.
@@ -302,9 +321,9 @@ fn floor_halves<P: CountsHits>(
     })
 }
 
-/// Rounds of runs of `pair[0]` (into `half.with`) and `pair[1]` (into
-/// `half.without`), each in the order with, without, without, with: a
-/// drift that is steady over a round cancels out.
+/// Rounds of runs of `pair[0]` (with) and `pair[1]` (without), each in
+/// the order with, without, without, with: a drift that is steady over a
+/// round cancels out.
 fn in_turn(pair: [Server; 2], half: &mut Half) -> Result<()> {
     for _ in 0..pair[0].load.rounds {
         let mut round = Round::default();
@@ -315,8 +334,6 @@ fn in_turn(pair: [Server; 2], half: &mut Half) -> Result<()> {
                 round.without.add(measure_run(pair[1])?);
             }
         }
-        half.with.merge(&round.with);
-        half.without.merge(&round.without);
         half.rounds.push(round);
     }
     Ok(())

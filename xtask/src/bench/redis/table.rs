@@ -5,7 +5,7 @@ use super::{Half, RedisResult, Round, Row, Runs};
 /// The README's redis table, and how memprobe's reported cost compares
 /// with what redis-server gained.
 pub(in crate::bench) fn redis_table(redis: &RedisResult) -> String {
-    let plain = &redis.unprofiled;
+    let (with, without) = (redis.unprofiled.with(), redis.unprofiled.without());
     let mut table = format!(
         "\n| redis-server 7 (libjemalloc), redis-benchmark SET/GET of {}-byte values, 50 clients{}, random keys (a million, mostly set first), each run {}k SET + {}k GET; twin servers in turn, each once profiled and once the baseline | requests/s (vs without) | redis-server CPU s a run, with (without) | CPU per request vs without | redis-server's sleeps a run, with (without) | added CPU s over the {} measured runs: measured / memprobe's report | memprobe's own CPU s, peak RSS |\n|---|---|---|---|---|---|---|\n\
          | without memprobe (twin B's CPU per request over twin A's, nothing attached: {:.2}x) | {:.0} | {:.2} | 1.00x | {:.0} | - | - |\n",
@@ -17,10 +17,10 @@ pub(in crate::bench) fn redis_table(redis: &RedisResult) -> String {
         redis.load.requests() / 1000,
         redis.load.requests() / 1000,
         4 * redis.load.rounds,
-        plain.without.cpu_per_run() / plain.with.cpu_per_run().max(1e-12),
-        (plain.with.rate() + plain.without.rate()) / 2.0,
-        (plain.with.cpu_per_run() + plain.without.cpu_per_run()) / 2.0,
-        (plain.with.sleeps_per_run() + plain.without.sleeps_per_run()) / 2.0,
+        without.cpu_per_run() / with.cpu_per_run().max(1e-12),
+        (with.rate() + without.rate()) / 2.0,
+        (with.cpu_per_run() + without.cpu_per_run()) / 2.0,
+        (with.sleeps_per_run() + without.sleeps_per_run()) / 2.0,
     );
     for row in &redis.rows {
         table.push_str(&table_row(row));
@@ -32,12 +32,13 @@ pub(in crate::bench) fn redis_table(redis: &RedisResult) -> String {
 /// halves', so that the twins' own difference cancels.
 fn table_row(row: &Row) -> String {
     let [a, b] = &row.halves;
-    let rate = ((a.with.rate() / a.without.rate().max(1e-12))
-        * (b.with.rate() / b.without.rate().max(1e-12)))
+    let rate = ((a.with().rate() / a.without().rate().max(1e-12))
+        * (b.with().rate() / b.without().rate().max(1e-12)))
     .sqrt();
     let cpu = cpu_per_request(row);
-    let mean =
-        |value: fn(&Runs) -> f64, runs: fn(&Half) -> &Runs| (value(runs(a)) + value(runs(b))) / 2.0;
+    let mean = |value: fn(&Runs) -> f64, runs: fn(&Half) -> Runs| {
+        (value(&runs(a)) + value(&runs(b))) / 2.0
+    };
     let trials: Vec<&str> = row.halves.iter().filter_map(|h| h.trial).collect();
     let undecided = if trials.iter().all(|&t| t == "kept the slow path") {
         String::new()
@@ -47,12 +48,12 @@ fn table_row(row: &Row) -> String {
     format!(
         "| {}{undecided} | {:.0} ({:.1}%) | {:.2} ({:.2}) | {cpu} | {:.0} ({:.0}) | {} | {} |\n",
         row.label,
-        mean(Runs::rate, |h| &h.with),
+        mean(Runs::rate, Half::with),
         100.0 * rate,
-        mean(Runs::cpu_per_run, |h| &h.with),
-        mean(Runs::cpu_per_run, |h| &h.without),
-        mean(Runs::sleeps_per_run, |h| &h.with),
-        mean(Runs::sleeps_per_run, |h| &h.without),
+        mean(Runs::cpu_per_run, Half::with),
+        mean(Runs::cpu_per_run, Half::without),
+        mean(Runs::sleeps_per_run, Half::with),
+        mean(Runs::sleeps_per_run, Half::without),
         added(row),
         own(row),
     )
