@@ -1,18 +1,24 @@
 //! What one probe hit costs on this host, measured at start (trap costs
 //! differ 2x between hosts of one kind, so constants from elsewhere
-//! mislead): memprobe starts a copy of itself that calls a two-instruction
-//! function in a loop, and times the loop with no probe, with the
-//! allocation program on the first instruction (`nop`, which the kernel
-//! emulates), on the second (`ret`, which it single-steps), with a
-//! uretprobe added and with a free's program on the `nop` instead; and a
-//! probe on `endbr64`, which CET builds (Ubuntu's, Fedora's glibc) start
-//! every function with. The function is called with
-//! a size of 0, so the countdown never samples: each hit costs what an
-//! unsampled call costs. A free's program is timed with a new pointer each
-//! call, none of them sampled: like a real free, each hit reads its
-//! pointer's slot in the counts of sampled pointers (and looks it up in
-//! the sampled set where the slot counts any), a slot the previous hit did
-//! not warm (a null pointer returns before either).
+//! mislead): memprobe starts a copy of itself that calls a short function
+//! in a loop, and times the loop with no probe, with the allocation
+//! program on its `nop` (which the kernel emulates), on its `ret` (which it
+//! single-steps), with a uretprobe added, with a free's program on the
+//! `nop` instead, and on `endbr64`, which CET builds (Ubuntu's, Fedora's
+//! glibc) start every function with. The function is called with a size
+//! of 0, so the countdown never samples: each hit costs what an unsampled
+//! call costs. A free's program is timed with a new pointer each call,
+//! none of them sampled: like a real free, each hit reads its pointer's
+//! slot in the counts of sampled pointers (and looks it up in the sampled
+//! set where the slot counts any), a slot the previous hit did not warm (a
+//! null pointer returns before either).
+//!
+//! A VM's trap costs drift by 10% within seconds, so each kind has its own
+//! copy of the function, probed throughout, and the kinds take turns in
+//! short rounds; each round is timed in the thread's CPU time (a preempted
+//! round does not count long), and a kind's cost is its median round: one
+//! unlucky round, or a kind timed while the host was slower, does not set
+//! the price.
 use std::{
     io::{BufRead, BufReader, Write},
     path::{Path, PathBuf},
@@ -22,56 +28,74 @@ use std::{
 
 use profiler_common::programs;
 
-use crate::{kernel::KernelProbes, run::cost::CostModel};
+use crate::{
+    kernel::{CalibrationProbes, KernelProbes},
+    run::cost::CostModel,
+};
 
 /// Set in the copy's environment: it serves timings instead of profiling.
 const TARGET_ENV: &str = "MEMPROBE_CALIBRATION_TARGET";
 
-// `endbr64` (at +0, for CET builds' first instruction), `nop` (+4,
-// emulated: where the probe goes), `ret` (+5, single-stepped).
+// One copy of the target function per kind of hit timed, each with its
+// own probes, so that the kinds' rounds take turns without attaching and
+// detaching (which takes longer than the rounds): `endbr64` (at +0, for
+// CET builds' first instruction), `nop` (+4, emulated: where the probe
+// goes), `ret` (+5, single-stepped), every [`COPY_BYTES`].
 core::arch::global_asm!(
-    ".pushsection .text.memprobe_calibration_target,\"ax\",@progbits",
-    ".globl memprobe_calibration_target",
-    ".type memprobe_calibration_target,@function",
-    "memprobe_calibration_target:",
+    ".pushsection .text.memprobe_calibration_targets,\"ax\",@progbits",
+    ".globl memprobe_calibration_targets",
+    ".type memprobe_calibration_targets,@function",
+    ".balign 16",
+    "memprobe_calibration_targets:",
+    ".rept 5",
+    ".balign 16",
     "endbr64",
     "nop",
     "ret",
-    ".size memprobe_calibration_target, .-memprobe_calibration_target",
+    ".endr",
+    ".size memprobe_calibration_targets, .-memprobe_calibration_targets",
     ".popsection",
 );
 
-/// Offsets in the target function.
+/// Offsets in a copy of the target function.
 const ENDBR64: u64 = 0;
 const NOP: u64 = 4;
 const RET: u64 = 5;
+/// Bytes from one copy to the next (the `.balign` above).
+const COPY_BYTES: u64 = 16;
 
 unsafe extern "C" {
-    fn memprobe_calibration_target(size: u64);
+    fn memprobe_calibration_targets(size: u64);
+}
+
+/// Copy `index` (below [`KINDS`]' length) of the target function.
+fn target_copy(index: usize) -> unsafe extern "C" fn(u64) {
+    let address = memprobe_calibration_targets as *const () as u64 + index as u64 * COPY_BYTES;
+    // SAFETY: each copy starts a function of this signature (see the asm).
+    unsafe { std::mem::transmute::<u64, unsafe extern "C" fn(u64)>(address) }
 }
 
 /// Calls timed per request, by what each one costs.
-const FAST_CALLS: u64 = 20_000;
-const SLOW_CALLS: u64 = 2_000;
+const FAST_CALLS: u64 = 10_000;
+const SLOW_CALLS: u64 = 1_000;
 const BASELINE_CALLS: u64 = 1_000_000;
-/// Each timing is the least of this many rounds.
-const ROUNDS: usize = 3;
+/// Rounds per kind: each kind's cost is the median of its rounds.
+const ROUNDS: usize = 7;
 /// The first pointer a free's timing passes, then one every `stride` bytes:
 /// where a heap could be, never sampled (samples are keyed by process).
 const POINTER_BASE: u64 = 0x7f00_0000_0000;
 /// Bytes between the pointers a free's timing passes: a small size class.
 const FREE_STRIDE: u64 = 48;
 
-/// A request line: `CALLS` (argument 0) or `CALLS STRIDE` (pointers
-/// [`POINTER_BASE`] + i * STRIDE).
-fn parse_request(line: &str) -> Option<(u64, u64)> {
+/// A request line: `CALLS STRIDE COPY`: CALLS calls of the target's copy
+/// COPY with argument 0 (STRIDE 0) or pointers [`POINTER_BASE`] + i *
+/// STRIDE.
+fn parse_request(line: &str) -> Option<(u64, u64, usize)> {
     let mut words = line.split_whitespace();
-    let calls = words.next()?.parse().ok()?;
-    let stride = match words.next() {
-        Some(word) => word.parse().ok()?,
-        None => 0,
-    };
-    Some((calls, stride))
+    let mut next = || words.next()?.parse::<u64>().ok();
+    let (calls, stride, copy) = (next()?, next()?, next()?);
+    let copy = usize::try_from(copy).ok().filter(|&c| c < KINDS.len())?;
+    Some((calls, stride, copy))
 }
 
 /// In memprobe's calibration copy: answers each line `N` on stdin with the
@@ -85,14 +109,15 @@ pub fn serve_as_target() {
     let _ = writeln!(out, "ready");
     let _ = out.flush();
     for line in std::io::stdin().lock().lines() {
-        let Some((calls, stride)) = parse_request(&line.unwrap_or_default()) else {
+        let Some((calls, stride, copy)) = parse_request(&line.unwrap_or_default()) else {
             break;
         };
         // In a thread other than the main one: a kernel whose uprobe_multi
         // links filter by thread, not process (6.6 to 6.9), runs no program
         // there, and memprobe sees no hit and falls back.
+        let target = target_copy(copy);
         let timing = std::thread::spawn(move || {
-            let started = std::time::Instant::now();
+            let started = thread_cpu_time();
             for call in 0..calls {
                 let argument = if stride == 0 {
                     0
@@ -100,9 +125,9 @@ pub fn serve_as_target() {
                     POINTER_BASE + call * stride
                 };
                 // SAFETY: the function touches no memory and returns at once.
-                unsafe { memprobe_calibration_target(std::hint::black_box(argument)) };
+                unsafe { target(std::hint::black_box(argument)) };
             }
-            started.elapsed()
+            thread_cpu_time().saturating_sub(started)
         });
         let Ok(elapsed) = timing.join() else { break };
         let per_call = elapsed.as_nanos() as f64 / calls.max(1) as f64;
@@ -110,6 +135,19 @@ pub fn serve_as_target() {
         let _ = out.flush();
     }
     std::process::exit(0);
+}
+
+/// The CPU time the calling thread has used: a round preempted by another
+/// task is not counted long, and trap handling, done in the kernel on the
+/// thread's behalf, is counted in it (as in the target's CPU time).
+fn thread_cpu_time() -> Duration {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `now` is a valid timespec for the call to fill.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut now) };
+    Duration::new(now.tv_sec as u64, now.tv_nsec as u32)
 }
 
 /// The copy of memprobe being timed.
@@ -143,21 +181,15 @@ impl Target {
         }
     }
 
-    /// Least nanoseconds per call over [`ROUNDS`] runs of `calls` calls,
-    /// with pointers `stride` bytes apart (0: a null argument).
-    fn time(&mut self, calls: u64, stride: u64) -> Result<f64, String> {
-        let mut best = f64::INFINITY;
-        for _ in 0..ROUNDS {
-            let stdin = self.child.stdin.as_mut().ok_or("no stdin")?;
-            writeln!(stdin, "{calls} {stride}").map_err(|e| e.to_string())?;
-            let line = self.read_line()?;
-            best = best.min(
-                line.trim()
-                    .parse()
-                    .map_err(|_| format!("bad timing {line:?}"))?,
-            );
-        }
-        Ok(best)
+    /// Nanoseconds per call of one run of `calls` calls of the target's
+    /// copy `copy`, with pointers `stride` bytes apart (0: a null argument).
+    fn time(&mut self, calls: u64, stride: u64, copy: usize) -> Result<f64, String> {
+        let stdin = self.child.stdin.as_mut().ok_or("no stdin")?;
+        writeln!(stdin, "{calls} {stride} {copy}").map_err(|e| e.to_string())?;
+        let line = self.read_line()?;
+        line.trim()
+            .parse()
+            .map_err(|_| format!("bad timing {line:?}"))
     }
 }
 
@@ -168,10 +200,10 @@ impl Drop for Target {
     }
 }
 
-/// Where the target function is in memprobe's executable: its path and
-/// the file offset of its first instruction.
+/// Where the target function's copies are in memprobe's executable: its
+/// path and the file offset of the first copy's first instruction.
 fn target_location() -> Result<(PathBuf, u64), String> {
-    let address = memprobe_calibration_target as *const () as u64;
+    let address = memprobe_calibration_targets as *const () as u64;
     let maps = std::fs::read_to_string("/proc/self/maps").map_err(|e| e.to_string())?;
     let mapping = crate::proc::parse_maps(&maps)
         .into_iter()
@@ -187,6 +219,49 @@ fn target_location() -> Result<(PathBuf, u64), String> {
     ))
 }
 
+/// One kind of probe hit timed: the programs attached (each at its offset
+/// in the target function), calls per round, and the pointers' stride.
+struct Kind {
+    programs: &'static [(&'static str, u64)],
+    calls: u64,
+    stride: u64,
+}
+
+const ENTRY: &str = programs::ALLOC_SIZE_ARG0;
+/// In the order of [`CostModel`]'s fields as `measure` fills them.
+const KINDS: [Kind; 5] = [
+    Kind {
+        programs: &[(ENTRY, NOP)],
+        calls: FAST_CALLS,
+        stride: 0,
+    },
+    Kind {
+        programs: &[(ENTRY, RET)],
+        calls: SLOW_CALLS,
+        stride: 0,
+    },
+    Kind {
+        programs: &[(ENTRY, NOP), (programs::CALL_RETURN, NOP)],
+        calls: FAST_CALLS,
+        stride: 0,
+    },
+    Kind {
+        programs: &[(ENTRY, ENDBR64)],
+        calls: SLOW_CALLS,
+        stride: 0,
+    },
+    Kind {
+        programs: &[(programs::FREE_ARG0, NOP)],
+        calls: FAST_CALLS,
+        stride: FREE_STRIDE,
+    },
+];
+const EMULATED: usize = 0;
+const SINGLE_STEPPED: usize = 1;
+const WITH_RETURN: usize = 2;
+const ON_ENDBR64: usize = 3;
+const FREE: usize = 4;
+
 /// Measures the per-hit costs of this host's probes with `probes`' own
 /// programs; nothing stays attached.
 pub fn measure(probes: &mut KernelProbes) -> Result<CostModel, String> {
@@ -195,33 +270,103 @@ pub fn measure(probes: &mut KernelProbes) -> Result<CostModel, String> {
     let pid = target.child.id();
     // First: how probes are linked decides what they cost.
     probes.check_links(&executable, offset + NOP, pid);
-    let baseline = target.time(BASELINE_CALLS, 0)?;
-    let pointers_baseline = target.time(BASELINE_CALLS, FREE_STRIDE)?;
-    let mut timed = |probes: &mut KernelProbes, programs: &[(&'static str, u64)], calls, stride| {
-        let handle = probes.attach_for_calibration(programs, &executable, offset, pid)?;
-        let time = target.time(calls, stride);
-        probes.detach_calibration(handle);
-        time
-    };
-    let entry = programs::ALLOC_SIZE_ARG0;
-    let mut emulated = timed(probes, &[(entry, NOP)], FAST_CALLS, 0)?;
-    if probes.calibration_hits() == 0 {
+    let baseline = target.time(BASELINE_CALLS, 0, EMULATED)?;
+    let pointers_baseline = target.time(BASELINE_CALLS, FREE_STRIDE, FREE)?;
+    let mut attached = attach_kinds(probes, &executable, offset, pid)?;
+    // A first round, not counted, finds whether entry links reach the
+    // copy's thread.
+    let first = target.time(KINDS[EMULATED].calls, 0, EMULATED);
+    if first.is_ok() && probes.calibration_hits() == 0 {
+        detach_kinds(probes, attached);
         probes.give_up_entry_links();
-        emulated = timed(probes, &[(entry, NOP)], FAST_CALLS, 0)?;
+        attached = attach_kinds(probes, &executable, offset, pid)?;
     }
-    let single_stepped = timed(probes, &[(entry, RET)], SLOW_CALLS, 0)?;
-    let returns = [(entry, NOP), (programs::CALL_RETURN, NOP)];
-    let with_return = timed(probes, &returns, FAST_CALLS, 0)?;
-    let endbr64 = timed(probes, &[(entry, ENDBR64)], SLOW_CALLS, 0)?;
-    let free_program = [(programs::FREE_ARG0, NOP)];
-    let free = timed(probes, &free_program, FAST_CALLS, FREE_STRIDE)?;
+    let rounds = first.and_then(|_| time_rounds(&mut target));
+    detach_kinds(probes, attached);
+    let rounds = rounds?;
+    let added = |kind: usize, baseline: f64| median(rounds[kind].map(|t| t - baseline));
+    let return_half: [f64; ROUNDS] =
+        std::array::from_fn(|round| rounds[WITH_RETURN][round] - rounds[EMULATED][round]);
     let nanos = |ns: f64| Duration::from_nanos(ns.max(1.0) as u64);
     Ok(CostModel {
-        emulated: nanos(emulated - baseline),
-        free: nanos(free - pointers_baseline),
-        single_stepped: nanos(single_stepped - baseline),
-        return_half: nanos(with_return - emulated),
-        endbr64: nanos(endbr64 - baseline),
+        emulated: nanos(added(EMULATED, baseline)),
+        free: nanos(added(FREE, pointers_baseline)),
+        single_stepped: nanos(added(SINGLE_STEPPED, baseline)),
+        return_half: nanos(median(return_half)),
+        endbr64: nanos(added(ON_ENDBR64, baseline)),
         measured: true,
     })
+}
+
+/// Attaches each kind's programs to its own copy of the target function.
+fn attach_kinds(
+    probes: &mut KernelProbes,
+    executable: &Path,
+    offset: u64,
+    pid: u32,
+) -> Result<Vec<CalibrationProbes>, String> {
+    let mut attached = Vec::with_capacity(KINDS.len());
+    for (copy, kind) in KINDS.iter().enumerate() {
+        let copy_offset = offset + copy as u64 * COPY_BYTES;
+        match probes.attach_for_calibration(kind.programs, executable, copy_offset, pid) {
+            Ok(handle) => attached.push(handle),
+            Err(error) => {
+                detach_kinds(probes, attached);
+                return Err(error);
+            }
+        }
+    }
+    Ok(attached)
+}
+
+fn detach_kinds(probes: &mut KernelProbes, attached: Vec<CalibrationProbes>) {
+    for kind in attached {
+        probes.detach_calibration(kind);
+    }
+}
+
+/// Nanoseconds per call of each kind (a row) in each round (a column),
+/// the kinds taking turns within a round.
+fn time_rounds(target: &mut Target) -> Result<[[f64; ROUNDS]; KINDS.len()], String> {
+    let mut rounds = [[0.0; ROUNDS]; KINDS.len()];
+    for round in 0..ROUNDS {
+        for (copy, (kind, times)) in KINDS.iter().zip(rounds.iter_mut()).enumerate() {
+            times[round] = target.time(kind.calls, kind.stride, copy)?;
+        }
+    }
+    Ok(rounds)
+}
+
+/// The middle value (the upper of the two middle ones for an even count).
+fn median<const N: usize>(mut values: [f64; N]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[N / 2]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_name_calls_stride_and_a_copy_that_exists() {
+        assert_eq!(parse_request("20000 48 4"), Some((20_000, 48, 4)));
+        assert_eq!(parse_request("1000 0 0"), Some((1_000, 0, 0)));
+        assert_eq!(parse_request("1000 0 5"), None);
+        assert_eq!(parse_request("1000 0"), None);
+        assert_eq!(parse_request(""), None);
+    }
+
+    #[test]
+    fn a_kind_costs_its_median_round() {
+        assert_eq!(median([0.9, 0.7, 5.0, 0.8, 0.75]), 0.8);
+        assert_eq!(median([2.0, 1.0]), 2.0);
+    }
+
+    #[test]
+    fn each_copy_of_the_target_returns() {
+        for copy in 0..KINDS.len() {
+            // SAFETY: each copy is `endbr64; nop; ret`.
+            unsafe { target_copy(copy)(0) };
+        }
+    }
 }
