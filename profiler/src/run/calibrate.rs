@@ -47,7 +47,7 @@ core::arch::global_asm!(
     ".type memprobe_calibration_targets,@function",
     ".balign 16",
     "memprobe_calibration_targets:",
-    ".rept 5",
+    ".rept {copies}",
     ".balign 16",
     "endbr64",
     "nop",
@@ -55,6 +55,7 @@ core::arch::global_asm!(
     ".endr",
     ".size memprobe_calibration_targets, .-memprobe_calibration_targets",
     ".popsection",
+    copies = const KINDS.len(),
 );
 
 /// Offsets in a copy of the target function.
@@ -228,7 +229,8 @@ struct Kind {
 }
 
 const ENTRY: &str = programs::ALLOC_SIZE_ARG0;
-/// In the order of [`CostModel`]'s fields as `measure` fills them.
+/// The kinds timed; a kind's index is also the copy of the target function
+/// its probes are on.
 const KINDS: [Kind; 5] = [
     Kind {
         programs: &[(ENTRY, NOP)],
