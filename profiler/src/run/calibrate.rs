@@ -29,6 +29,7 @@ use std::{
 use profiler_common::programs;
 
 use crate::{
+    collect::clock_ns,
     kernel::{CalibrationProbes, KernelProbes},
     run::cost::CostModel,
 };
@@ -99,8 +100,9 @@ fn parse_request(line: &str) -> Option<(u64, u64, usize)> {
     Some((calls, stride, copy))
 }
 
-/// In memprobe's calibration copy: answers each line `N` on stdin with the
-/// nanoseconds per call of N calls, until the end of input; then exits.
+/// In memprobe's calibration copy: answers each request line on stdin
+/// (see [`parse_request`]) with the nanoseconds of CPU time per call, until
+/// the end of input; then exits.
 /// Does nothing in any other process.
 pub fn serve_as_target() {
     if std::env::var_os(TARGET_ENV).is_none() {
@@ -142,13 +144,7 @@ pub fn serve_as_target() {
 /// task is not counted long, and trap handling, done in the kernel on the
 /// thread's behalf, is counted in it (as in the target's CPU time).
 fn thread_cpu_time() -> Duration {
-    let mut now = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `now` is a valid timespec for the call to fill.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut now) };
-    Duration::new(now.tv_sec as u64, now.tv_nsec as u32)
+    Duration::from_nanos(clock_ns(libc::CLOCK_THREAD_CPUTIME_ID))
 }
 
 /// The copy of memprobe being timed.
