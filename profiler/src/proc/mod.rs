@@ -24,6 +24,17 @@ pub struct FileId {
     pub inode: u64,
 }
 
+impl FileId {
+    /// The identity of the file `meta` describes, encoded as in `/proc/PID/maps`.
+    pub fn of(meta: &std::fs::Metadata) -> Self {
+        use std::os::unix::fs::MetadataExt;
+        Self {
+            device: (u64::from(libc::major(meta.dev())) << 32) | u64::from(libc::minor(meta.dev())),
+            inode: meta.ino(),
+        }
+    }
+}
+
 /// Addresses `[start, end)` of a process.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AddressRange {

@@ -161,12 +161,10 @@ pub fn predict_files(executable: &Path) -> Result<Vec<PredictedFile>> {
         .into_iter()
         .filter_map(|path| {
             let meta = std::fs::metadata(&path).ok()?;
-            let file = FileId {
-                device: (u64::from(libc::major(meta.dev())) << 32)
-                    | u64::from(libc::minor(meta.dev())),
-                inode: meta.ino(),
-            };
-            Some(PredictedFile { path, file })
+            Some(PredictedFile {
+                path,
+                file: FileId::of(&meta),
+            })
         })
         .collect())
 }
