@@ -18,6 +18,7 @@ use crate::{
         features::{self, KernelFeature},
         uprobe_multi::{self, LinkKind, MultiPrograms},
     },
+    proc::FileId,
 };
 
 /// The summary's words for a run on uretprobes because the kernel has no
@@ -31,6 +32,8 @@ struct Target<'a> {
     uprobe_scope: UProbeScope,
     path: &'a str,
     open_path: &'a Path,
+    /// Which file the kernel probes (what its uprobes are keyed by).
+    file: Option<FileId>,
 }
 
 impl<'a> Target<'a> {
@@ -48,6 +51,9 @@ impl<'a> Target<'a> {
             uprobe_scope,
             path,
             open_path,
+            file: std::fs::metadata(open_path)
+                .ok()
+                .map(|meta| FileId::of(&meta)),
         })
     }
 
@@ -271,6 +277,7 @@ impl KernelProbes {
             scope: target.scope,
             symbol: entry.symbol.clone(),
             path: target.path.to_owned(),
+            file: target.file,
             file_offset: entry.file_offset,
             placement,
             return_half,

@@ -6,6 +6,7 @@ pub use attach::CalibrationProbes;
 pub mod btf;
 pub mod events;
 pub mod features;
+mod shared;
 pub mod uprobe_multi;
 
 use std::os::fd::OwnedFd;
@@ -122,6 +123,8 @@ pub struct AttachedProbe {
     pub scope: Scope,
     pub symbol: String,
     pub path: String,
+    /// Which file is probed, whatever its path (`None`: not known).
+    pub file: Option<crate::proc::FileId>,
     /// File offset of the function.
     pub file_offset: u64,
     pub placement: Placement,
@@ -311,6 +314,14 @@ impl KernelProbes {
             }
         }
         hits
+    }
+
+    /// For each attached probe: `None` once detached, else whether each of
+    /// its calls traps at its return for another profiled process's probe
+    /// at the same place (see `shared`).
+    pub fn forced_returns(&self) -> Vec<Option<bool>> {
+        let live: Vec<bool> = self.links.iter().map(|links| !links.is_empty()).collect();
+        shared::forced_returns(&self.attached, &live)
     }
 
     /// Tells the slow-path program where `pid`'s copy `instance` of

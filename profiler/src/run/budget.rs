@@ -8,10 +8,7 @@
 //! from one: the budget applies to `--pid` and launched processes.
 use std::time::{Duration, Instant};
 
-use crate::{
-    kernel::Scope,
-    run::{Session, Targets, snapshot::SnapshotKind, writer::Announce},
-};
+use crate::run::{Session, Targets, snapshot::SnapshotKind, writer::Announce};
 
 /// How long a process may stay over its budget.
 pub const SUSTAINED: Duration = Duration::from_secs(10);
@@ -67,21 +64,14 @@ impl Session<'_> {
         if matches!(self.options.targets, Targets::All) {
             return;
         }
-        let hits = self.probes.probe_hits();
-        let mut added: std::collections::HashMap<u32, f64> = Default::default();
-        for (probe, &hits) in self.probes.attached.iter().zip(&hits) {
-            if let Scope::Process(pid) = probe.scope {
-                *added.entry(pid).or_default() +=
-                    self.cost_model.per_hit(probe).as_secs_f64() * hits as f64;
-            }
-        }
+        let added = self.ledger.per_process(&self.probes.attached);
         let now = Instant::now();
         let over: Vec<(u32, f64)> = self
             .tracked
             .values_mut()
             .filter(|t| !t.exited)
             .filter_map(|t| {
-                let seconds = added.get(&t.pid).copied().unwrap_or(0.0);
+                let seconds = added.get(&t.pid).map_or(0.0, |&(_, seconds)| seconds);
                 Some((t.pid, t.budget.observe(now, seconds, budget)?))
             })
             .collect();

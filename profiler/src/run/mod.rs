@@ -45,7 +45,7 @@ use crate::{
     output::files::OutputDir,
     proc::{FileId, command_name, parse_maps, read_maps},
     run::{
-        cost::CostModel,
+        cost::{CostLedger, CostModel},
         launch::PredictedFile,
         process::Tracked,
         snapshot::SnapshotKind,
@@ -89,6 +89,8 @@ struct Session<'a> {
     snapshot_requests: Option<mpsc::Receiver<SnapshotRequest>>,
     /// What a probe hit costs on this host.
     cost_model: CostModel,
+    /// The probes' hits and the time they added, priced each tick.
+    ledger: CostLedger,
 }
 
 /// The targets as checked before anything is loaded.
@@ -141,6 +143,7 @@ pub async fn run(options: SessionOptions, status: &mut dyn Write) -> Result<Summ
         published: None,
         snapshot_requests: None,
         cost_model,
+        ledger: CostLedger::default(),
     };
     if session.options.verbose {
         let line = match calibration_error {
@@ -252,7 +255,7 @@ impl Session<'_> {
             .map(|d| tokio::time::Instant::now() + d);
         let mut ticker = tokio::time::interval(self.options.rescan_interval);
         let mut ticks: u64 = 0;
-        let mut last_hits: Vec<u64> = Vec::new();
+        let mut last_rates = CostLedger::default();
         loop {
             tokio::select! {
                 readable = ring.readable_mut() => {
@@ -295,7 +298,7 @@ impl Session<'_> {
                 }
                 _ = ticker.tick() => {
                     self.drain(ring.get_mut());
-                    self.tick(&mut ticks, &mut last_hits)?;
+                    self.tick(&mut ticks, &mut last_rates)?;
                     // Every process detached over budget: nothing to profile.
                     let all_done = self.tracked.values().all(|t| t.exited);
                     if all_done && matches!(self.options.targets, Targets::Pids(_)) {
@@ -308,7 +311,9 @@ impl Session<'_> {
 
     /// Once a rescan interval: new libraries and processes, growth
     /// triggers, `--verbose` rates, the status line.
-    fn tick(&mut self, ticks: &mut u64, last_hits: &mut Vec<u64>) -> Result<()> {
+    fn tick(&mut self, ticks: &mut u64, last_rates: &mut CostLedger) -> Result<()> {
+        let forced = self.ledger.update(&self.cost_model, &self.probes);
+        self.say_forced_returns(&forced);
         self.rescan()?;
         self.check_growth();
         self.enforce_budget();
@@ -319,7 +324,7 @@ impl Session<'_> {
         self.record_written()?;
         *ticks += 1;
         if self.options.verbose && ticks.is_multiple_of(10) {
-            *last_hits = self.report_rates(last_hits, self.options.rescan_interval * 10);
+            *last_rates = self.report_rates(last_rates, self.options.rescan_interval * 10);
         }
         if self.options.progress {
             let line = self.progress_line(self.started.elapsed());
@@ -371,11 +376,13 @@ impl Session<'_> {
             mut writer,
             options,
             cost_model,
+            mut ledger,
             ..
         } = self;
         let kernel_counters = probes.counters();
         let probe_count = probes.attached_now();
-        let probe_costs = cost_model.costs(&probes.attached, &probes.probe_hits());
+        ledger.update(&cost_model, &probes);
+        let probe_costs = ledger.costs(&probes.attached);
         let return_probes = probes.return_probes_used();
         // Detach before anything else: the targets run unprobed from here on.
         drop(ring);

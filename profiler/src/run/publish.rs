@@ -38,18 +38,16 @@ impl Session<'_> {
         let Some(published) = &self.published else {
             return;
         };
-        let hits = self.probes.probe_hits();
-        let mut per_pid: HashMap<u32, (u64, f64, Vec<String>)> = HashMap::new();
+        let mut per_pid = self.ledger.per_process(&self.probes.attached);
+        let mut files: HashMap<u32, Vec<String>> = HashMap::new();
         let mut system_wide_hits = 0;
-        let costs = self.cost_model;
+        let hits = self.probes.probe_hits();
         for (probe, &hits) in self.probes.attached.iter().zip(&hits) {
             match probe.scope {
                 Scope::Process(pid) => {
-                    let entry = per_pid.entry(pid).or_default();
-                    entry.0 += hits;
-                    entry.1 += costs.per_hit(probe).as_secs_f64() * hits as f64;
-                    if !entry.2.contains(&probe.path) {
-                        entry.2.push(probe.path.clone());
+                    let paths = files.entry(pid).or_default();
+                    if !paths.contains(&probe.path) {
+                        paths.push(probe.path.clone());
                     }
                 }
                 Scope::AllProcesses => system_wide_hits += hits,
@@ -59,8 +57,8 @@ impl Session<'_> {
             .tracked
             .values()
             .map(|t| {
-                let (probe_hits, added_seconds, allocators) =
-                    per_pid.remove(&t.pid).unwrap_or_default();
+                let (probe_hits, added_seconds) = per_pid.remove(&t.pid).unwrap_or_default();
+                let allocators = files.remove(&t.pid).unwrap_or_default();
                 let d = t.heap.drops;
                 ProcessStatus {
                     pid: t.pid,

@@ -1,6 +1,6 @@
 //! What a run says: the line scripts wait for, the status line, `--verbose`
 //! rates, and the summary at the end.
-use std::{path::PathBuf, time::Duration};
+use std::{collections::BTreeMap, path::PathBuf, time::Duration};
 
 use profiler_common::Counter;
 
@@ -9,7 +9,7 @@ use crate::{
     kernel::{KernelCounters, Scope},
     run::{
         Session, Targets,
-        cost::{CostModel, ProbeCost, rates},
+        cost::{CostLedger, CostModel, ProbeCost, rates},
         process::Tracked,
     },
 };
@@ -150,15 +150,41 @@ impl Session<'_> {
         names.join(", ")
     }
 
-    /// `--verbose`: probe hits per second per entry point since the last call.
-    pub(super) fn report_rates(&mut self, previous: &[u64], period: Duration) -> Vec<u64> {
-        let hits = self.probes.probe_hits();
-        let delta: Vec<u64> = hits
-            .iter()
-            .enumerate()
-            .map(|(i, h)| h - previous.get(i).copied().unwrap_or(0))
+    /// Says, once per process and file, that the probes at `forced` (probe
+    /// indexes) now trap at every return for another profiled process's
+    /// probes at the same place (see `kernel::shared`).
+    pub(super) fn say_forced_returns(&mut self, forced: &[usize]) {
+        let mut by_file: BTreeMap<(u32, &str), Vec<&str>> = BTreeMap::new();
+        for probe in forced.iter().filter_map(|&i| self.probes.attached.get(i)) {
+            if let Scope::Process(pid) = probe.scope {
+                let symbols = by_file.entry((pid, &probe.path)).or_default();
+                symbols.push(&probe.symbol);
+            }
+        }
+        let lines: Vec<String> = by_file
+            .into_iter()
+            .map(|((pid, path), symbols)| {
+                format!(
+                    "memprobe: pid {pid} maps {path} as another profiled process does: each \
+                     call of its {} now traps at its return too, sampled or not (a uprobe \
+                     session made for another process asks for the return half of every call \
+                     it is filtered out of); counted in its cost",
+                    symbols.join(", ")
+                )
+            })
             .collect();
-        let costs = self.cost_model.costs(&self.probes.attached, &delta);
+        if !lines.is_empty() {
+            self.clear_progress();
+        }
+        for line in lines {
+            let _ = writeln!(self.status, "{line}");
+        }
+    }
+
+    /// `--verbose`: probe hits per second per entry point since `previous`
+    /// (the ledger as it was then); returns the ledger as it is now.
+    pub(super) fn report_rates(&mut self, previous: &CostLedger, period: Duration) -> CostLedger {
+        let costs = self.ledger.since(previous).costs(&self.probes.attached);
         let added: Duration = costs.iter().map(|c| c.added).sum();
         self.clear_progress();
         let _ = writeln!(
@@ -171,7 +197,7 @@ impl Session<'_> {
             },
             100.0 * added.as_secs_f64() / period.as_secs_f64()
         );
-        hits
+        self.ledger.clone()
     }
 
     pub(super) fn clear_progress(&mut self) {
