@@ -24,6 +24,8 @@ pub(super) struct AttachedLoops {
     floor: f64,
     one_trap: f64,
     entry: f64,
+    /// At entry, with an idle process of the same binary profiled too.
+    entry_shared: f64,
     slow: f64,
 }
 
@@ -58,6 +60,13 @@ pub(super) fn attached_loops(
         said_first: None,
     };
     let entry = attached.ns(timed_loop)?;
+    let entry_shared = with_idle_twin(malloc_loop, |twin| {
+        Attached {
+            flags: &["--sampling", "entry", "--pid", twin],
+            ..attached
+        }
+        .ns(timed_loop)
+    })?;
     let slow = Attached {
         flags: &[],
         warmup: Some(TRIAL_WARMUP),
@@ -70,8 +79,22 @@ pub(super) fn attached_loops(
         floor,
         one_trap,
         entry,
+        entry_shared,
         slow,
     })
+}
+
+/// `measure` run while an idle process of `binary` (its pid passed) lives.
+fn with_idle_twin(binary: &Path, measure: impl FnOnce(&str) -> Result<f64>) -> Result<f64> {
+    let mut twin = Command::new(binary)
+        .arg("1")
+        .env("FIXTURE_DELAY_MS", "3600000")
+        .stdout(Stdio::null())
+        .spawn()?;
+    let measured = measure(&twin.id().to_string());
+    let _ = twin.kill();
+    let _ = twin.wait();
+    measured
 }
 
 /// The timed loop's nanoseconds per pair, best of three, with a floor's
@@ -195,6 +218,10 @@ pub(super) fn attached_table(none: f64, r: &AttachedLoops) -> String {
     table.push_str(&row(
         "memprobe `--sampling entry` (malloc traps at every call)",
         r.entry,
+    ));
+    table.push_str(&row(
+        "the same, with an idle process of the same binary profiled too (`--pid` twice): each one's uprobe sessions make every malloc of the other trap at its return",
+        r.entry_shared,
     ));
     table.push_str(&row(
         "memprobe (default: on jemalloc's slow path), timed after its trial kept it (malloc traps on jemalloc's slow path only)",
