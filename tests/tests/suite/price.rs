@@ -94,6 +94,29 @@ fn ns_per_pair(output: &std::process::Output) -> f64 {
         .unwrap_or_else(|| panic!("no timing in {text:?}"))
 }
 
+/// The loop's nanoseconds per pair for `pairs` pairs, unprofiled: the best
+/// of three.
+fn unprofiled_ns_per_pair(pairs: &str) -> f64 {
+    (0..3)
+        .map(|_| {
+            ns_per_pair(
+                &Command::new(malloc_loop_fixture())
+                    .arg(pairs)
+                    .output()
+                    .unwrap(),
+            )
+        })
+        .fold(f64::INFINITY, f64::min)
+}
+
+/// The seconds the summary's cost line estimates memprobe added.
+fn reported_seconds(stderr: &str) -> f64 {
+    stderr
+        .split_once("estimated time added to the profiled processes: ")
+        .and_then(|(_, rest)| rest.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no estimate in {stderr}"))
+}
+
 /// The summary's "estimated time added" against what the loop gained, as
 /// the loop itself times it: within 30%.
 #[test]
@@ -102,16 +125,7 @@ fn reported_cost_agrees_with_the_time_a_loop_gains() {
     let out = output_dir("reported_cost");
     const PAIRS: f64 = 1_000_000.0;
     let pairs = format!("{PAIRS}");
-    let plain = (0..3)
-        .map(|_| {
-            ns_per_pair(
-                &Command::new(malloc_loop_fixture())
-                    .arg(&pairs)
-                    .output()
-                    .unwrap(),
-            )
-        })
-        .fold(f64::INFINITY, f64::min);
+    let plain = unprofiled_ns_per_pair(&pairs);
     let profiled = Command::new(memprobe_bin())
         .args(["--max-overhead", "none", "--format", "heap", "-o"])
         .arg(&out)
@@ -127,10 +141,7 @@ fn reported_cost_agrees_with_the_time_a_loop_gains() {
         "{stderr}"
     );
     let gained = (ns_per_pair(&profiled) - plain) * PAIRS / 1e9;
-    let reported: f64 = stderr
-        .split_once("estimated time added to the profiled processes: ")
-        .and_then(|(_, rest)| rest.split_whitespace().next()?.parse().ok())
-        .unwrap_or_else(|| panic!("no estimate in {stderr}"));
+    let reported = reported_seconds(&stderr);
     assert_within("reported added seconds", reported, gained, 0.30);
 }
 
@@ -184,16 +195,7 @@ fn returns_forced_by_another_profiled_process_are_said_and_counted() {
     const PAIRS: f64 = 1_000_000.0;
     const DELAY_MS: u64 = 6000;
     let pairs = format!("{PAIRS}");
-    let plain = (0..3)
-        .map(|_| {
-            ns_per_pair(
-                &Command::new(malloc_loop_fixture())
-                    .arg(&pairs)
-                    .output()
-                    .unwrap(),
-            )
-        })
-        .fold(f64::INFINITY, f64::min);
+    let plain = unprofiled_ns_per_pair(&pairs);
     // The idle one sleeps through the run; the working one waits for
     // memprobe to attach, then runs its pairs.
     let mut idle = Command::new(malloc_loop_fixture())
@@ -239,10 +241,7 @@ fn returns_forced_by_another_profiled_process_are_said_and_counted() {
     );
     assert!(stderr.contains(&said), "{stderr}");
     let gained = (ns_per_pair(&timed) - plain) * PAIRS / 1e9;
-    let reported: f64 = stderr
-        .split_once("estimated time added to the profiled processes: ")
-        .and_then(|(_, rest)| rest.split_whitespace().next()?.parse().ok())
-        .unwrap_or_else(|| panic!("no estimate in {stderr}"));
+    let reported = reported_seconds(&stderr);
     eprintln!("reported {reported:.3} s, gained {gained:.3} s");
     assert_within("reported added seconds", reported, gained, 0.30);
 }
