@@ -96,7 +96,7 @@ mod tests {
     }
 
     #[test]
-    fn a_detached_probe_forces_nothing_and_is_not_priced() {
+    fn a_detached_probe_forces_no_return_and_has_none_forced() {
         let attached = [
             probe(1, 7, 0x100, ReturnHalf::Session),
             probe(2, 7, 0x100, ReturnHalf::Session),
