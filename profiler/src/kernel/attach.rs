@@ -178,6 +178,32 @@ impl KernelProbes {
         Ok(CalibrationProbes(links))
     }
 
+    /// Adds to `probes` a uprobe session at `offset` in `path` linked for
+    /// process `pid`, which never runs it: in the process timed it is
+    /// filtered out and asks for the return half of every call, as another
+    /// profiled process's session on a shared file does. Whether the
+    /// kernel took it (it has sessions).
+    pub fn add_foreign_session(
+        &mut self,
+        probes: &mut CalibrationProbes,
+        path: &Path,
+        offset: u64,
+        pid: u32,
+    ) -> bool {
+        let name = path.to_string_lossy();
+        let Ok(target) = Target::new(Scope::Process(pid), &name, path) else {
+            return false;
+        };
+        let cookie = cookie::encode(cookie::MAX_PROBES - 1, 0, u16::MAX, false);
+        match self.link_session(programs::session::SLOW_PATH, &target, offset, cookie) {
+            Ok(link) => {
+                probes.0.multi.push(link);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
     pub fn detach_calibration(&mut self, probes: CalibrationProbes) {
         self.detach_links(probes.0);
     }

@@ -4,10 +4,12 @@
 //! in a loop, and times the loop with no probe, with the allocation
 //! program on its `nop` (which the kernel emulates), on its `ret` (which it
 //! single-steps), with a uretprobe added, with a free's program on the
-//! `nop` instead, and on `endbr64`, which CET builds (Ubuntu's, Fedora's
-//! glibc) start every function with. The function is called with a size
-//! of 0, so the countdown never samples: each hit costs what an unsampled
-//! call costs. A free's program is timed with a new pointer each call,
+//! `nop` instead, on `endbr64`, which CET builds (Ubuntu's, Fedora's
+//! glibc) start every function with, and on the `nop` beside a uprobe
+//! session linked for another process, which forces a return on every
+//! call (as a second profiled process of the same file does). The function
+//! is called with a size of 0, so the countdown never samples: each hit
+//! costs what an unsampled call costs. A free's program is timed with a new pointer each call,
 //! none of them sampled: like a real free, each hit reads its pointer's
 //! slot in the counts of sampled pointers (and looks it up in the sampled
 //! set where the slot counts any), a slot the previous hit did not warm (a
@@ -222,36 +224,52 @@ struct Kind {
     programs: &'static [(&'static str, u64)],
     calls: u64,
     stride: u64,
+    /// A uprobe session on the `nop` too, linked for memprobe's own process
+    /// (which never calls the copy): filtered out in the copy's, it asks
+    /// for the return half of every call, as another profiled process's
+    /// session on a shared file does (`kernel::shared`).
+    foreign_session: bool,
 }
 
 const ENTRY: &str = programs::ALLOC_SIZE_ARG0;
 /// The kinds timed; a kind's index is also the copy of the target function
 /// its probes are on.
-const KINDS: [Kind; 5] = [
+const KINDS: [Kind; 6] = [
     Kind {
         programs: &[(ENTRY, NOP)],
         calls: FAST_CALLS,
         stride: 0,
+        foreign_session: false,
     },
     Kind {
         programs: &[(ENTRY, RET)],
         calls: SLOW_CALLS,
         stride: 0,
+        foreign_session: false,
     },
     Kind {
         programs: &[(ENTRY, NOP), (programs::CALL_RETURN, NOP)],
         calls: FAST_CALLS,
         stride: 0,
+        foreign_session: false,
     },
     Kind {
         programs: &[(ENTRY, ENDBR64)],
         calls: SLOW_CALLS,
         stride: 0,
+        foreign_session: false,
     },
     Kind {
         programs: &[(programs::FREE_ARG0, NOP)],
         calls: FAST_CALLS,
         stride: FREE_STRIDE,
+        foreign_session: false,
+    },
+    Kind {
+        programs: &[(ENTRY, NOP)],
+        calls: FAST_CALLS,
+        stride: 0,
+        foreign_session: true,
     },
 ];
 const EMULATED: usize = 0;
@@ -259,6 +277,7 @@ const SINGLE_STEPPED: usize = 1;
 const WITH_RETURN: usize = 2;
 const ON_ENDBR64: usize = 3;
 const FREE: usize = 4;
+const FORCED_RETURN: usize = 5;
 
 /// Measures the per-hit costs of this host's probes with `probes`' own
 /// programs; nothing stays attached.
@@ -270,51 +289,70 @@ pub fn measure(probes: &mut KernelProbes) -> Result<CostModel, String> {
     probes.check_links(&executable, offset + NOP, pid);
     let baseline = target.time(BASELINE_CALLS, 0, EMULATED)?;
     let pointers_baseline = target.time(BASELINE_CALLS, FREE_STRIDE, FREE)?;
-    let mut attached = attach_kinds(probes, &executable, offset, pid)?;
+    let (mut attached, mut forcing) = attach_kinds(probes, &executable, offset, pid)?;
     // A first round, not counted, finds whether entry links reach the
     // copy's thread.
     let first = target.time(KINDS[EMULATED].calls, 0, EMULATED);
     if first.is_ok() && probes.calibration_hits() == 0 {
         detach_kinds(probes, attached);
         probes.give_up_entry_links();
-        attached = attach_kinds(probes, &executable, offset, pid)?;
+        (attached, forcing) = attach_kinds(probes, &executable, offset, pid)?;
     }
     let rounds = first.and_then(|_| time_rounds(&mut target));
     detach_kinds(probes, attached);
     let rounds = rounds?;
     let added = |kind: usize, baseline: f64| median(rounds[kind].map(|t| t - baseline));
-    let return_half: [f64; ROUNDS] =
-        std::array::from_fn(|round| rounds[WITH_RETURN][round] - rounds[EMULATED][round]);
+    let over_emulated = |kind: usize| {
+        median::<ROUNDS>(std::array::from_fn(|round| {
+            rounds[kind][round] - rounds[EMULATED][round]
+        }))
+    };
     let nanos = |ns: f64| Duration::from_nanos(ns.max(1.0) as u64);
     Ok(CostModel {
         emulated: nanos(added(EMULATED, baseline)),
         free: nanos(added(FREE, pointers_baseline)),
         single_stepped: nanos(added(SINGLE_STEPPED, baseline)),
-        return_half: nanos(median(return_half)),
+        return_half: nanos(over_emulated(WITH_RETURN)),
+        // Without sessions no return is forced (nor timed): as a return half.
+        forced_return: nanos(over_emulated(if forcing {
+            FORCED_RETURN
+        } else {
+            WITH_RETURN
+        })),
         endbr64: nanos(added(ON_ENDBR64, baseline)),
         measured: true,
     })
 }
 
-/// Attaches each kind's programs to its own copy of the target function.
+/// Attaches each kind's programs to its own copy of the target function;
+/// with them, whether the foreign session was linked (the kernel has
+/// sessions).
 fn attach_kinds(
     probes: &mut KernelProbes,
     executable: &Path,
     offset: u64,
     pid: u32,
-) -> Result<Vec<CalibrationProbes>, String> {
+) -> Result<(Vec<CalibrationProbes>, bool), String> {
     let mut attached = Vec::with_capacity(KINDS.len());
+    let mut forcing = false;
     for (copy, kind) in KINDS.iter().enumerate() {
         let copy_offset = offset + copy as u64 * COPY_BYTES;
         match probes.attach_for_calibration(kind.programs, executable, copy_offset, pid) {
-            Ok(handle) => attached.push(handle),
+            Ok(mut handle) => {
+                if kind.foreign_session {
+                    let own = std::process::id();
+                    forcing =
+                        probes.add_foreign_session(&mut handle, executable, copy_offset + NOP, own);
+                }
+                attached.push(handle);
+            }
             Err(error) => {
                 detach_kinds(probes, attached);
                 return Err(error);
             }
         }
     }
-    Ok(attached)
+    Ok((attached, forcing))
 }
 
 fn detach_kinds(probes: &mut KernelProbes, attached: Vec<CalibrationProbes>) {
@@ -349,7 +387,7 @@ mod tests {
     fn requests_name_calls_stride_and_a_copy_that_exists() {
         assert_eq!(parse_request("20000 48 4"), Some((20_000, 48, 4)));
         assert_eq!(parse_request("1000 0 0"), Some((1_000, 0, 0)));
-        assert_eq!(parse_request("1000 0 5"), None);
+        assert_eq!(parse_request("1000 0 6"), None);
         assert_eq!(parse_request("1000 0"), None);
         assert_eq!(parse_request(""), None);
     }

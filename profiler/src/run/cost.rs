@@ -22,6 +22,9 @@ pub struct CostModel {
     pub single_stepped: Duration,
     /// The return half of a call with a return probe.
     pub return_half: Duration,
+    /// A return that another process's probe at the same place forces
+    /// (`kernel::shared`): a trap with no program of memprobe's to run.
+    pub forced_return: Duration,
     /// A probe on `endbr64`, where CET builds start each function: probes
     /// go past it where the placement rules allow (entry-only ones).
     pub endbr64: Duration,
@@ -36,6 +39,7 @@ impl Default for CostModel {
             free: Duration::from_nanos(760),
             single_stepped: Duration::from_nanos(10_000),
             return_half: Duration::from_nanos(310),
+            forced_return: Duration::from_nanos(310),
             endbr64: Duration::from_nanos(10_000),
             measured: false,
         }
@@ -44,13 +48,13 @@ impl Default for CostModel {
 
 impl std::fmt::Display for CostModel {
     /// "per hit, measured here: 0.76 µs emulated (0.76 µs a free), 10.0 µs
-    /// single-stepped, 0.31 µs return".
+    /// single-stepped, 0.31 µs return, 0.31 µs a forced return".
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let micros = |d: Duration| d.as_secs_f64() * 1e6;
         write!(
             f,
             "per hit, {}: {:.2} µs emulated ({:.2} µs a free), {:.1} µs single-stepped, \
-             {:.2} µs return",
+             {:.2} µs return, {:.2} µs a forced return",
             if self.measured {
                 "measured on this host"
             } else {
@@ -59,7 +63,8 @@ impl std::fmt::Display for CostModel {
             micros(self.emulated),
             micros(self.free),
             micros(self.single_stepped),
-            micros(self.return_half)
+            micros(self.return_half),
+            micros(self.forced_return)
         )
     }
 }
@@ -77,8 +82,8 @@ impl CostModel {
     /// Per-hit cost of `probe`. A probe kept at the entry for lack of an
     /// emulated instruction is counted as single-stepped; a probe whose
     /// calls all trap at their return for another process's probes
-    /// (`forced_return`, see [`KernelProbes::forced_returns`]) pays a
-    /// return half on each.
+    /// (`forced_return`, see [`KernelProbes::forced_returns`]) pays such a
+    /// return on each.
     pub fn per_hit(&self, probe: &AttachedProbe, forced_return: bool) -> Duration {
         let entry = if probe.placement.fallback.is_some() {
             self.single_stepped
@@ -89,7 +94,7 @@ impl CostModel {
         };
         match probe.return_half {
             ReturnHalf::Uretprobe => entry + self.return_half,
-            _ if forced_return => entry + self.return_half,
+            _ if forced_return => entry + self.forced_return,
             // Sampled calls only: one in thousands at the default interval.
             ReturnHalf::Session | ReturnHalf::None => entry,
         }
@@ -257,6 +262,7 @@ mod tests {
         free: Duration::from_nanos(371),
         single_stepped: Duration::from_nanos(10_000),
         return_half: Duration::from_nanos(263),
+        forced_return: Duration::from_nanos(201),
         endbr64: Duration::from_nanos(9_000),
         measured: true,
     };
@@ -286,7 +292,7 @@ mod tests {
         assert_eq!(
             model.to_string(),
             "per hit, measured on this host: 0.41 µs emulated (0.37 µs a free), 10.0 µs \
-             single-stepped, 0.26 µs return"
+             single-stepped, 0.26 µs return, 0.20 µs a forced return"
         );
     }
 
@@ -312,11 +318,11 @@ mod tests {
         assert_eq!(malloc.hits, 310);
         assert_eq!(
             malloc.added,
-            Duration::from_nanos(409 * 100 + (409 + 263) * 210)
+            Duration::from_nanos(409 * 100 + (409 + 201) * 210)
         );
         let recent = ledger.since(&before).costs(&probes);
         assert_eq!(recent[0].hits, 210);
-        assert_eq!(recent[0].added, Duration::from_nanos((409 + 263) * 210));
+        assert_eq!(recent[0].added, Duration::from_nanos((409 + 201) * 210));
         assert_eq!(recent[1].hits, 200);
         let processes = ledger.per_process(&probes);
         assert_eq!(processes[&1].0, 610);
