@@ -13,10 +13,8 @@ use crate::{
     discover::{Allocator, entry_points::EntryPoint, placement::Placement},
     error::{Error, Result},
     kernel::{
-        AttachedProbe, KernelProbes, OBJECT, PlacementMode, ProbeLinks, ReturnHalf, ReturnProbes,
-        Scope,
-        features::{self, KernelFeature},
-        uprobe_multi::{self, LinkKind, MultiPrograms},
+        AttachedProbe, KernelProbes, PlacementMode, ProbeLinks, ReturnHalf, ReturnProbes, Scope,
+        features::KernelFeature, uprobe_multi,
     },
     proc::FileId,
 };
@@ -26,7 +24,7 @@ use crate::{
 const NO_SESSIONS: &str = "kernel has no uprobe sessions";
 
 /// Where one allocator copy's probes go.
-struct Target<'a> {
+pub(super) struct Target<'a> {
     scope: Scope,
     pid: u32,
     uprobe_scope: UProbeScope,
@@ -37,7 +35,7 @@ struct Target<'a> {
 }
 
 impl<'a> Target<'a> {
-    fn new(scope: Scope, path: &'a str, open_path: &'a Path) -> Result<Self> {
+    pub(super) fn new(scope: Scope, path: &'a str, open_path: &'a Path) -> Result<Self> {
         let (pid, uprobe_scope) = match scope {
             Scope::Process(pid) => (
                 pid,
@@ -67,12 +65,8 @@ impl<'a> Target<'a> {
     }
 }
 
-/// Probes attached for timing them (see
-/// [`KernelProbes::attach_for_calibration`]).
-pub struct CalibrationProbes(ProbeLinks);
-
 /// Why an entry point did not get a session link.
-enum SessionLink {
+pub(super) enum SessionLink {
     /// No sessions in this run: use a uretprobe.
     Unavailable,
     /// The attach failed.
@@ -151,63 +145,6 @@ impl KernelProbes {
         Ok(used)
     }
 
-    /// Attaches `programs` (each with a byte offset past `offset`) to the
-    /// file at `path` in `pid`, outside the attached probes' list: for
-    /// timing the probes on this host (`run::calibrate`).
-    pub fn attach_for_calibration(
-        &mut self,
-        programs: &[(&'static str, u64)],
-        path: &Path,
-        offset: u64,
-        pid: u32,
-    ) -> std::result::Result<CalibrationProbes, String> {
-        let name = path.to_string_lossy();
-        let target = Target::new(Scope::Process(pid), &name, path).map_err(|e| e.to_string())?;
-        // Its hits go to the last counter slot, which real probes reach only
-        // beyond `MAX_COUNTED_PROBES`.
-        let cookie = cookie::encode(cookie::MAX_PROBES - 1, 0, u16::MAX, false);
-        let mut links = ProbeLinks::default();
-        for &(program, delta) in programs {
-            if let Err(message) =
-                self.attach_plain(program, &target, offset + delta, cookie, &mut links)
-            {
-                self.detach_links(links);
-                return Err(message);
-            }
-        }
-        Ok(CalibrationProbes(links))
-    }
-
-    /// Adds to `probes` a uprobe session at `offset` in `path` linked for
-    /// process `pid`, which never runs it: in the process timed it is
-    /// filtered out and asks for the return half of every call, as another
-    /// profiled process's session on a shared file does. Whether the
-    /// kernel took it (it has sessions).
-    pub fn add_foreign_session(
-        &mut self,
-        probes: &mut CalibrationProbes,
-        path: &Path,
-        offset: u64,
-        pid: u32,
-    ) -> bool {
-        let name = path.to_string_lossy();
-        let Ok(target) = Target::new(Scope::Process(pid), &name, path) else {
-            return false;
-        };
-        let cookie = cookie::encode(cookie::MAX_PROBES - 1, 0, u16::MAX, false);
-        match self.link_session(programs::session::SLOW_PATH, &target, offset, cookie) {
-            Ok(link) => {
-                probes.0.multi.push(link);
-                true
-            }
-            Err(_) => false,
-        }
-    }
-
-    pub fn detach_calibration(&mut self, probes: CalibrationProbes) {
-        self.detach_links(probes.0);
-    }
-
     /// How many probes are attached now (the slow path's trial detaches
     /// some and attaches others).
     pub fn attached_now(&self) -> usize {
@@ -240,7 +177,7 @@ impl KernelProbes {
         detached
     }
 
-    fn detach_links(&mut self, links: ProbeLinks) {
+    pub(super) fn detach_links(&mut self, links: ProbeLinks) {
         for (program, link) in links.uprobes {
             if let Some(Ok(program)) = self.ebpf.program_mut(program).map(<&mut UProbe>::try_from) {
                 let _ = program.detach(link);
@@ -329,7 +266,7 @@ impl KernelProbes {
     /// Attaches `program` to run at `offset` (at the return for the
     /// uretprobe's program): as a uprobe_multi link where the kernel's
     /// links work (`check_links`), else as aya's perf-event uprobe.
-    fn attach_plain(
+    pub(super) fn attach_plain(
         &mut self,
         program: &'static str,
         target: &Target,
@@ -354,36 +291,6 @@ impl KernelProbes {
         let link = self.attach_uprobe(program, target, offset, cookie)?;
         links.uprobes.push((program, link));
         Ok(())
-    }
-
-    /// Finds out which links the kernel takes before any allocator is
-    /// probed, on a function of memprobe's own (the calibration copy's,
-    /// process `pid`): uprobe sessions, and uprobe_multi links for the
-    /// plain programs, used from the calibration on (which confirms that
-    /// they run in a thread other than the main one).
-    pub fn check_links(&mut self, path: &Path, offset: u64, pid: u32) {
-        let name = path.to_string_lossy();
-        let Ok(target) = Target::new(Scope::Process(pid), &name, path) else {
-            return;
-        };
-        let cookie = cookie::encode(cookie::MAX_PROBES - 1, 0, u16::MAX, false);
-        // The links are dropped at once: only the kernel's answer matters.
-        let _ = self.link_session(programs::session::SLOW_PATH, &target, offset, cookie);
-        if features::pretended_missing(KernelFeature::UprobeMulti) {
-            return;
-        }
-        let loaded = MultiPrograms::load(&self.ebpf, OBJECT, &programs::ALL, LinkKind::Entry);
-        self.entry_links = loaded.ok().filter(|links| {
-            links
-                .attach(programs::FREE_ARG0, (path, offset), cookie, pid, false)
-                .is_ok()
-        });
-    }
-
-    /// Back to perf-event uprobes for the plain programs: the kernel took
-    /// their uprobe_multi links but did not run them (see `check_links`).
-    pub fn give_up_entry_links(&mut self) {
-        self.entry_links = None;
     }
 
     fn attach_uprobe(
@@ -412,7 +319,7 @@ impl KernelProbes {
     /// sessions only here, at link time (6.1 loads the program but refuses
     /// the link): in `auto` mode the first refusal switches this run to
     /// uretprobes, before any session link exists.
-    fn link_session(
+    pub(super) fn link_session(
         &mut self,
         program: &str,
         target: &Target,

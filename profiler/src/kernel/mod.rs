@@ -2,7 +2,8 @@
 //! attach probes, read its counters. Dropping [`KernelProbes`] detaches
 //! every probe (the kernel also does so if memprobe dies: links are fds).
 mod attach;
-pub use attach::CalibrationProbes;
+mod calibration;
+pub use calibration::CalibrationProbes;
 pub mod btf;
 pub mod events;
 pub mod features;
