@@ -9,11 +9,11 @@
 //! session linked for another process, which forces a return on every
 //! call (as a second profiled process of the same file does). The function
 //! is called with a size of 0, so the countdown never samples: each hit
-//! costs what an unsampled call costs. A free's program is timed with a new pointer each call,
-//! none of them sampled: like a real free, each hit reads its pointer's
-//! slot in the counts of sampled pointers (and looks it up in the sampled
-//! set where the slot counts any), a slot the previous hit did not warm (a
-//! null pointer returns before either).
+//! costs what an unsampled call costs. A free's program is timed with a
+//! new pointer each call, none of them sampled: like a real free, each hit
+//! reads its pointer's slot in the counts of sampled pointers (and looks it
+//! up in the sampled set where the slot counts any), a slot the previous
+//! hit did not warm (a null pointer returns before either).
 //!
 //! A VM's trap costs drift by 10% within seconds, so each kind has its own
 //! copy of the function, probed throughout, and the kinds take turns in

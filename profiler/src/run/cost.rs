@@ -158,6 +158,11 @@ impl CostLedger {
         newly_forced
     }
 
+    /// Each probe's hits as of the last update.
+    pub fn hits(&self) -> &[u64] {
+        &self.hits
+    }
+
     /// The hits and added time since `earlier`, a copy of this ledger.
     pub fn since(&self, earlier: &CostLedger) -> CostLedger {
         let mut delta = self.clone();

@@ -41,8 +41,8 @@ impl Session<'_> {
         let mut per_pid = self.ledger.per_process(&self.probes.attached);
         let mut files: HashMap<u32, Vec<String>> = HashMap::new();
         let mut system_wide_hits = 0;
-        let hits = self.probes.probe_hits();
-        for (probe, &hits) in self.probes.attached.iter().zip(&hits) {
+        let hits = self.ledger.hits();
+        for (index, probe) in self.probes.attached.iter().enumerate() {
             match probe.scope {
                 Scope::Process(pid) => {
                     let paths = files.entry(pid).or_default();
@@ -50,7 +50,7 @@ impl Session<'_> {
                         paths.push(probe.path.clone());
                     }
                 }
-                Scope::AllProcesses => system_wide_hits += hits,
+                Scope::AllProcesses => system_wide_hits += hits.get(index).copied().unwrap_or(0),
             }
         }
         let processes = self
