@@ -97,6 +97,11 @@ impl Session<'_> {
             Announce::Detached(reason.clone()),
         );
         let detached = self.probes.detach_process(pid);
+        // Its last hits, counted between this tick's reading and the
+        // detach, belong to this tick: the endpoints then show its final
+        // count at once, not one tick later.
+        let forced = self.ledger.update(&self.cost_model, &self.probes);
+        self.say_forced_returns(&forced);
         if let Some(t) = self.tracked.get_mut(&pid) {
             t.exited = true;
             t.detached = Some(detached);

@@ -56,7 +56,9 @@ fn a_process_over_its_budget_is_written_out_and_detached() {
         "{:?}",
         started.elapsed()
     );
-    // Its probes are gone: its hits stop while it goes on allocating.
+    // Its probes are gone: its hits stop while it goes on allocating
+    // (read after a tick, so the endpoints have published the detach).
+    std::thread::sleep(Duration::from_millis(1500));
     let before = probe_hits(&address, busy_pid);
     std::thread::sleep(Duration::from_millis(2500));
     assert_eq!(probe_hits(&address, busy_pid), before);
