@@ -433,3 +433,16 @@ impl Memprobe {
         panic!("memprobe said nowhere it serves:\n{}", self.stderr_text());
     }
 }
+
+/// The pids of the processes running `executable`.
+pub fn processes_running(executable: &Path) -> Vec<u32> {
+    let wanted = std::fs::canonicalize(executable).unwrap_or_else(|_| executable.to_owned());
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|exe| exe == wanted))
+        .collect()
+}

@@ -9,7 +9,7 @@ pub use values::{
     TrackArg, UnwindArg,
 };
 use values::{
-    Overhead, Recheck, parse_duration, parse_format, parse_growth, parse_overhead, parse_recheck,
+    Every, Overhead, parse_duration, parse_every, parse_format, parse_growth, parse_overhead,
     parse_size,
 };
 
@@ -190,8 +190,17 @@ pub struct Cli {
     /// cycle that aliases with jemalloc's threshold; a copy sent back to
     /// entry, to return to the slow path once that cycle ended. `never` to
     /// try once, at attach.
-    #[arg(long, value_name = "DUR", default_value = "1h", value_parser = parse_recheck)]
-    pub recheck_every: Recheck,
+    #[arg(long, value_name = "DUR", default_value = "1h", value_parser = parse_every)]
+    pub recheck_every: Every,
+
+    /// How often the cost of a probe hit is measured again during the run
+    /// (memprobe times its probes on a copy of itself for some 0.5 s of one
+    /// CPU, in the background): a virtual machine's trap costs drift by a
+    /// fifth over minutes, and the time reported added and the
+    /// `--max-overhead` budget price hits at the latest costs. `never` to
+    /// measure once, at start.
+    #[arg(long, value_name = "DUR", default_value = "2m", value_parser = parse_every)]
+    pub recalibrate_every: Every,
 
     /// Which allocators to probe: jemalloc, glibc (libc.so.6's malloc),
     /// mimalloc, tcmalloc (gperftools), or all (each one a process maps; one
@@ -400,6 +409,7 @@ impl Cli {
                 SamplingArg::SlowPath => Sampling::SlowPath,
             },
             recheck_every: self.recheck_every.0,
+            recalibrate_every: self.recalibrate_every.0,
             listen: self.listen,
             retention: Retention {
                 keep: self.keep.map(|n| n as usize),
@@ -438,6 +448,7 @@ mod tests {
             "--max-overhead",
             "--sampling",
             "--recheck-every",
+            "--recalibrate-every",
             "Examples:",
         ] {
             assert!(help.contains(flag), "{flag} missing from --help");

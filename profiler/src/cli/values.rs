@@ -161,15 +161,15 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     Ok(duration)
 }
 
-/// `--recheck-every DUR`: a duration, or never.
+/// `--recheck-every` and `--recalibrate-every`: a duration, or never.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Recheck(pub Option<Duration>);
+pub struct Every(pub Option<Duration>);
 
-pub fn parse_recheck(text: &str) -> Result<Recheck, String> {
+pub fn parse_every(text: &str) -> Result<Every, String> {
     if text == "never" {
-        return Ok(Recheck(None));
+        return Ok(Every(None));
     }
-    parse_duration(text).map(|every| Recheck(Some(every)))
+    parse_duration(text).map(|every| Every(Some(every)))
 }
 
 pub fn parse_format(text: &str) -> Result<Format, String> {
@@ -246,5 +246,13 @@ mod tests {
         assert_eq!(parse_duration("10m"), Ok(Duration::from_secs(600)));
         assert!(parse_duration("0s").is_err());
         assert!(parse_duration("soon").is_err());
+    }
+
+    #[test]
+    fn intervals_or_never() {
+        assert_eq!(parse_every("2m"), Ok(Every(Some(Duration::from_secs(120)))));
+        assert_eq!(parse_every("never"), Ok(Every(None)));
+        assert!(parse_every("0s").is_err());
+        assert!(parse_every("sometimes").is_err());
     }
 }

@@ -15,6 +15,9 @@
 //! up in the sampled set where the slot counts any), a slot the previous
 //! hit did not warm (a null pointer returns before either).
 //!
+//! The costs are measured again every `--recalibrate-every` while the
+//! run goes on, the copy timed in the background ([`Remeasurement`]).
+//!
 //! A VM's trap costs drift by 10% within seconds, so each kind has its own
 //! copy of the function, probed throughout, and the kinds take turns in
 //! short rounds; each round is timed in the thread's CPU time (a preempted
@@ -41,9 +44,10 @@ const TARGET_ENV: &str = "MEMPROBE_CALIBRATION_TARGET";
 
 // One copy of the target function per kind of hit timed, each with its
 // own probes, so that the kinds' rounds take turns without attaching and
-// detaching (which takes longer than the rounds): `endbr64` (at +0, for
-// CET builds' first instruction), `nop` (+4, emulated: where the probe
-// goes), `ret` (+5, single-stepped), every [`COPY_BYTES`].
+// detaching (which takes longer than the rounds), and one never probed,
+// for the baselines: `endbr64` (at +0, for CET builds' first
+// instruction), `nop` (+4, emulated: where the probe goes), `ret` (+5,
+// single-stepped), every [`COPY_BYTES`].
 core::arch::global_asm!(
     ".pushsection .text.memprobe_calibration_targets,\"ax\",@progbits",
     ".globl memprobe_calibration_targets",
@@ -58,7 +62,7 @@ core::arch::global_asm!(
     ".endr",
     ".size memprobe_calibration_targets, .-memprobe_calibration_targets",
     ".popsection",
-    copies = const KINDS.len(),
+    copies = const COPIES,
 );
 
 /// Offsets in a copy of the target function.
@@ -67,12 +71,15 @@ const NOP: u64 = 4;
 const RET: u64 = 5;
 /// Bytes from one copy to the next (the `.balign` above).
 const COPY_BYTES: u64 = 16;
+/// A copy per kind, then the baselines' copy.
+const COPIES: usize = KINDS.len() + 1;
+const BASELINE_COPY: usize = KINDS.len();
 
 unsafe extern "C" {
     fn memprobe_calibration_targets(size: u64);
 }
 
-/// Copy `index` (below [`KINDS`]' length) of the target function.
+/// Copy `index` (below [`COPIES`]) of the target function.
 fn target_copy(index: usize) -> unsafe extern "C" fn(u64) {
     let address = memprobe_calibration_targets as *const () as u64 + index as u64 * COPY_BYTES;
     // SAFETY: each copy starts a function of this signature (see the asm).
@@ -98,7 +105,7 @@ fn parse_request(line: &str) -> Option<(u64, u64, usize)> {
     let mut words = line.split_whitespace();
     let mut next = || words.next()?.parse::<u64>().ok();
     let (calls, stride, copy) = (next()?, next()?, next()?);
-    let copy = usize::try_from(copy).ok().filter(|&c| c < KINDS.len())?;
+    let copy = usize::try_from(copy).ok().filter(|&c| c < COPIES)?;
     Some((calls, stride, copy))
 }
 
@@ -287,8 +294,6 @@ pub fn measure(probes: &mut KernelProbes) -> Result<CostModel, String> {
     let pid = target.child.id();
     // First: how probes are linked decides what they cost.
     probes.check_links(&executable, offset + NOP, pid);
-    let baseline = target.time(BASELINE_CALLS, 0, EMULATED)?;
-    let pointers_baseline = target.time(BASELINE_CALLS, FREE_STRIDE, FREE)?;
     let (mut attached, mut forcing) = attach_kinds(probes, &executable, offset, pid)?;
     // A first round, not counted, finds whether entry links reach the
     // copy's thread.
@@ -298,30 +303,92 @@ pub fn measure(probes: &mut KernelProbes) -> Result<CostModel, String> {
         probes.give_up_entry_links();
         (attached, forcing) = attach_kinds(probes, &executable, offset, pid)?;
     }
-    let rounds = first.and_then(|_| time_rounds(&mut target));
+    let timings = first.and_then(|_| Timings::take(&mut target));
     detach_kinds(probes, attached);
-    let rounds = rounds?;
-    let added = |kind: usize, baseline: f64| median(rounds[kind].map(|t| t - baseline));
-    let over_emulated = |kind: usize| {
-        median::<ROUNDS>(std::array::from_fn(|round| {
-            rounds[kind][round] - rounds[EMULATED][round]
-        }))
-    };
-    let nanos = |ns: f64| Duration::from_nanos(ns.max(1.0) as u64);
-    Ok(CostModel {
-        emulated: nanos(added(EMULATED, baseline)),
-        free: nanos(added(FREE, pointers_baseline)),
-        single_stepped: nanos(added(SINGLE_STEPPED, baseline)),
-        return_half: nanos(over_emulated(WITH_RETURN)),
-        // Without sessions no return is forced (nor timed): as a return half.
-        forced_return: nanos(over_emulated(if forcing {
-            FORCED_RETURN
-        } else {
-            WITH_RETURN
-        })),
-        endbr64: nanos(added(ON_ENDBR64, baseline)),
-        measured: true,
-    })
+    Ok(timings?.model(forcing))
+}
+
+/// The costs measured again while a session runs (the links the kernel
+/// takes were found at start): the copy is timed in a thread of its own,
+/// so the session's loop goes on meanwhile.
+pub struct Remeasurement {
+    attached: Vec<CalibrationProbes>,
+    forcing: bool,
+    timing: std::thread::JoinHandle<Result<Timings, String>>,
+}
+
+impl Remeasurement {
+    /// Starts a copy and attaches each kind's probes to it. Dropped
+    /// unfinished, its probes go with `probes`, and the copy exits once
+    /// its timing thread ends (at the latest, with memprobe).
+    pub fn start(probes: &mut KernelProbes) -> Result<Self, String> {
+        let (executable, offset) = target_location()?;
+        let mut target = Target::start(&executable)?;
+        let pid = target.child.id();
+        let (attached, forcing) = attach_kinds(probes, &executable, offset, pid)?;
+        let timing = std::thread::spawn(move || Timings::take(&mut target));
+        Ok(Self {
+            attached,
+            forcing,
+            timing,
+        })
+    }
+
+    pub fn is_done(&self) -> bool {
+        self.timing.is_finished()
+    }
+
+    /// Detaches its probes (once the timing ended) and prices what it
+    /// timed.
+    pub fn finish(self, probes: &mut KernelProbes) -> Result<CostModel, String> {
+        let timings = self.timing.join();
+        detach_kinds(probes, self.attached);
+        let timings = timings.map_err(|_| "the timing thread panicked".to_string())?;
+        Ok(timings?.model(self.forcing))
+    }
+}
+
+/// Nanoseconds per call: of the unprobed copy with a null argument and
+/// with a free's pointers, and of each kind (a row) in each round (a
+/// column).
+struct Timings {
+    baseline: f64,
+    pointers_baseline: f64,
+    rounds: [[f64; ROUNDS]; KINDS.len()],
+}
+
+impl Timings {
+    fn take(target: &mut Target) -> Result<Self, String> {
+        Ok(Self {
+            baseline: target.time(BASELINE_CALLS, 0, BASELINE_COPY)?,
+            pointers_baseline: target.time(BASELINE_CALLS, FREE_STRIDE, BASELINE_COPY)?,
+            rounds: time_rounds(target)?,
+        })
+    }
+
+    /// Each kind's median cost over its baseline; a return's over the
+    /// entry probe alone, round by round. Without sessions no return is
+    /// forced (nor timed): it is priced as a return half.
+    fn model(&self, forcing: bool) -> CostModel {
+        let rounds = &self.rounds;
+        let added = |kind: usize, baseline: f64| median(rounds[kind].map(|t| t - baseline));
+        let over_emulated = |kind: usize| {
+            median::<ROUNDS>(std::array::from_fn(|round| {
+                rounds[kind][round] - rounds[EMULATED][round]
+            }))
+        };
+        let nanos = |ns: f64| Duration::from_nanos(ns.max(1.0) as u64);
+        let forced = if forcing { FORCED_RETURN } else { WITH_RETURN };
+        CostModel {
+            emulated: nanos(added(EMULATED, self.baseline)),
+            free: nanos(added(FREE, self.pointers_baseline)),
+            single_stepped: nanos(added(SINGLE_STEPPED, self.baseline)),
+            return_half: nanos(over_emulated(WITH_RETURN)),
+            forced_return: nanos(over_emulated(forced)),
+            endbr64: nanos(added(ON_ENDBR64, self.baseline)),
+            measured: true,
+        }
+    }
 }
 
 /// Attaches each kind's programs to its own copy of the target function;
@@ -387,7 +454,8 @@ mod tests {
     fn requests_name_calls_stride_and_a_copy_that_exists() {
         assert_eq!(parse_request("20000 48 4"), Some((20_000, 48, 4)));
         assert_eq!(parse_request("1000 0 0"), Some((1_000, 0, 0)));
-        assert_eq!(parse_request("1000 0 6"), None);
+        assert_eq!(parse_request("1000 0 6"), Some((1_000, 0, 6)));
+        assert_eq!(parse_request("1000 0 7"), None);
         assert_eq!(parse_request("1000 0"), None);
         assert_eq!(parse_request(""), None);
     }
@@ -400,7 +468,7 @@ mod tests {
 
     #[test]
     fn each_copy_of_the_target_returns() {
-        for copy in 0..KINDS.len() {
+        for copy in 0..COPIES {
             // SAFETY: each copy is `endbr64; nop; ret`.
             unsafe { target_copy(copy)(0) };
         }

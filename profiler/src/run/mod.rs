@@ -13,6 +13,7 @@ mod options;
 mod own_sampling;
 mod process;
 mod publish;
+mod recalibration;
 mod retention;
 mod snapshot;
 mod status;
@@ -48,6 +49,7 @@ use crate::{
         cost::{CostLedger, CostModel},
         launch::PredictedFile,
         process::Tracked,
+        recalibration::Recalibration,
         snapshot::SnapshotKind,
         waits::{
             Signals, exit_code_of, next_request, sleep_until, tick_of, wait_for_command,
@@ -87,8 +89,9 @@ struct Session<'a> {
     /// What `--listen`'s endpoints show, and their requests for profiles.
     published: Option<Arc<Mutex<Published>>>,
     snapshot_requests: Option<mpsc::Receiver<SnapshotRequest>>,
-    /// What a probe hit costs on this host.
+    /// What a probe hit costs on this host, as last measured.
     cost_model: CostModel,
+    recalibration: Recalibration,
     /// The probes' hits and the time they added, priced each tick.
     ledger: CostLedger,
 }
@@ -143,6 +146,7 @@ pub async fn run(options: SessionOptions, status: &mut dyn Write) -> Result<Summ
         published: None,
         snapshot_requests: None,
         cost_model,
+        recalibration: Recalibration::default(),
         ledger: CostLedger::default(),
     };
     if session.options.verbose {
@@ -314,6 +318,7 @@ impl Session<'_> {
     fn tick(&mut self, ticks: &mut u64, last_rates: &mut CostLedger) -> Result<()> {
         let forced = self.ledger.update(&self.cost_model, &self.probes);
         self.say_forced_returns(&forced);
+        self.keep_costs_measured();
         self.rescan()?;
         self.check_growth();
         self.enforce_budget();

@@ -83,6 +83,10 @@ pub struct SessionOptions {
     /// before it is tried against entry sampling again; `None` for never.
     /// Default: an hour.
     pub recheck_every: Option<std::time::Duration>,
+    /// `--recalibrate-every`: how often the per-hit costs are measured
+    /// again while the run goes on (a VM's trap costs drift by a fifth over
+    /// minutes); `None` for only at start. Default: two minutes.
+    pub recalibrate_every: Option<std::time::Duration>,
     /// The allocators to probe (`--allocator`). Default: all of them.
     pub allocators: Vec<crate::discover::AllocatorKind>,
     /// Ask JVMs for a perf map (`jcmd PID Compiler.perfmap`) before each
@@ -127,6 +131,7 @@ impl Default for SessionOptions {
             max_overhead: Some(0.10),
             sampling: Sampling::SlowPath,
             recheck_every: Some(std::time::Duration::from_secs(3600)),
+            recalibrate_every: Some(std::time::Duration::from_secs(120)),
             allocators: crate::discover::AllocatorKind::ALL.to_vec(),
             debug_dir: None,
             listen: None,

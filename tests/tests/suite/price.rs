@@ -248,3 +248,74 @@ fn returns_forced_by_another_profiled_process_are_said_and_counted() {
     eprintln!("reported {reported:.3} s, gained {gained:.3} s");
     assert_within("reported added seconds", reported, gained, 0.30);
 }
+
+/// The costs in a line that prints them: "per hit, measured on this host:
+/// ... µs a forced return".
+fn costs_in(line: &str) -> &str {
+    const LAST: &str = "a forced return";
+    let start = line.find("per hit, measured on this host");
+    let end = line.find(LAST).map(|end| end + LAST.len());
+    match (start, end) {
+        (Some(start), Some(end)) if start < end => &line[start..end],
+        _ => panic!("no costs in {line:?}"),
+    }
+}
+
+/// The emulated probe's cost in µs, in costs as [`costs_in`] gives them.
+fn emulated_micros(costs: &str) -> f64 {
+    costs
+        .split_once(": ")
+        .and_then(|(_, rest)| rest.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no emulated cost in {costs:?}"))
+}
+
+/// `--recalibrate-every`: the per-hit costs are measured again while the
+/// run goes on (in the background: the loop keeps running), each time
+/// near the first measurement; the summary gives the latest costs; and no
+/// calibration copy outlives memprobe.
+#[test]
+fn costs_are_measured_again_during_the_run() {
+    let _guard = exclusive();
+    let out = output_dir("recalibrated");
+    let looping = malloc_loop_fixture();
+    let args = [
+        "--recalibrate-every",
+        "2s",
+        "--max-overhead",
+        "none",
+        "-v",
+        "--format",
+        "heap",
+        "-o",
+        out.to_str().unwrap(),
+        "--",
+        looping.to_str().unwrap(),
+        "0",
+        "7",
+    ];
+    let (status, stderr) = run_memprobe(&args, &[]);
+    assert!(status.success(), "{stderr}");
+    let first = stderr
+        .lines()
+        .find(|l| l.starts_with("memprobe: probe costs: "))
+        .map(costs_in)
+        .unwrap_or_else(|| panic!("no first measurement in {stderr}"));
+    let again: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("memprobe: probe costs measured again: "))
+        .map(costs_in)
+        .collect();
+    assert!(again.len() >= 2, "{stderr}");
+    for costs in &again {
+        let ratio = emulated_micros(costs) / emulated_micros(first);
+        assert!((0.5..2.0).contains(&ratio), "{first} then {costs}");
+    }
+    let summary = stderr
+        .lines()
+        .find(|l| l.starts_with("memprobe: cost: "))
+        .map(costs_in)
+        .unwrap_or_else(|| panic!("no cost line in {stderr}"));
+    assert_eq!(summary, *again.last().unwrap(), "{stderr}");
+    let copies = processes_running(&memprobe_bin());
+    assert!(copies.is_empty(), "calibration copies left: {copies:?}");
+}
