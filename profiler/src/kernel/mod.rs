@@ -7,6 +7,7 @@ pub use calibration::CalibrationProbes;
 pub mod btf;
 pub mod events;
 pub mod features;
+mod foreign;
 mod shared;
 pub mod uprobe_multi;
 
@@ -176,6 +177,8 @@ pub struct KernelProbes {
     /// Whether the kernel ever took a session link: after that, a refusal
     /// is an error, not a missing feature.
     sessions_linked: bool,
+    /// Where other tools' links force returns (`foreign`), as last read.
+    foreign: foreign::ForcingPlaces,
     frame_pointer_fast_path: bool,
     allocations_only: bool,
 }
@@ -257,6 +260,7 @@ impl KernelProbes {
             sessions_unavailable,
             links: Vec::new(),
             sessions_linked: false,
+            foreign: foreign::ForcingPlaces::new(),
             frame_pointer_fast_path: options.copy_stack && options.frame_pointer_fast_path,
             allocations_only: options.allocations_only,
         })
@@ -322,7 +326,18 @@ impl KernelProbes {
     /// at the same place (see `shared`).
     pub fn forced_returns(&self) -> Vec<Option<bool>> {
         let live: Vec<bool> = self.links.iter().map(|links| !links.is_empty()).collect();
-        shared::forced_returns(&self.attached, &live)
+        shared::forced_returns(&self.attached, &live, &self.foreign)
+    }
+
+    /// Reads again where other tools' links (another memprobe's among
+    /// them) force returns in processes they are not made for.
+    pub fn read_foreign_links(&mut self) {
+        let own: std::collections::HashSet<u32> = [&self.sessions, &self.entry_links]
+            .into_iter()
+            .flatten()
+            .flat_map(MultiPrograms::program_ids)
+            .collect();
+        self.foreign = foreign::forcing_places(&own);
     }
 
     /// Tells the slow-path program where `pid`'s copy `instance` of

@@ -9,15 +9,20 @@
 use std::collections::HashMap;
 
 use crate::{
-    kernel::{AttachedProbe, ReturnHalf, Scope},
+    kernel::{AttachedProbe, ReturnHalf, Scope, foreign::ForcingPlaces},
     proc::FileId,
 };
 
 /// For each probe of `attached` (`live` says which are attached now):
 /// `None` once detached; else whether each of its calls traps at its
-/// return for another process's live probe at the same place, its own
-/// return half being no uretprobe (which traps on every call anyway).
-pub(super) fn forced_returns(attached: &[AttachedProbe], live: &[bool]) -> Vec<Option<bool>> {
+/// return for another process's live probe at the same place, memprobe's
+/// or another tool's (`foreign`), its own return half being no uretprobe
+/// (which traps on every call anyway).
+pub(super) fn forced_returns(
+    attached: &[AttachedProbe],
+    live: &[bool],
+    foreign: &ForcingPlaces,
+) -> Vec<Option<bool>> {
     let mut returning: HashMap<(FileId, u64), Vec<Scope>> = HashMap::new();
     for (probe, _) in attached
         .iter()
@@ -33,10 +38,17 @@ pub(super) fn forced_returns(attached: &[AttachedProbe], live: &[bool]) -> Vec<O
         .zip(live)
         .map(|(probe, &live)| {
             live.then(|| {
-                probe.return_half != ReturnHalf::Uretprobe
-                    && place(probe)
-                        .and_then(|place| returning.get(&place))
-                        .is_some_and(|scopes| scopes.iter().any(|s| *s != probe.scope))
+                let Some(place) = place(probe) else {
+                    return false;
+                };
+                let own = returning
+                    .get(&place)
+                    .is_some_and(|scopes| scopes.iter().any(|s| *s != probe.scope));
+                let other_tools = match (probe.scope, foreign.get(&place)) {
+                    (Scope::Process(pid), Some(pids)) => pids.iter().any(|&p| p != pid),
+                    _ => false,
+                };
+                probe.return_half != ReturnHalf::Uretprobe && (own || other_tools)
             })
         })
         .collect()
@@ -90,7 +102,7 @@ mod tests {
         ];
         let live = [true; 8];
         assert_eq!(
-            forced_returns(&attached, &live),
+            forced_returns(&attached, &live, &ForcingPlaces::new()),
             [true, true, false, false, false, false, true, false].map(Some)
         );
     }
@@ -102,15 +114,39 @@ mod tests {
             probe(2, 7, 0x100, ReturnHalf::Session),
         ];
         assert_eq!(
-            forced_returns(&attached, &[true, false]),
+            forced_returns(&attached, &[true, false], &ForcingPlaces::new()),
             [Some(false), None]
         );
         // A probe of unknown file is never matched.
         let mut unknown = attached.clone();
         unknown[1].file = None;
         assert_eq!(
-            forced_returns(&unknown, &[true, true]),
+            forced_returns(&unknown, &[true, true], &ForcingPlaces::new()),
             [Some(false), Some(false)]
+        );
+    }
+
+    #[test]
+    fn another_tools_returning_link_for_another_process_forces_returns() {
+        let attached = [
+            probe(1, 7, 0x100, ReturnHalf::Session),
+            probe(1, 7, 0x200, ReturnHalf::Session),
+            probe(1, 7, 0x300, ReturnHalf::Uretprobe),
+        ];
+        let file = FileId {
+            device: 1,
+            inode: 7,
+        };
+        // At the probe's place (its offset plus the placement's 4): for
+        // process 2, then for process 1 itself (its own business).
+        let foreign = ForcingPlaces::from([
+            ((file, 0x104), vec![2]),
+            ((file, 0x204), vec![1]),
+            ((file, 0x304), vec![2]),
+        ]);
+        assert_eq!(
+            forced_returns(&attached, &[true; 3], &foreign),
+            [true, false, false].map(Some)
         );
     }
 }

@@ -150,6 +150,14 @@ impl MultiPrograms {
         }
         bpf(bpf_cmd::BPF_LINK_CREATE, &mut attr)
     }
+
+    /// The ids the kernel gave the programs.
+    pub fn program_ids(&self) -> Vec<u32> {
+        self.programs
+            .values()
+            .filter_map(super::foreign::program_id)
+            .collect()
+    }
 }
 
 /// Whether a refused link means the kernel lacks the kind: before 6.13
@@ -215,9 +223,16 @@ fn load_program(
 }
 
 fn bpf(cmd: bpf_cmd, attr: &mut bpf_attr) -> io::Result<OwnedFd> {
+    let fd = bpf_call(cmd, attr)?;
+    // SAFETY: the kernel returned a fresh fd that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// The `bpf` syscall; its result, never negative.
+pub(super) fn bpf_call(cmd: bpf_cmd, attr: &mut bpf_attr) -> io::Result<i64> {
     // SAFETY: `attr` is a valid bpf_attr for `cmd` and outlives the call;
     // every pointer in it points at memory alive for the call.
-    let fd = unsafe {
+    let result = unsafe {
         libc::syscall(
             libc::SYS_bpf,
             cmd as libc::c_int,
@@ -225,11 +240,10 @@ fn bpf(cmd: bpf_cmd, attr: &mut bpf_attr) -> io::Result<OwnedFd> {
             std::mem::size_of::<bpf_attr>() as libc::c_uint,
         )
     };
-    if fd < 0 {
+    if result < 0 {
         return Err(io::Error::last_os_error());
     }
-    // SAFETY: the kernel returned a fresh fd that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+    Ok(result)
 }
 
 /// The fd of a map aya created, for the kinds of maps the object has.

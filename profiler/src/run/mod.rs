@@ -68,6 +68,9 @@ enum Stop {
     AllExited,
 }
 
+/// Ticks between two readings of other tools' links (`kernel::foreign`).
+const FOREIGN_LINKS_EVERY: u64 = 10;
+
 struct Session<'a> {
     options: SessionOptions,
     status: &'a mut dyn Write,
@@ -316,6 +319,9 @@ impl Session<'_> {
     /// Once a rescan interval: new libraries and processes, growth
     /// triggers, `--verbose` rates, the status line.
     fn tick(&mut self, ticks: &mut u64, last_rates: &mut CostLedger) -> Result<()> {
+        if ticks.is_multiple_of(FOREIGN_LINKS_EVERY) {
+            self.probes.read_foreign_links();
+        }
         let forced = self.ledger.update(&self.cost_model, &self.probes);
         self.say_forced_returns(&forced);
         self.keep_costs_measured();

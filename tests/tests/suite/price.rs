@@ -193,8 +193,27 @@ fn jemallocs_fast_path_is_recognised_in_shared_and_static_builds() {
 /// in 5).
 #[test]
 fn returns_forced_by_another_profiled_process_are_said_and_counted() {
+    forced_returns_are_said_and_counted("forced_returns", Profilers::One);
+}
+
+/// The same with each process profiled by a memprobe of its own: the
+/// working one's memprobe finds the other's sessions among the kernel's
+/// links.
+#[test]
+fn returns_forced_by_another_memprobe_are_said_and_counted() {
+    forced_returns_are_said_and_counted("forced_by_another", Profilers::Two);
+}
+
+/// Whether one memprobe profiles both processes, or one each.
+#[derive(PartialEq)]
+enum Profilers {
+    One,
+    Two,
+}
+
+fn forced_returns_are_said_and_counted(test: &str, profilers: Profilers) {
     let _guard = exclusive();
-    let out = output_dir("forced_returns");
+    let out = output_dir(test);
     const PAIRS: f64 = 1_000_000.0;
     const DELAY_MS: u64 = 6000;
     let pairs = format!("{PAIRS}");
@@ -207,6 +226,15 @@ fn returns_forced_by_another_profiled_process_are_said_and_counted() {
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
+    let idle_arg = idle.id().to_string();
+    let options = ["--sampling", "entry", "--max-overhead", "none"];
+    let other_out = out.join("other");
+    let other = (profilers == Profilers::Two).then(|| {
+        let dir = ["--format", "heap", "-o", other_out.to_str().unwrap()];
+        let mut other = Memprobe::start(&[&["--pid", &idle_arg][..], &options, &dir].concat());
+        other.wait_attached();
+        other
+    });
     let started = Instant::now();
     let working = Command::new(malloc_loop_fixture())
         .arg(&pairs)
@@ -214,25 +242,20 @@ fn returns_forced_by_another_profiled_process_are_said_and_counted() {
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    let (working_arg, idle_arg) = (working.id().to_string(), idle.id().to_string());
-    let mut memprobe = Memprobe::start(&[
-        "--pid",
-        &working_arg,
-        "--pid",
-        &idle_arg,
-        "--sampling",
-        "entry",
-        "--max-overhead",
-        "none",
-        "--format",
-        "heap",
-        "-o",
-        out.to_str().unwrap(),
-    ]);
+    let working_arg = working.id().to_string();
+    let mut pids = vec!["--pid", &working_arg];
+    if other.is_none() {
+        pids.extend(["--pid", &idle_arg]);
+    }
+    let dir = ["--format", "heap", "-o", out.to_str().unwrap()];
+    let mut memprobe = Memprobe::start(&[&pids[..], &options, &dir].concat());
     memprobe.wait_attached();
     let attached_after = started.elapsed();
     let timed = working.wait_with_output().unwrap();
     let stderr = memprobe.stop();
+    if let Some(other) = other {
+        other.stop();
+    }
     let _ = idle.kill();
     let _ = idle.wait();
     assert!(
