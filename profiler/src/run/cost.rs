@@ -79,6 +79,25 @@ pub struct ProbeCost {
 }
 
 impl CostModel {
+    /// Each kind's cost in seconds, named for `/metrics`; none where not
+    /// measured.
+    pub fn measured_kinds(&self) -> Vec<(&'static str, f64)> {
+        if !self.measured {
+            return Vec::new();
+        }
+        [
+            ("emulated", self.emulated),
+            ("free", self.free),
+            ("single_stepped", self.single_stepped),
+            ("return", self.return_half),
+            ("forced_return", self.forced_return),
+            ("endbr64", self.endbr64),
+        ]
+        .into_iter()
+        .map(|(kind, cost)| (kind, cost.as_secs_f64()))
+        .collect()
+    }
+
     /// Per-hit cost of `probe`. A probe kept at the entry for lack of an
     /// emulated instruction is counted as single-stepped; a probe whose
     /// calls all trap at their return for another process's probes

@@ -78,6 +78,7 @@ impl Session<'_> {
             *published = Published {
                 processes,
                 system_wide_hits,
+                hit_costs: self.cost_model.measured_kinds(),
             };
         }
     }

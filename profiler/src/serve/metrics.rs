@@ -1,5 +1,6 @@
 //! `GET /metrics`: Prometheus' text exposition, one series per profiled
-//! process (labels `pid`, `comm`), and memprobe's own resident memory.
+//! process (labels `pid`, `comm`), what a probe hit costs on this host
+//! (label `kind`), and memprobe's own resident memory.
 use std::fmt::Write as _;
 
 use axum::{extract::State, http::header, response::IntoResponse, response::Response};
@@ -89,6 +90,19 @@ fn exposition(published: &Published, resident_bytes: Option<u64>) -> String {
          memprobe_system_wide_probe_hits_total {}",
         published.system_wide_hits
     );
+    if !published.hit_costs.is_empty() {
+        let _ = writeln!(
+            text,
+            "# HELP memprobe_probe_hit_cost_seconds Time one probe hit adds, by kind, as last \
+             measured on this host.\n# TYPE memprobe_probe_hit_cost_seconds gauge"
+        );
+        for (kind, seconds) in &published.hit_costs {
+            let _ = writeln!(
+                text,
+                "memprobe_probe_hit_cost_seconds{{kind=\"{kind}\"}} {seconds:e}"
+            );
+        }
+    }
     if let Some(bytes) = resident_bytes {
         let _ = writeln!(
             text,
@@ -131,8 +145,10 @@ mod tests {
                 ..ProcessStatus::default()
             }],
             system_wide_hits: 0,
+            hit_costs: vec![("emulated", 7.5e-7)],
         };
         let text = exposition(&published, Some(4096));
+        assert!(text.contains("memprobe_probe_hit_cost_seconds{kind=\"emulated\"} 7.5e-7\n"));
         assert!(text.contains("memprobe_inuse_bytes{pid=\"42\",comm=\"we\\\"ird\"} 1024\n"));
         assert!(text.contains("# TYPE memprobe_samples_total counter\n"));
         assert!(text.contains("process_resident_memory_bytes 4096\n"));

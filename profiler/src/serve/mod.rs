@@ -59,6 +59,9 @@ pub struct Published {
     pub processes: Vec<ProcessStatus>,
     /// Probe hits of system-wide probes (`--all`), not of one process.
     pub system_wide_hits: u64,
+    /// Seconds a probe hit costs, by kind, as last measured on this host;
+    /// empty where they could not be measured.
+    pub hit_costs: Vec<(&'static str, f64)>,
 }
 
 /// A profile asked of the run: the current estimates of `pid`.
