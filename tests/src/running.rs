@@ -446,3 +446,16 @@ pub fn processes_running(executable: &Path) -> Vec<u32> {
         .filter(|pid| std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|exe| exe == wanted))
         .collect()
 }
+
+/// Waits (up to 5 s) until process `pid` maps a file whose path contains
+/// `name`: a process just started has not loaded its libraries yet.
+pub fn wait_until_mapped(pid: u32, name: &str) {
+    for _ in 0..250 {
+        let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+        if maps.contains(name) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("process {pid} did not map {name} within 5 s");
+}

@@ -227,6 +227,8 @@ fn forced_returns_are_said_and_counted(test: &str, profilers: Profilers) {
         .spawn()
         .unwrap();
     let idle_arg = idle.id().to_string();
+    // Its own memprobe attaches at once: not before it loaded jemalloc.
+    wait_until_mapped(idle.id(), "libjemalloc");
     let options = ["--sampling", "entry", "--max-overhead", "none"];
     let other_out = out.join("other");
     let other = (profilers == Profilers::Two).then(|| {
@@ -243,6 +245,7 @@ fn forced_returns_are_said_and_counted(test: &str, profilers: Profilers) {
         .spawn()
         .unwrap();
     let working_arg = working.id().to_string();
+    wait_until_mapped(working.id(), "libjemalloc");
     let mut pids = vec!["--pid", &working_arg];
     if other.is_none() {
         pids.extend(["--pid", &idle_arg]);
