@@ -111,12 +111,16 @@ fn unprofiled_ns_per_pair(pairs: &str) -> f64 {
         .fold(f64::INFINITY, f64::min)
 }
 
+/// The number that follows `marker` in `text`.
+fn number_after(text: &str, marker: &str) -> f64 {
+    text.split_once(marker)
+        .and_then(|(_, rest)| rest.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no number after {marker:?} in {text}"))
+}
+
 /// The seconds the summary's cost line estimates memprobe added.
 fn reported_seconds(stderr: &str) -> f64 {
-    stderr
-        .split_once("estimated time added to the profiled processes: ")
-        .and_then(|(_, rest)| rest.split_whitespace().next()?.parse().ok())
-        .unwrap_or_else(|| panic!("no estimate in {stderr}"))
+    number_after(stderr, "estimated time added to the profiled processes: ")
 }
 
 /// The summary's "estimated time added" against what the loop gained, as
@@ -289,10 +293,7 @@ fn costs_in(line: &str) -> &str {
 
 /// The emulated probe's cost in µs, in costs as [`costs_in`] gives them.
 fn emulated_micros(costs: &str) -> f64 {
-    costs
-        .split_once(": ")
-        .and_then(|(_, rest)| rest.split_whitespace().next()?.parse().ok())
-        .unwrap_or_else(|| panic!("no emulated cost in {costs:?}"))
+    number_after(costs, ": ")
 }
 
 /// `--recalibrate-every`: the per-hit costs are measured again while the
