@@ -88,7 +88,7 @@ CAP_PERFMON) and a kernel with uprobes and BTF.";
 #[command(
     name = "memprobe",
     version,
-    about = "Heap profiles of running jemalloc processes, without a restart; jeprof reads them.",
+    about = "Heap profiles of running processes (jemalloc, glibc malloc, mimalloc, tcmalloc), without a restart; jeprof and pprof read them.",
     after_help = EXAMPLES,
     args_conflicts_with_subcommands = true,
     subcommand_negates_reqs = true,
