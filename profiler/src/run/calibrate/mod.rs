@@ -24,67 +24,19 @@
 //! round does not count long), and a kind's cost is its median round: one
 //! unlucky round, or a kind timed while the host was slower, does not set
 //! the price.
-use std::{
-    io::{BufRead, BufReader, Write},
-    path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
-    time::Duration,
-};
+use std::{path::Path, time::Duration};
 
 use profiler_common::programs;
 
 use crate::{
-    collect::clock_ns,
     kernel::{CalibrationProbes, KernelProbes},
     run::cost::CostModel,
 };
 
-/// Set in the copy's environment: it serves timings instead of profiling.
-const TARGET_ENV: &str = "MEMPROBE_CALIBRATION_TARGET";
+mod copy;
 
-// One copy of the target function per kind of hit timed, each with its
-// own probes, so that the kinds' rounds take turns without attaching and
-// detaching (which takes longer than the rounds), and one never probed,
-// for the baselines: `endbr64` (at +0, for CET builds' first
-// instruction), `nop` (+4, emulated: where the probe goes), `ret` (+5,
-// single-stepped), every [`COPY_BYTES`].
-core::arch::global_asm!(
-    ".pushsection .text.memprobe_calibration_targets,\"ax\",@progbits",
-    ".globl memprobe_calibration_targets",
-    ".type memprobe_calibration_targets,@function",
-    ".balign 16",
-    "memprobe_calibration_targets:",
-    ".rept {copies}",
-    ".balign 16",
-    "endbr64",
-    "nop",
-    "ret",
-    ".endr",
-    ".size memprobe_calibration_targets, .-memprobe_calibration_targets",
-    ".popsection",
-    copies = const COPIES,
-);
-
-/// Offsets in a copy of the target function.
-const ENDBR64: u64 = 0;
-const NOP: u64 = 4;
-const RET: u64 = 5;
-/// Bytes from one copy to the next (the `.balign` above).
-const COPY_BYTES: u64 = 16;
-/// A copy per kind, then the baselines' copy.
-const COPIES: usize = KINDS.len() + 1;
-const BASELINE_COPY: usize = KINDS.len();
-
-unsafe extern "C" {
-    fn memprobe_calibration_targets(size: u64);
-}
-
-/// Copy `index` (below [`COPIES`]) of the target function.
-fn target_copy(index: usize) -> unsafe extern "C" fn(u64) {
-    let address = memprobe_calibration_targets as *const () as u64 + index as u64 * COPY_BYTES;
-    // SAFETY: each copy starts a function of this signature (see the asm).
-    unsafe { std::mem::transmute::<u64, unsafe extern "C" fn(u64)>(address) }
-}
+pub use copy::serve_as_target;
+use copy::{BASELINE_COPY, COPY_BYTES, ENDBR64, NOP, RET, Target, target_location};
 
 /// Calls timed per request, by what each one costs.
 const FAST_CALLS: u64 = 10_000;
@@ -92,138 +44,8 @@ const SLOW_CALLS: u64 = 1_000;
 const BASELINE_CALLS: u64 = 1_000_000;
 /// Rounds per kind: each kind's cost is the median of its rounds.
 const ROUNDS: usize = 7;
-/// The first pointer a free's timing passes, then one every `stride` bytes:
-/// where a heap could be, never sampled (samples are keyed by process).
-const POINTER_BASE: u64 = 0x7f00_0000_0000;
 /// Bytes between the pointers a free's timing passes: a small size class.
 const FREE_STRIDE: u64 = 48;
-
-/// A request line: `CALLS STRIDE COPY`: CALLS calls of the target's copy
-/// COPY with argument 0 (STRIDE 0) or pointers [`POINTER_BASE`] + i *
-/// STRIDE.
-fn parse_request(line: &str) -> Option<(u64, u64, usize)> {
-    let mut words = line.split_whitespace();
-    let mut next = || words.next()?.parse::<u64>().ok();
-    let (calls, stride, copy) = (next()?, next()?, next()?);
-    let copy = usize::try_from(copy).ok().filter(|&c| c < COPIES)?;
-    Some((calls, stride, copy))
-}
-
-/// In memprobe's calibration copy: answers each request line on stdin
-/// (see [`parse_request`]) with the nanoseconds of CPU time per call, until
-/// the end of input; then exits.
-/// Does nothing in any other process.
-pub fn serve_as_target() {
-    if std::env::var_os(TARGET_ENV).is_none() {
-        return;
-    }
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "ready");
-    let _ = out.flush();
-    for line in std::io::stdin().lock().lines() {
-        let Some((calls, stride, copy)) = parse_request(&line.unwrap_or_default()) else {
-            break;
-        };
-        // In a thread other than the main one: a kernel whose uprobe_multi
-        // links filter by thread, not process (6.6 to 6.9), runs no program
-        // there, and memprobe sees no hit and falls back.
-        let target = target_copy(copy);
-        let timing = std::thread::spawn(move || {
-            let started = thread_cpu_time();
-            for call in 0..calls {
-                let argument = if stride == 0 {
-                    0
-                } else {
-                    POINTER_BASE + call * stride
-                };
-                // SAFETY: the function touches no memory and returns at once.
-                unsafe { target(std::hint::black_box(argument)) };
-            }
-            thread_cpu_time().saturating_sub(started)
-        });
-        let Ok(elapsed) = timing.join() else { break };
-        let per_call = elapsed.as_nanos() as f64 / calls.max(1) as f64;
-        let _ = writeln!(out, "{per_call}");
-        let _ = out.flush();
-    }
-    std::process::exit(0);
-}
-
-/// The CPU time the calling thread has used: a round preempted by another
-/// task is not counted long, and trap handling, done in the kernel on the
-/// thread's behalf, is counted in it (as in the target's CPU time).
-fn thread_cpu_time() -> Duration {
-    Duration::from_nanos(clock_ns(libc::CLOCK_THREAD_CPUTIME_ID))
-}
-
-/// The copy of memprobe being timed.
-struct Target {
-    child: Child,
-    lines: std::io::Lines<BufReader<std::process::ChildStdout>>,
-}
-
-impl Target {
-    fn start(executable: &Path) -> Result<Self, String> {
-        let mut child = Command::new(executable)
-            .env(TARGET_ENV, "1")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| format!("starting {}: {e}", executable.display()))?;
-        let stdout = child.stdout.take().ok_or("no stdout")?;
-        let mut target = Self {
-            child,
-            lines: BufReader::new(stdout).lines(),
-        };
-        target.read_line()?;
-        Ok(target)
-    }
-
-    fn read_line(&mut self) -> Result<String, String> {
-        match self.lines.next() {
-            Some(Ok(line)) => Ok(line),
-            _ => Err("the calibration copy stopped".into()),
-        }
-    }
-
-    /// Nanoseconds per call of one run of `calls` calls of the target's
-    /// copy `copy`, with pointers `stride` bytes apart (0: a null argument).
-    fn time(&mut self, calls: u64, stride: u64, copy: usize) -> Result<f64, String> {
-        let stdin = self.child.stdin.as_mut().ok_or("no stdin")?;
-        writeln!(stdin, "{calls} {stride} {copy}").map_err(|e| e.to_string())?;
-        let line = self.read_line()?;
-        line.trim()
-            .parse()
-            .map_err(|_| format!("bad timing {line:?}"))
-    }
-}
-
-impl Drop for Target {
-    fn drop(&mut self) {
-        drop(self.child.stdin.take());
-        let _ = self.child.wait();
-    }
-}
-
-/// Where the target function's copies are in memprobe's executable: its
-/// path and the file offset of the first copy's first instruction.
-fn target_location() -> Result<(PathBuf, u64), String> {
-    let address = memprobe_calibration_targets as *const () as u64;
-    let maps = std::fs::read_to_string("/proc/self/maps").map_err(|e| e.to_string())?;
-    let mapping = crate::proc::parse_maps(&maps)
-        .into_iter()
-        .find(|m| m.range().contains(address))
-        .ok_or("the target function is in no mapping")?;
-    let path = mapping
-        .path
-        .clone()
-        .ok_or("the target's mapping has no file")?;
-    Ok((
-        PathBuf::from(path),
-        address - mapping.start + mapping.offset,
-    ))
-}
 
 /// One kind of probe hit timed: the programs attached (each at its offset
 /// in the target function), calls per round, and the pointers' stride.
@@ -451,26 +273,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn requests_name_calls_stride_and_a_copy_that_exists() {
-        assert_eq!(parse_request("20000 48 4"), Some((20_000, 48, 4)));
-        assert_eq!(parse_request("1000 0 0"), Some((1_000, 0, 0)));
-        assert_eq!(parse_request("1000 0 6"), Some((1_000, 0, 6)));
-        assert_eq!(parse_request("1000 0 7"), None);
-        assert_eq!(parse_request("1000 0"), None);
-        assert_eq!(parse_request(""), None);
-    }
-
-    #[test]
     fn a_kind_costs_its_median_round() {
         assert_eq!(median([0.9, 0.7, 5.0, 0.8, 0.75]), 0.8);
         assert_eq!(median([2.0, 1.0]), 2.0);
-    }
-
-    #[test]
-    fn each_copy_of_the_target_returns() {
-        for copy in 0..COPIES {
-            // SAFETY: each copy is `endbr64; nop; ret`.
-            unsafe { target_copy(copy)(0) };
-        }
     }
 }
