@@ -261,6 +261,19 @@ pub fn malloc_loop_fixture() -> PathBuf {
     })
 }
 
+/// Two processes passing a byte over pipes, no allocator call (glibc's
+/// mapped, never called).
+pub fn ping_pong_fixture() -> PathBuf {
+    build_once("ping_pong", |out| {
+        let mut command = Command::new("cc");
+        command
+            .args(["-O2", "-o"])
+            .arg(out)
+            .arg(fixture_source("ping_pong.c"));
+        command
+    })
+}
+
 /// The Rust fixture on tikv-jemallocator (builds jemalloc from source).
 pub fn rust_fixture() -> PathBuf {
     cargo_fixture("rust-jemalloc", "rust", "rust-jemalloc-fixture")

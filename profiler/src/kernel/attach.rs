@@ -1,7 +1,7 @@
 //! Attaching one allocator copy's entry points: each entry program, and
 //! the return half as a uprobe session or a uretprobe, with the sessions
 //! fallback found out at the first link; all or nothing per copy.
-use std::{num::NonZeroU32, os::fd::OwnedFd, path::Path};
+use std::{collections::HashMap, num::NonZeroU32, os::fd::OwnedFd, path::Path};
 
 use aya::programs::{
     UProbe,
@@ -149,6 +149,20 @@ impl KernelProbes {
     /// some and attaches others).
     pub fn attached_now(&self) -> usize {
         self.links.iter().filter(|links| !links.is_empty()).count()
+    }
+
+    /// Per process, how many perf events its probes have put on its main
+    /// thread: aya's uprobes and uretprobes (where the kernel does not
+    /// filter uprobe_multi links by process) are perf events bound to the
+    /// task whose id is the pid, switched with it at every context switch.
+    pub fn task_events(&self) -> HashMap<u32, usize> {
+        let mut events = HashMap::new();
+        for (probe, links) in self.attached.iter().zip(&self.links) {
+            if let (Scope::Process(pid), false) = (probe.scope, links.uprobes.is_empty()) {
+                *events.entry(pid).or_default() += links.uprobes.len();
+            }
+        }
+        events
     }
 
     /// Detaches the probes at these indexes of `attached`.

@@ -22,6 +22,14 @@ fn calibration_cookie() -> u64 {
     cookie::encode(cookie::MAX_PROBES - 1, 0, u16::MAX, false)
 }
 
+impl CalibrationProbes {
+    /// How many perf events these put on the copy's main thread (see
+    /// [`KernelProbes::task_events`]).
+    pub fn task_events(&self) -> usize {
+        self.0.uprobes.len()
+    }
+}
+
 impl KernelProbes {
     /// Finds out which links the kernel takes before any allocator is
     /// probed, on a function of memprobe's own (the calibration copy's,

@@ -150,6 +150,23 @@ pub fn namespace_pid(pid: u32) -> Option<u32> {
     (inner != pid).then_some(inner)
 }
 
+/// How often the process's main thread (the task whose id is `pid`) has
+/// been switched out, voluntarily or not; `None` once it is gone.
+pub fn main_thread_switches(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(proc_path(pid, &format!("task/{pid}/status"))).ok()?;
+    context_switches(&status)
+}
+
+/// The sum of `voluntary_ctxt_switches` and `nonvoluntary_ctxt_switches`
+/// in a task's `status` text.
+fn context_switches(status: &str) -> Option<u64> {
+    let count = |name: &str| -> Option<u64> {
+        let line = status.lines().find(|l| l.starts_with(name))?;
+        line[name.len()..].trim().parse().ok()
+    };
+    Some(count("voluntary_ctxt_switches:")? + count("nonvoluntary_ctxt_switches:")?)
+}
+
 /// Every pid in /proc.
 pub fn all_pids() -> Vec<u32> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
@@ -177,5 +194,14 @@ mod tests {
         assert_eq!(maps[1].path.as_deref(), Some("[stack]"));
         assert!(!maps[1].is_file());
         assert_eq!(maps[2].path, None);
+    }
+
+    #[test]
+    fn context_switches_add_both_kinds() {
+        let status = "Name:\tdemo\nvoluntary_ctxt_switches:\t120\nnonvoluntary_ctxt_switches:\t3\n";
+        assert_eq!(context_switches(status), Some(123));
+        assert_eq!(context_switches("Name:\tdemo\n"), None);
+        let own = main_thread_switches(std::process::id());
+        assert!(own.is_some(), "{own:?}");
     }
 }

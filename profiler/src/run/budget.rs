@@ -2,8 +2,10 @@
 //! one CPU for [`SUSTAINED`] in a row gets its profile written and its
 //! probes detached, and memprobe says why: a production process is never
 //! slowed beyond what the user allowed for longer than that. The cost is
-//! its probe hits times the per-hit costs measured on this host, with
-//! [`INDIRECT_ALLOWANCE`] on top. System-wide
+//! its probe hits times the per-hit costs measured on this host (and,
+//! where probes are perf events on its main thread, that thread's context
+//! switches times their measured cost), with [`INDIRECT_ALLOWANCE`] on
+//! top. System-wide
 //! probes (`--all`) are shared by every process and cannot be detached
 //! from one: the budget applies to `--pid` and launched processes.
 use std::time::{Duration, Instant};
@@ -83,7 +85,7 @@ impl Session<'_> {
     fn detach_over_budget(&mut self, pid: u32, share: f64, budget: f64) {
         let reason = format!(
             "over budget: its probes cost {:.0}% of a CPU for {} s ({:.0}% estimated from their \
-             hits, {:.0}% more allowed for the caches they disturb), above --max-overhead {:.0}%",
+             measured costs, {:.0}% more allowed for the caches they disturb), above --max-overhead {:.0}%",
             share * 100.0,
             SUSTAINED.as_secs(),
             share / INDIRECT_ALLOWANCE * 100.0,

@@ -28,6 +28,12 @@ pub struct CostModel {
     /// A probe on `endbr64`, where CET builds start each function: probes
     /// go past it where the placement rules allow (entry-only ones).
     pub endbr64: Duration,
+    /// A context switch of a thread, for each perf event on it: where the
+    /// kernel does not filter uprobe_multi links by process (before 6.10)
+    /// probes are perf events bound to the profiled process's main thread,
+    /// which the kernel switches with it every time it is switched, hit or
+    /// not.
+    pub switch_per_event: Duration,
     /// Whether these were measured on this host.
     pub measured: bool,
 }
@@ -41,6 +47,7 @@ impl Default for CostModel {
             return_half: Duration::from_nanos(310),
             forced_return: Duration::from_nanos(310),
             endbr64: Duration::from_nanos(10_000),
+            switch_per_event: Duration::from_nanos(180),
             measured: false,
         }
     }
@@ -48,13 +55,15 @@ impl Default for CostModel {
 
 impl std::fmt::Display for CostModel {
     /// "per hit, measured here: 0.76 µs emulated (0.76 µs a free), 10.0 µs
-    /// single-stepped, 0.31 µs return, 0.31 µs a forced return".
+    /// single-stepped, 0.31 µs return, 0.31 µs a forced return; 0.18 µs a
+    /// context switch per perf event".
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let micros = |d: Duration| d.as_secs_f64() * 1e6;
         write!(
             f,
             "per hit, {}: {:.2} µs emulated ({:.2} µs a free), {:.1} µs single-stepped, \
-             {:.2} µs return, {:.2} µs a forced return",
+             {:.2} µs return, {:.2} µs a forced return; {:.2} µs a context switch per perf \
+             event",
             if self.measured {
                 "measured on this host"
             } else {
@@ -64,7 +73,8 @@ impl std::fmt::Display for CostModel {
             micros(self.free),
             micros(self.single_stepped),
             micros(self.return_half),
-            micros(self.forced_return)
+            micros(self.forced_return),
+            micros(self.switch_per_event)
         )
     }
 }
@@ -92,6 +102,7 @@ impl CostModel {
             ("return", self.return_half),
             ("forced_return", self.forced_return),
             ("endbr64", self.endbr64),
+            ("switch_per_perf_event", self.switch_per_event),
         ]
         .into_iter()
         .map(|(kind, cost)| (kind, cost.as_secs_f64()))
@@ -131,18 +142,72 @@ pub struct CostLedger {
     /// Whether each probe's returns were forced at the last update: a
     /// probe detached since is priced as it was while attached.
     forced: Vec<bool>,
+    /// Per process with perf events on its main thread: that thread's
+    /// context switches and the time they added.
+    switches: HashMap<u32, TaskSwitches>,
+}
+
+/// A main thread's context switches while perf events were on it.
+#[derive(Clone, Copy, Debug, Default)]
+struct TaskSwitches {
+    /// Its count of switches when last read.
+    read: u64,
+    /// Switches since the events were first seen on it.
+    counted: u64,
+    added: Duration,
 }
 
 impl CostLedger {
     /// Prices the hits counted since the last update. Returns the probes
     /// whose returns another process's probes began to force since then.
     pub fn update(&mut self, model: &CostModel, probes: &KernelProbes) -> Vec<usize> {
+        let events = probes.task_events();
+        self.record_switches(model, &events, crate::proc::main_thread_switches);
         self.record(
             model,
             &probes.attached,
             &probes.probe_hits(),
             &probes.forced_returns(),
         )
+    }
+
+    /// Prices the context switches of each main thread that carries
+    /// `events` perf events since the last update (`read_switches` counts
+    /// a process's); a thread's first reading only starts its count.
+    fn record_switches(
+        &mut self,
+        model: &CostModel,
+        events: &HashMap<u32, usize>,
+        read_switches: impl Fn(u32) -> Option<u64>,
+    ) {
+        for (&pid, &count) in events {
+            let Some(now) = read_switches(pid) else {
+                continue;
+            };
+            let Some(task) = self.switches.get_mut(&pid) else {
+                let first = TaskSwitches {
+                    read: now,
+                    ..Default::default()
+                };
+                self.switches.insert(pid, first);
+                continue;
+            };
+            let new = now.saturating_sub(task.read);
+            let per_switch = model.switch_per_event.saturating_mul(count as u32);
+            task.added += per_switch.saturating_mul(new.min(u32::MAX as u64) as u32);
+            task.counted += new;
+            task.read = now;
+        }
+    }
+
+    /// Context switches of main threads that carried perf events, and the
+    /// time those events added to them, over all processes.
+    pub fn switch_costs(&self) -> (u64, Duration) {
+        self.switches
+            .values()
+            .fold((0, Duration::ZERO), |(n, t), s| {
+                (n + s.counted, t + s.added)
+            })
     }
 
     fn record(
@@ -191,6 +256,11 @@ impl CostLedger {
         for (index, added) in delta.added.iter_mut().enumerate() {
             *added = added.saturating_sub(earlier.added.get(index).copied().unwrap_or_default());
         }
+        for (pid, task) in delta.switches.iter_mut() {
+            let before = earlier.switches.get(pid).copied().unwrap_or_default();
+            task.counted -= before.counted.min(task.counted);
+            task.added = task.added.saturating_sub(before.added);
+        }
         delta
     }
 
@@ -203,6 +273,9 @@ impl CostLedger {
                 process.0 += hits;
                 process.1 += added.as_secs_f64();
             }
+        }
+        for (pid, task) in &self.switches {
+            processes.entry(*pid).or_default().1 += task.added.as_secs_f64();
         }
         processes
     }
@@ -288,6 +361,7 @@ mod tests {
         return_half: Duration::from_nanos(263),
         forced_return: Duration::from_nanos(201),
         endbr64: Duration::from_nanos(9_000),
+        switch_per_event: Duration::from_nanos(150),
         measured: true,
     };
 
@@ -316,7 +390,8 @@ mod tests {
         assert_eq!(
             model.to_string(),
             "per hit, measured on this host: 0.41 µs emulated (0.37 µs a free), 10.0 µs \
-             single-stepped, 0.26 µs return, 0.20 µs a forced return"
+             single-stepped, 0.26 µs return, 0.20 µs a forced return; 0.15 µs a context \
+             switch per perf event"
         );
     }
 
@@ -350,5 +425,32 @@ mod tests {
         assert_eq!(recent[1].hits, 200);
         let processes = ledger.per_process(&probes);
         assert_eq!(processes[&1].0, 610);
+    }
+
+    /// A main thread's switches are priced per perf event on it, from its
+    /// first reading on, and count in its process's added time.
+    #[test]
+    fn context_switches_are_priced_per_perf_event() {
+        let probes = [probe("free", true, ReturnHalf::None)];
+        let mut ledger = CostLedger::default();
+        let events = HashMap::from([(1, 4)]);
+        let switches = std::cell::Cell::new(1_000);
+        let read = |_| Some(switches.get());
+        ledger.record_switches(&MODEL, &events, read);
+        assert_eq!(ledger.switch_costs(), (0, Duration::ZERO));
+        let before = ledger.clone();
+        switches.set(1_500);
+        ledger.record_switches(&MODEL, &events, read);
+        ledger.record(&MODEL, &probes, &[10], &[Some(false)]);
+        let added = Duration::from_nanos(500 * 4 * 150);
+        assert_eq!(ledger.switch_costs(), (500, added));
+        assert_eq!(ledger.since(&before).switch_costs(), (500, added));
+        let process = ledger.per_process(&probes)[&1];
+        assert_eq!(process.0, 10);
+        let probe_time = Duration::from_nanos(371 * 10);
+        assert!((process.1 - (added + probe_time).as_secs_f64()).abs() < 1e-12);
+        // A process gone keeps what it added.
+        ledger.record_switches(&MODEL, &events, |_| None);
+        assert_eq!(ledger.switch_costs(), (500, added));
     }
 }

@@ -394,6 +394,7 @@ impl Session<'_> {
         let probe_count = probes.attached_now();
         ledger.update(&cost_model, &probes);
         let probe_costs = ledger.costs(&probes.attached);
+        let switch_cost = ledger.switch_costs();
         let return_probes = probes.return_probes_used();
         // Detach before anything else: the targets run unprobed from here on.
         drop(ring);
@@ -433,6 +434,7 @@ impl Session<'_> {
             kernel_counters,
             exit_code,
             probe_costs,
+            switch_cost,
             cost_model,
             return_probes,
             output_dir: options.output_dir.clone(),

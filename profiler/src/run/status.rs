@@ -69,6 +69,9 @@ pub struct Summary {
     pub exit_code: Option<i32>,
     /// Hits and estimated cost per entry point, busiest first.
     pub probe_costs: Vec<ProbeCost>,
+    /// Context switches of main threads that carried perf-event probes,
+    /// and the time those added (see `CostModel::switch_per_event`).
+    pub switch_cost: (u64, Duration),
     /// The per-hit costs the estimate used.
     pub cost_model: CostModel,
     /// How calls got their return half, and why.
@@ -184,16 +187,25 @@ impl Session<'_> {
     /// `--verbose`: probe hits per second per entry point since `previous`
     /// (the ledger as it was then); returns the ledger as it is now.
     pub(super) fn report_rates(&mut self, previous: &CostLedger, period: Duration) -> CostLedger {
-        let costs = self.ledger.since(previous).costs(&self.probes.attached);
-        let added: Duration = costs.iter().map(|c| c.added).sum();
+        let recent = self.ledger.since(previous);
+        let costs = recent.costs(&self.probes.attached);
+        let (switches, switched) = recent.switch_costs();
+        let added = costs.iter().map(|c| c.added).sum::<Duration>() + switched;
         self.clear_progress();
         let _ = writeln!(
             self.status,
-            "memprobe: probe hits: {}; ~{:.1}% of a CPU added to the targets",
+            "memprobe: probe hits: {}{}; ~{:.1}% of a CPU added to the targets",
             if costs.is_empty() {
                 "none".to_owned()
             } else {
                 rates(&costs, period, 6)
+            },
+            match switches {
+                0 => String::new(),
+                n => format!(
+                    "; context switches of threads carrying perf-event probes: {}/s",
+                    crate::run::cost::human_count(n as f64 / period.as_secs_f64())
+                ),
             },
             100.0 * added.as_secs_f64() / period.as_secs_f64()
         );
@@ -353,10 +365,16 @@ pub fn summary_lines(summary: &Summary) -> Vec<String> {
         }
     }
     let hits: u64 = summary.probe_costs.iter().map(|c| c.hits).sum();
-    let added: Duration = summary.probe_costs.iter().map(|c| c.added).sum();
+    let (switches, switched) = summary.switch_cost;
+    let added = summary
+        .probe_costs
+        .iter()
+        .map(|c| c.added)
+        .sum::<Duration>()
+        + switched;
     let seconds = summary.elapsed.as_secs_f64().max(1e-3);
     lines.push(format!(
-        "memprobe: cost: {} probe hits ({}/s){}; estimated time added to the profiled \
+        "memprobe: cost: {} probe hits ({}/s){}{}; estimated time added to the profiled \
          processes: {:.3} s ({:.1}% of one CPU; {}); return probes: {}",
         hits,
         crate::run::cost::human_count(hits as f64 / seconds),
@@ -364,6 +382,13 @@ pub fn summary_lines(summary: &Summary) -> Vec<String> {
             format!(": {}", rates(&summary.probe_costs, summary.elapsed, 5))
         } else {
             String::new()
+        },
+        match switches {
+            0 => String::new(),
+            n => format!(
+                "; {n} context switches of threads carrying perf-event probes ({:.3} s)",
+                switched.as_secs_f64()
+            ),
         },
         added.as_secs_f64(),
         100.0 * added.as_secs_f64() / seconds,

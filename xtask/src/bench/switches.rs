@@ -75,6 +75,7 @@ fn round_trip_ns(
         .arg("3")
         .env("FIXTURE_DELAY_MS", "1500")
         .stdout(Stdio::piped())
+        .stderr(Stdio::null())
         .spawn()?;
     let pid = child.id().to_string();
     let memprobe_path = memprobe.to_str().context("memprobe's path")?;

@@ -72,9 +72,57 @@ fn parse_request(line: &str) -> Option<(u64, u64, usize)> {
     Some((calls, stride, copy))
 }
 
+/// A request line `switch TRIPS MAIN`: TRIPS round trips over pipes
+/// between a timed thread and a partner that echoes, the timed thread being
+/// the main one (MAIN 1: where perf-event probes are bound) or another
+/// (MAIN 0).
+fn parse_switch_request(line: &str) -> Option<(u64, bool)> {
+    let mut words = line.split_whitespace();
+    if words.next()? != "switch" {
+        return None;
+    }
+    let trips = words.next()?.parse().ok()?;
+    let on_main = match words.next()? {
+        "1" => true,
+        "0" => false,
+        _ => return None,
+    };
+    Some((trips, on_main))
+}
+
+/// Nanoseconds of the timed thread's CPU time per round trip (see
+/// [`parse_switch_request`]): each trip switches it out and back in once.
+fn ping_pong(trips: u64, on_main: bool) -> Option<f64> {
+    use std::io::Read;
+    let (mut there_in, mut there_out) = std::io::pipe().ok()?;
+    let (mut back_in, mut back_out) = std::io::pipe().ok()?;
+    let echo = std::thread::spawn(move || {
+        let mut byte = [0u8];
+        while there_in.read_exact(&mut byte).is_ok() && back_out.write_all(&byte).is_ok() {}
+    });
+    let timed = move || {
+        let started = thread_cpu_time();
+        let mut byte = [0u8];
+        for _ in 0..trips {
+            there_out.write_all(&byte).ok()?;
+            back_in.read_exact(&mut byte).ok()?;
+        }
+        let elapsed = thread_cpu_time().saturating_sub(started);
+        drop(there_out); // ends the echo
+        Some(elapsed)
+    };
+    let elapsed = if on_main {
+        timed()
+    } else {
+        std::thread::spawn(timed).join().ok()?
+    };
+    echo.join().ok()?;
+    Some(elapsed?.as_nanos() as f64 / trips.max(1) as f64)
+}
+
 /// In memprobe's calibration copy: answers each request line on stdin
-/// (see [`parse_request`]) with the nanoseconds of CPU time per call, until
-/// the end of input; then exits.
+/// (see [`parse_request`], [`parse_switch_request`]) with the nanoseconds
+/// of CPU time per call or round trip, until the end of input; then exits.
 /// Does nothing in any other process.
 pub fn serve_as_target() {
     if std::env::var_os(TARGET_ENV).is_none() {
@@ -84,7 +132,16 @@ pub fn serve_as_target() {
     let _ = writeln!(out, "ready");
     let _ = out.flush();
     for line in std::io::stdin().lock().lines() {
-        let Some((calls, stride, copy)) = parse_request(&line.unwrap_or_default()) else {
+        let line = line.unwrap_or_default();
+        if let Some((trips, on_main)) = parse_switch_request(&line) {
+            let Some(per_trip) = ping_pong(trips, on_main) else {
+                break;
+            };
+            let _ = writeln!(out, "{per_trip}");
+            let _ = out.flush();
+            continue;
+        }
+        let Some((calls, stride, copy)) = parse_request(&line) else {
             break;
         };
         // In a thread other than the main one: a kernel whose uprobe_multi
@@ -153,8 +210,18 @@ impl Target {
     /// Nanoseconds per call of one run of `calls` calls of the target's
     /// copy `copy`, with pointers `stride` bytes apart (0: a null argument).
     pub(super) fn time(&mut self, calls: u64, stride: u64, copy: usize) -> Result<f64, String> {
+        self.ask(&format!("{calls} {stride} {copy}"))
+    }
+
+    /// CPU nanoseconds per round trip of `trips` pipe round trips of the
+    /// copy's main thread (`on_main`) or of another of its threads.
+    pub(super) fn time_switches(&mut self, trips: u64, on_main: bool) -> Result<f64, String> {
+        self.ask(&format!("switch {trips} {}", u8::from(on_main)))
+    }
+
+    fn ask(&mut self, request: &str) -> Result<f64, String> {
         let stdin = self.child.stdin.as_mut().ok_or("no stdin")?;
-        writeln!(stdin, "{calls} {stride} {copy}").map_err(|e| e.to_string())?;
+        writeln!(stdin, "{request}").map_err(|e| e.to_string())?;
         let line = self.read_line()?;
         line.trim()
             .parse()
@@ -200,6 +267,18 @@ mod tests {
         assert_eq!(parse_request("1000 0 7"), None);
         assert_eq!(parse_request("1000 0"), None);
         assert_eq!(parse_request(""), None);
+        assert_eq!(parse_switch_request("switch 1000 1"), Some((1_000, true)));
+        assert_eq!(parse_switch_request("switch 1000 0"), Some((1_000, false)));
+        assert_eq!(parse_switch_request("switch 1000 2"), None);
+        assert_eq!(parse_switch_request("1000 0 1"), None);
+    }
+
+    #[test]
+    fn a_ping_pong_takes_cpu_time_on_either_thread() {
+        for on_main in [false, true] {
+            let per_trip = ping_pong(200, on_main).unwrap();
+            assert!(per_trip > 0.0, "{per_trip}");
+        }
     }
 
     #[test]

@@ -18,6 +18,12 @@
 //! The costs are measured again every `--recalibrate-every` while the
 //! run goes on, the copy timed in the background ([`Remeasurement`]).
 //!
+//! Where the probes are perf events bound to the copy's main thread (no
+//! uprobe_multi links filtered by process, before 6.10), a pipe round trip
+//! of that thread is timed against one of another thread's, taking turns
+//! with the kinds: the difference, per perf event, is what the kernel's
+//! switching them with the thread adds to each of its context switches.
+//!
 //! A VM's trap costs drift by 10% within seconds, so each kind has its own
 //! copy of the function, probed throughout, and the kinds take turns in
 //! short rounds; each round is timed in the thread's CPU time (a preempted
@@ -46,6 +52,8 @@ const BASELINE_CALLS: u64 = 1_000_000;
 const ROUNDS: usize = 7;
 /// Bytes between the pointers a free's timing passes: a small size class.
 const FREE_STRIDE: u64 = 48;
+/// Pipe round trips per timing of a thread's context switches.
+const SWITCH_TRIPS: u64 = 1_000;
 
 /// One kind of probe hit timed: the programs attached (each at its offset
 /// in the target function), calls per round, and the pointers' stride.
@@ -125,7 +133,8 @@ pub fn measure(probes: &mut KernelProbes) -> Result<CostModel, String> {
         probes.give_up_entry_links();
         (attached, forcing) = attach_kinds(probes, &executable, offset, pid)?;
     }
-    let timings = first.and_then(|_| Timings::take(&mut target));
+    let events = task_events(&attached);
+    let timings = first.and_then(|_| Timings::take(&mut target, events));
     detach_kinds(probes, attached);
     Ok(timings?.model(forcing))
 }
@@ -148,7 +157,8 @@ impl Remeasurement {
         let mut target = Target::start(&executable)?;
         let pid = target.child.id();
         let (attached, forcing) = attach_kinds(probes, &executable, offset, pid)?;
-        let timing = std::thread::spawn(move || Timings::take(&mut target));
+        let events = task_events(&attached);
+        let timing = std::thread::spawn(move || Timings::take(&mut target, events));
         Ok(Self {
             attached,
             forcing,
@@ -172,19 +182,27 @@ impl Remeasurement {
 
 /// Nanoseconds per call: of the unprobed copy with a null argument and
 /// with a free's pointers, and of each kind (a row) in each round (a
-/// column).
+/// column); with the perf events on the copy's main thread, each round's
+/// added nanoseconds per round trip of that thread.
 struct Timings {
     baseline: f64,
     pointers_baseline: f64,
     rounds: [[f64; ROUNDS]; KINDS.len()],
+    events: usize,
+    switches: [f64; ROUNDS],
 }
 
 impl Timings {
-    fn take(target: &mut Target) -> Result<Self, String> {
+    fn take(target: &mut Target, events: usize) -> Result<Self, String> {
+        let baseline = target.time(BASELINE_CALLS, 0, BASELINE_COPY)?;
+        let pointers_baseline = target.time(BASELINE_CALLS, FREE_STRIDE, BASELINE_COPY)?;
+        let (rounds, switches) = time_rounds(target, events > 0)?;
         Ok(Self {
-            baseline: target.time(BASELINE_CALLS, 0, BASELINE_COPY)?,
-            pointers_baseline: target.time(BASELINE_CALLS, FREE_STRIDE, BASELINE_COPY)?,
-            rounds: time_rounds(target)?,
+            baseline,
+            pointers_baseline,
+            rounds,
+            events,
+            switches,
         })
     }
 
@@ -208,6 +226,10 @@ impl Timings {
             return_half: nanos(over_emulated(WITH_RETURN)),
             forced_return: nanos(over_emulated(forced)),
             endbr64: nanos(added(ON_ENDBR64, self.baseline)),
+            switch_per_event: match self.events {
+                0 => Duration::ZERO,
+                events => nanos(median(self.switches) / events as f64),
+            },
             measured: true,
         }
     }
@@ -244,6 +266,11 @@ fn attach_kinds(
     Ok((attached, forcing))
 }
 
+/// The perf events the kinds' probes put on the copy's main thread.
+fn task_events(attached: &[CalibrationProbes]) -> usize {
+    attached.iter().map(CalibrationProbes::task_events).sum()
+}
+
 fn detach_kinds(probes: &mut KernelProbes, attached: Vec<CalibrationProbes>) {
     for kind in attached {
         probes.detach_calibration(kind);
@@ -251,15 +278,24 @@ fn detach_kinds(probes: &mut KernelProbes, attached: Vec<CalibrationProbes>) {
 }
 
 /// Nanoseconds per call of each kind (a row) in each round (a column),
-/// the kinds taking turns within a round.
-fn time_rounds(target: &mut Target) -> Result<[[f64; ROUNDS]; KINDS.len()], String> {
+/// the kinds taking turns within a round; with `switches`, what a round
+/// trip of the main thread took in each round over one of another thread.
+type Rounds = ([[f64; ROUNDS]; KINDS.len()], [f64; ROUNDS]);
+
+fn time_rounds(target: &mut Target, switches: bool) -> Result<Rounds, String> {
     let mut rounds = [[0.0; ROUNDS]; KINDS.len()];
+    let mut added = [0.0; ROUNDS];
     for round in 0..ROUNDS {
         for (copy, (kind, times)) in KINDS.iter().zip(rounds.iter_mut()).enumerate() {
             times[round] = target.time(kind.calls, kind.stride, copy)?;
         }
+        if switches {
+            let other = target.time_switches(SWITCH_TRIPS, false)?;
+            let main = target.time_switches(SWITCH_TRIPS, true)?;
+            added[round] = (main - other).max(0.0);
+        }
     }
-    Ok(rounds)
+    Ok((rounds, added))
 }
 
 /// The middle value (the upper of the two middle ones for an even count).
