@@ -75,6 +75,7 @@ pub fn judge(output: &str) -> Outcome {
     checks.push(run_check("attach (default mode)", lines("attach")));
     checks.push(programs_loaded(lines("attached-programs")));
     checks.push(fallback_said_once(lines("attach"), &mode));
+    checks.push(switches_priced(lines("attach")));
     checks.push(estimates(
         "attach: kept sites within 10%",
         &sections,
@@ -132,6 +133,20 @@ fn fallback_said_once(lines: &[String], mode: &str) -> Check {
         name: "fallback said once in --verbose",
         passed: said == expected,
         detail: format!("said {said} times, expected {expected}"),
+    }
+}
+
+/// Where the probes are perf events on the main thread (before 6.10), the
+/// cost line prices that thread's context switches; elsewhere it has none
+/// to price.
+fn switches_priced(lines: &[String]) -> Check {
+    let cost = lines.iter().find(|l| l.starts_with("memprobe: cost: "));
+    let perf_events = cost.is_some_and(|l| l.contains("entry probes: perf-event uprobes"));
+    let priced = cost.is_some_and(|l| l.contains(" context switches of threads carrying "));
+    Check {
+        name: "context switches priced where probes are perf events",
+        passed: cost.is_some() && priced == perf_events,
+        detail: format!("perf-event probes: {perf_events}, switches priced: {priced}"),
     }
 }
 
