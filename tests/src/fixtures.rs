@@ -264,14 +264,7 @@ pub fn malloc_loop_fixture() -> PathBuf {
 /// Two processes passing a byte over pipes, no allocator call (glibc's
 /// mapped, never called).
 pub fn ping_pong_fixture() -> PathBuf {
-    build_once("ping_pong", |out| {
-        let mut command = Command::new("cc");
-        command
-            .args(["-O2", "-o"])
-            .arg(out)
-            .arg(fixture_source("ping_pong.c"));
-        command
-    })
+    build_once("ping_pong", |out| compile("cc", out, "ping_pong.c", &[]))
 }
 
 /// The Rust fixture on tikv-jemallocator (builds jemalloc from source).
