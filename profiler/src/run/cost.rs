@@ -90,7 +90,8 @@ pub struct ProbeCost {
 
 impl CostModel {
     /// Each kind's cost in seconds, named for `/metrics`; none where not
-    /// measured.
+    /// measured, and no context switch where no probe is a perf event on a
+    /// thread (none was timed).
     pub fn measured_kinds(&self) -> Vec<(&'static str, f64)> {
         if !self.measured {
             return Vec::new();
@@ -105,6 +106,7 @@ impl CostModel {
             ("switch_per_perf_event", self.switch_per_event),
         ]
         .into_iter()
+        .filter(|&(kind, cost)| kind != "switch_per_perf_event" || !cost.is_zero())
         .map(|(kind, cost)| (kind, cost.as_secs_f64()))
         .collect()
     }
@@ -452,5 +454,21 @@ mod tests {
         // A process gone keeps what it added.
         ledger.record_switches(&MODEL, &events, |_| None);
         assert_eq!(ledger.switch_costs(), (500, added));
+    }
+
+    /// `/metrics` names a switch's price only where one was timed.
+    #[test]
+    fn a_switch_is_priced_in_metrics_only_where_timed() {
+        let kinds = |model: CostModel| -> Vec<&str> {
+            model.measured_kinds().into_iter().map(|(k, _)| k).collect()
+        };
+        assert!(kinds(MODEL).contains(&"switch_per_perf_event"));
+        let untimed = CostModel {
+            switch_per_event: Duration::ZERO,
+            ..MODEL
+        };
+        assert_eq!(kinds(untimed).len(), 6);
+        assert!(!kinds(untimed).contains(&"switch_per_perf_event"));
+        assert!(kinds(CostModel::default()).is_empty());
     }
 }

@@ -93,7 +93,8 @@ fn exposition(published: &Published, resident_bytes: Option<u64>) -> String {
     if !published.hit_costs.is_empty() {
         let _ = writeln!(
             text,
-            "# HELP memprobe_probe_hit_cost_seconds Time one probe hit adds, by kind, as last \
+            "# HELP memprobe_probe_hit_cost_seconds Time one probe hit adds, by kind (a context \
+             switch per perf event on the thread, for switch_per_perf_event), as last \
              measured on this host.\n# TYPE memprobe_probe_hit_cost_seconds gauge"
         );
         for (kind, seconds) in &published.hit_costs {
