@@ -364,6 +364,16 @@ pub fn summary_lines(summary: &Summary) -> Vec<String> {
             );
         }
     }
+    lines.push(cost_line(summary));
+    if let Some(code) = summary.exit_code {
+        lines.push(format!("memprobe: the command exited with code {code}"));
+    }
+    lines
+}
+
+/// The summary's cost line: probe hits, the switches perf-event probes
+/// rode, and the time they added.
+fn cost_line(summary: &Summary) -> String {
     let hits: u64 = summary.probe_costs.iter().map(|c| c.hits).sum();
     let (switches, switched) = summary.switch_cost;
     let added = summary
@@ -373,7 +383,7 @@ pub fn summary_lines(summary: &Summary) -> Vec<String> {
         .sum::<Duration>()
         + switched;
     let seconds = summary.elapsed.as_secs_f64().max(1e-3);
-    lines.push(format!(
+    format!(
         "memprobe: cost: {} probe hits ({}/s){}{}; estimated time added to the profiled \
          processes: {:.3} s ({:.1}% of one CPU; {}); return probes: {}",
         hits,
@@ -394,11 +404,7 @@ pub fn summary_lines(summary: &Summary) -> Vec<String> {
         100.0 * added.as_secs_f64() / seconds,
         summary.cost_model,
         summary.return_probes,
-    ));
-    if let Some(code) = summary.exit_code {
-        lines.push(format!("memprobe: the command exited with code {code}"));
-    }
-    lines
+    )
 }
 
 #[cfg(test)]

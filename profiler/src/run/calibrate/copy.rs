@@ -92,13 +92,20 @@ fn parse_switch_request(line: &str) -> Option<(u64, bool)> {
 
 /// Nanoseconds of the timed thread's CPU time per round trip (see
 /// [`parse_switch_request`]): each trip switches it out and back in once.
+/// Both threads keep to the CPU the request came on, so each switch hands
+/// that CPU over (a wake-up on another CPU costs several times more, and
+/// where each one lands would swamp what is measured).
 fn ping_pong(trips: u64, on_main: bool) -> Option<f64> {
     use std::io::Read;
+    // SAFETY: sched_getcpu takes nothing and only answers.
+    let cpu = one_cpu(unsafe { libc::sched_getcpu() })?;
     let (mut there_in, mut there_out) = std::io::pipe().ok()?;
     let (mut back_in, mut back_out) = std::io::pipe().ok()?;
     let echo = std::thread::spawn(move || {
+        set_affinity(&cpu)?;
         let mut byte = [0u8];
         while there_in.read_exact(&mut byte).is_ok() && back_out.write_all(&byte).is_ok() {}
+        Some(())
     });
     let timed = move || {
         let started = thread_cpu_time();
@@ -112,12 +119,45 @@ fn ping_pong(trips: u64, on_main: bool) -> Option<f64> {
         Some(elapsed)
     };
     let elapsed = if on_main {
-        timed()
+        let before = affinity()?;
+        set_affinity(&cpu)?;
+        let elapsed = timed();
+        set_affinity(&before)?;
+        elapsed
     } else {
-        std::thread::spawn(timed).join().ok()?
+        std::thread::spawn(move || {
+            set_affinity(&cpu)?;
+            timed()
+        })
+        .join()
+        .ok()?
     };
-    echo.join().ok()?;
+    echo.join().ok()??;
     Some(elapsed?.as_nanos() as f64 / trips.max(1) as f64)
+}
+
+/// The set of the one CPU `cpu` (`None` if the number is not one).
+fn one_cpu(cpu: i32) -> Option<libc::cpu_set_t> {
+    let cpu = usize::try_from(cpu).ok()?;
+    // SAFETY: a zeroed cpu_set_t is the empty set; CPU_SET stays in it.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    (cpu < libc::CPU_SETSIZE as usize).then(|| unsafe { libc::CPU_SET(cpu, &mut set) })?;
+    Some(set)
+}
+
+/// The calling thread's CPUs.
+fn affinity() -> Option<libc::cpu_set_t> {
+    // SAFETY: a zeroed cpu_set_t, filled in by the kernel.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    let size = std::mem::size_of::<libc::cpu_set_t>();
+    (unsafe { libc::sched_getaffinity(0, size, &mut set) } == 0).then_some(set)
+}
+
+/// Keeps the calling thread to `set`.
+fn set_affinity(set: &libc::cpu_set_t) -> Option<()> {
+    let size = std::mem::size_of::<libc::cpu_set_t>();
+    // SAFETY: `set` is a whole cpu_set_t of `size` bytes.
+    (unsafe { libc::sched_setaffinity(0, size, set) } == 0).then_some(())
 }
 
 /// In memprobe's calibration copy: answers each request line on stdin
