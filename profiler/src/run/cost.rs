@@ -56,14 +56,13 @@ impl Default for CostModel {
 impl std::fmt::Display for CostModel {
     /// "per hit, measured here: 0.76 µs emulated (0.76 µs a free), 10.0 µs
     /// single-stepped, 0.31 µs return, 0.31 µs a forced return; 0.18 µs a
-    /// context switch per perf event".
+    /// context switch per perf event" (the last where one was timed).
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let micros = |d: Duration| d.as_secs_f64() * 1e6;
         write!(
             f,
             "per hit, {}: {:.2} µs emulated ({:.2} µs a free), {:.1} µs single-stepped, \
-             {:.2} µs return, {:.2} µs a forced return; {:.2} µs a context switch per perf \
-             event",
+             {:.2} µs return, {:.2} µs a forced return",
             if self.measured {
                 "measured on this host"
             } else {
@@ -74,8 +73,12 @@ impl std::fmt::Display for CostModel {
             micros(self.single_stepped),
             micros(self.return_half),
             micros(self.forced_return),
-            micros(self.switch_per_event)
-        )
+        )?;
+        if self.switch_timed() {
+            let switch = micros(self.switch_per_event);
+            write!(f, "; {switch:.2} µs a context switch per perf event")?;
+        }
+        Ok(())
     }
 }
 
@@ -103,12 +106,20 @@ impl CostModel {
             ("return", self.return_half),
             ("forced_return", self.forced_return),
             ("endbr64", self.endbr64),
-            ("switch_per_perf_event", self.switch_per_event),
         ]
         .into_iter()
-        .filter(|&(kind, cost)| kind != "switch_per_perf_event" || !cost.is_zero())
+        .chain(
+            self.switch_timed()
+                .then_some(("switch_per_perf_event", self.switch_per_event)),
+        )
         .map(|(kind, cost)| (kind, cost.as_secs_f64()))
         .collect()
+    }
+
+    /// Whether a context switch was timed: only where the calibration's
+    /// probes were perf events on a thread.
+    fn switch_timed(&self) -> bool {
+        !self.switch_per_event.is_zero()
     }
 
     /// Per-hit cost of `probe`. A probe kept at the entry for lack of an
@@ -469,6 +480,7 @@ mod tests {
         };
         assert_eq!(kinds(untimed).len(), 6);
         assert!(!kinds(untimed).contains(&"switch_per_perf_event"));
+        assert!(untimed.to_string().ends_with("0.20 µs a forced return"));
         assert!(kinds(CostModel::default()).is_empty());
     }
 }

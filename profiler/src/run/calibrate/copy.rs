@@ -139,9 +139,12 @@ fn ping_pong(trips: u64, on_main: bool) -> Option<f64> {
 /// The set of the one CPU `cpu` (`None` if the number is not one).
 fn one_cpu(cpu: i32) -> Option<libc::cpu_set_t> {
     let cpu = usize::try_from(cpu).ok()?;
-    // SAFETY: a zeroed cpu_set_t is the empty set; CPU_SET stays in it.
+    if cpu >= libc::CPU_SETSIZE as usize {
+        return None;
+    }
+    // SAFETY: a zeroed cpu_set_t is the empty set, and `cpu` is within it.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    (cpu < libc::CPU_SETSIZE as usize).then(|| unsafe { libc::CPU_SET(cpu, &mut set) })?;
+    unsafe { libc::CPU_SET(cpu, &mut set) };
     Some(set)
 }
 
