@@ -125,14 +125,21 @@ impl ProcessMemory {
     }
 }
 
-/// Reads `/proc/PID/maps`; a missing process is [`Error::NoSuchProcess`].
+/// Reads `/proc/PID/maps`; a missing process is [`Error::NoSuchProcess`],
+/// and so is one that has exited but not been reaped yet: a zombie's maps
+/// read as empty, and taken as its maps they would leave every frame of
+/// its last profile unnamed.
 pub fn read_maps(pid: u32) -> Result<String> {
     let path = proc_path(pid, "maps");
-    std::fs::read_to_string(&path).map_err(|cause| match cause.kind() {
+    let maps = std::fs::read_to_string(&path).map_err(|cause| match cause.kind() {
         std::io::ErrorKind::NotFound => Error::NoSuchProcess(pid),
         _ if !proc_path(pid, "").exists() => Error::NoSuchProcess(pid),
         _ => Error::Read { path, cause },
-    })
+    })?;
+    if maps.is_empty() {
+        return Err(Error::NoSuchProcess(pid));
+    }
+    Ok(maps)
 }
 
 pub fn command_name(pid: u32) -> String {
@@ -180,6 +187,30 @@ pub fn all_pids() -> Vec<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_exited_process_has_no_maps() {
+        let mut child = std::process::Command::new("true")
+            .spawn()
+            .expect("true runs");
+        let pid = child.id();
+        // Not reaped yet: a zombie, whose maps file reads as empty.
+        let zombie = || {
+            std::fs::read_to_string(proc_path(pid, "stat")).is_ok_and(|stat| {
+                stat.rsplit(')')
+                    .next()
+                    .is_some_and(|s| s.trim_start().starts_with('Z'))
+            })
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !zombie() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(zombie(), "the child became a zombie");
+        assert!(matches!(read_maps(pid), Err(Error::NoSuchProcess(p)) if p == pid));
+        child.wait().expect("reaped");
+        assert!(read_maps(std::process::id()).is_ok_and(|maps| !maps.is_empty()));
+    }
 
     #[test]
     fn parses_maps_lines() {
