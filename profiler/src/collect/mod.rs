@@ -194,11 +194,20 @@ impl ProcessHeap {
     /// A sampled call's pointer: the allocation is live from now on.
     fn returned(&mut self, tid: u32, time_ns: u64, ptr: u64, untracked: bool) {
         let Some(sample) = self.pending.remove(&tid) else {
-            self.drops.unmatched_returns += 1;
+            // Once frees are dropped a sample counts at its call, and its
+            // return (through a probe attached before) brings nothing.
+            if !self.options.allocations_only {
+                self.drops.unmatched_returns += 1;
+            }
             return;
         };
         if ptr == 0 {
             return; // the allocation failed
+        }
+        if self.options.allocations_only {
+            // Its call came before frees were dropped, its return after.
+            self.count_allocation(sample.stack, sample.weight, sample.usable);
+            return;
         }
         self.samples += 1;
         let weight = sample.weight;
@@ -262,6 +271,13 @@ impl ProcessHeap {
         stats.alloc_bytes += weight * usable;
         stats.inuse_objects += weight;
         stats.inuse_bytes += weight * usable;
+    }
+
+    /// From now on a sampled call counts as in use for good, as with
+    /// `--track allocations`: the process's frees are no longer seen.
+    /// What was live stays so.
+    pub fn track_allocations_only(&mut self) {
+        self.options.allocations_only = true;
     }
 
     /// Stops following the live allocations one allocator copy sampled

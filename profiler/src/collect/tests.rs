@@ -68,6 +68,30 @@ fn allocations_only_counts_at_the_call_and_never_frees() {
 }
 
 #[test]
+fn frees_dropped_mid_run_keep_what_was_live_and_count_the_rest_at_the_call() {
+    let mut heap = heap(10);
+    let w = sample_weight(4096, 4096);
+    // Live before the switch, and a call whose return comes after it.
+    heap.apply(sampled(1, 4096, &[0x10]));
+    heap.apply(returned(1, 0x1000));
+    heap.apply(sampled(2, 4096, &[0x20]));
+    heap.track_allocations_only();
+    heap.apply(returned(2, 0x2000));
+    // After it: counted at the call; a return from an older probe is no drop.
+    heap.apply(sampled(3, 4096, &[0x30]));
+    heap.apply(returned(3, 0x3000));
+    assert!((heap.inuse_bytes() - 3.0 * w * 4096.0).abs() < 1e-6);
+    assert_eq!(heap.samples, 3);
+    assert_eq!(heap.drops.unmatched_returns, 0);
+    // A free still seen (a realloc's) releases what was live before.
+    heap.apply(Event::Freed {
+        header: header(1),
+        ptr: 0x1000,
+    });
+    assert!((heap.inuse_bytes() - 2.0 * w * 4096.0).abs() < 1e-6);
+}
+
+#[test]
 fn allocation_then_free_leaves_only_the_allocated_side() {
     let mut heap = heap(10);
     heap.apply(sampled(7, 4096, &[0x10, 0x20]));

@@ -116,8 +116,9 @@ impl KernelProbes {
         slots: &[usize],
     ) -> Result<Vec<usize>> {
         let attached_before = self.attached.len();
-        // `--track allocations`: frees and resizes are not probed at all.
-        let allocations_only = self.allocations_only;
+        // `--track allocations`, or frees dropped for the budget: frees and
+        // resizes are not probed at all.
+        let allocations_only = self.allocations_only_in(target.scope);
         let entries = allocator
             .entry_points
             .iter()
@@ -227,7 +228,7 @@ impl KernelProbes {
         let mut links = ProbeLinks::default();
         let mut return_half = ReturnHalf::None;
         if let Some(program) = entry.shape.session_program()
-            && !self.allocations_only
+            && !self.allocations_only_in(target.scope)
         {
             return_half = match self.link_session(program, target, offset, cookie) {
                 Ok(link) => {

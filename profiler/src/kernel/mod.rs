@@ -1,6 +1,7 @@
 //! The eBPF side as userspace sees it: load the object, size its maps,
 //! attach probes, read its counters. Dropping [`KernelProbes`] detaches
 //! every probe (the kernel also does so if memprobe dies: links are fds).
+mod allocations_only;
 mod attach;
 mod calibration;
 pub use calibration::CalibrationProbes;
@@ -180,7 +181,10 @@ pub struct KernelProbes {
     /// Where other tools' links force returns (`foreign`), as last read.
     foreign: foreign::ForcingPlaces,
     frame_pointer_fast_path: bool,
+    /// `--track allocations`: no process's frees are probed.
     allocations_only: bool,
+    /// Processes whose frees were dropped to stay within their budget.
+    frees_dropped: std::collections::HashSet<u32>,
 }
 
 /// `thread.fsbase` in `struct task_struct`, from the kernel's BTF; 0 when
@@ -263,6 +267,7 @@ impl KernelProbes {
             foreign: foreign::ForcingPlaces::new(),
             frame_pointer_fast_path: options.copy_stack && options.frame_pointer_fast_path,
             allocations_only: options.allocations_only,
+            frees_dropped: std::collections::HashSet::new(),
         })
     }
 

@@ -1,16 +1,26 @@
 //! `--max-overhead PCT`: a process whose probes cost it more than PCT% of
-//! one CPU for [`SUSTAINED`] in a row gets its profile written and its
-//! probes detached, and memprobe says why: a production process is never
-//! slowed beyond what the user allowed for longer than that. The cost is
-//! its probe hits times the per-hit costs measured on this host (and,
-//! where probes are perf events on its main thread, that thread's context
-//! switches times their measured cost), with [`INDIRECT_ALLOWANCE`] on
-//! top. System-wide
-//! probes (`--all`) are shared by every process and cannot be detached
-//! from one: the budget applies to `--pid` and launched processes.
+//! one CPU for [`SUSTAINED`] in a row is made cheaper, step by step, and
+//! memprobe says why: a production process is never slowed beyond what the
+//! user allowed for longer than that.
+//! 1. Its frees are no longer probed: a snapshot is written (the last
+//!    exact in-use profile), and from then on its profile counts
+//!    allocations only, which each snapshot's `# tracking:` note says.
+//!    On a busy jemalloc process frees are nearly all the cost (its
+//!    allocations are sampled on the slow path, every free traps).
+//! 2. Still over for another [`SUSTAINED`], or with no frees to drop: its
+//!    profile is written and its probes detached.
+//!
+//! The cost is its probe hits times the per-hit costs measured on this
+//! host (and, where probes are perf events on its main thread, that
+//! thread's context switches times their measured cost), with
+//! [`INDIRECT_ALLOWANCE`] on top. System-wide probes (`--all`) are shared
+//! by every process and cannot be detached from one: the budget applies to
+//! `--pid` and launched processes.
 use std::time::{Duration, Instant};
 
-use crate::run::{Session, Targets, snapshot::SnapshotKind, writer::Announce};
+use crate::run::{
+    Session, Targets, process::FreesDropped, snapshot::SnapshotKind, writer::Announce,
+};
 
 /// How long a process may stay over its budget.
 pub const SUSTAINED: Duration = Duration::from_secs(10);
@@ -78,20 +88,52 @@ impl Session<'_> {
             })
             .collect();
         for (pid, share) in over {
-            self.detach_over_budget(pid, share, budget);
+            if !self.drop_frees(pid, share, budget) {
+                self.detach_over_budget(pid, share, budget);
+            }
         }
     }
 
-    fn detach_over_budget(&mut self, pid: u32, share: f64, budget: f64) {
-        let reason = format!(
-            "over budget: its probes cost {:.0}% of a CPU for {} s ({:.0}% estimated from their \
-             measured costs, {:.0}% more allowed for the caches they disturb), above --max-overhead {:.0}%",
-            share * 100.0,
-            SUSTAINED.as_secs(),
-            share / INDIRECT_ALLOWANCE * 100.0,
-            (INDIRECT_ALLOWANCE - 1.0) * 100.0,
-            budget * 100.0
+    /// The first step: `pid`'s frees unprobed, its profile written as it
+    /// was and counting allocations only from now on. False where there is
+    /// nothing to drop (dropped already, or no free probed).
+    fn drop_frees(&mut self, pid: u32, share: f64, budget: f64) -> bool {
+        let Some(t) = self.tracked.get(&pid) else {
+            return false;
+        };
+        if t.frees_dropped.is_some() || self.options.collector.allocations_only {
+            return false;
+        }
+        if self.probes.drop_frees(pid) == 0 {
+            return false;
+        }
+        let reason = over_budget(share, budget);
+        // The last profile whose in-use figures are exact: no event has
+        // been applied since the frees were dropped.
+        self.snapshot(pid, &reason, SnapshotKind::Requested, Announce::Nothing);
+        let forced = self.ledger.update(&self.cost_model, &self.probes);
+        self.say_forced_returns(&forced);
+        let Some(t) = self.tracked.get_mut(&pid) else {
+            return true;
+        };
+        t.heap.track_allocations_only();
+        // Judged again afresh, at the new cost.
+        t.budget = BudgetWindow::default();
+        t.frees_dropped = Some(FreesDropped {
+            at: std::time::SystemTime::now(),
+            why: reason.clone(),
+        });
+        self.clear_progress();
+        let _ = writeln!(
+            self.status,
+            "memprobe: pid {pid}: frees no longer tracked, {reason}; its profile counts \
+             allocations only from now on"
         );
+        true
+    }
+
+    fn detach_over_budget(&mut self, pid: u32, share: f64, budget: f64) {
+        let reason = over_budget(share, budget);
         self.snapshot(
             pid,
             &reason,
@@ -109,6 +151,19 @@ impl Session<'_> {
             t.detached = Some(detached);
         }
     }
+}
+
+/// Why a process is over its budget, for its profile and stderr.
+fn over_budget(share: f64, budget: f64) -> String {
+    format!(
+        "over budget: its probes cost {:.0}% of a CPU for {} s ({:.0}% estimated from their \
+         measured costs, {:.0}% more allowed for the caches they disturb), above --max-overhead {:.0}%",
+        share * 100.0,
+        SUSTAINED.as_secs(),
+        share / INDIRECT_ALLOWANCE * 100.0,
+        (INDIRECT_ALLOWANCE - 1.0) * 100.0,
+        budget * 100.0
+    )
 }
 
 #[cfg(test)]

@@ -78,6 +78,12 @@ impl Session<'_> {
                 t.drop_allocator_frames(&probe.path, own_code, frames);
             }
         }
+        if let Event::Returned { header, ptr, .. } = &event
+            && t.frees_dropped.is_some()
+            && let Some(probe) = self.probes.attached.get(header.probe as usize)
+        {
+            self.probes.forget_sampled(pid, probe.instance, *ptr);
+        }
         t.heap.apply(event);
     }
 }

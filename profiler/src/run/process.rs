@@ -13,6 +13,25 @@ use crate::{
     stacks::ProcessStacks,
 };
 
+/// The budget's first step for one process: its frees unprobed.
+#[derive(Clone, Debug)]
+pub(super) struct FreesDropped {
+    pub at: std::time::SystemTime,
+    /// What its probes cost then, against what budget.
+    pub why: String,
+}
+
+impl FreesDropped {
+    /// The profile's `# tracking:` note.
+    pub fn note(&self) -> String {
+        format!(
+            "allocations only since {} ({}): what was allocated since counts as in use",
+            humantime::format_rfc3339_seconds(self.at),
+            self.why
+        )
+    }
+}
+
 pub(super) struct Tracked {
     pub pid: u32,
     pub command: String,
@@ -53,6 +72,9 @@ pub(super) struct Tracked {
     pub watched: Vec<WatchedCopy>,
     /// Its recent cost, for `--max-overhead`.
     pub budget: BudgetWindow,
+    /// Since when its frees are no longer probed, and why: the budget's
+    /// first step (its profile then counts allocations only).
+    pub frees_dropped: Option<FreesDropped>,
     /// Probes detached for costing more than `--max-overhead` (then
     /// `exited` is set too: it is no longer profiled).
     pub detached: Option<usize>,
@@ -80,6 +102,7 @@ impl Tracked {
             skipped_snapshots: 0,
             growth: GrowthWindow::default(),
             budget: BudgetWindow::default(),
+            frees_dropped: None,
             trials: Vec::new(),
             sampling_notes: Vec::new(),
             watched: Vec::new(),

@@ -117,6 +117,8 @@ impl Session<'_> {
                 "tracking".into(),
                 "allocations only (--track allocations): in use = allocated".into(),
             ));
+        } else if let Some(dropped) = &t.frees_dropped {
+            head.push(("tracking".into(), dropped.note()));
         }
         if t.skipped_snapshots > 0 {
             head.push(("skipped_snapshots".into(), t.skipped_snapshots.to_string()));

@@ -29,6 +29,8 @@ pub struct ProcessSummary {
     pub exited: bool,
     /// Probes detached for costing more than `--max-overhead`.
     pub detached: Option<usize>,
+    /// Its `# tracking:` note, once its frees were dropped for the budget.
+    pub tracking: Option<String>,
     /// `--interval` snapshots skipped while earlier ones were still to be
     /// written.
     pub skipped_snapshots: u64,
@@ -52,6 +54,7 @@ impl ProcessSummary {
             drops: t.heap.drops,
             exited: t.exited,
             detached: t.detached,
+            tracking: t.frees_dropped.as_ref().map(|dropped| dropped.note()),
             skipped_snapshots: t.skipped_snapshots,
             removed_snapshots: t.kept.removed,
             allocator_calls: t.allocator_calls,
@@ -351,6 +354,9 @@ pub fn summary_lines(summary: &Summary) -> Vec<String> {
             },
             files_written(&p.files, &summary.output_dir, p.removed_snapshots)
         ));
+        if let Some(tracking) = &p.tracking {
+            lines.push(format!("memprobe: pid {}: tracking {tracking}", p.pid));
+        }
         lines.extend(uncalled_allocators_line(p));
         if summary.verbose {
             lines.push(format!(

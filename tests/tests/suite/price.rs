@@ -1,7 +1,8 @@
 //! The price of profiling: the time memprobe reports adding, from per-hit
 //! costs it measures on this host at start, agrees with what a target
-//! actually gains; and `--max-overhead` detaches a process that stays
-//! above it, after writing its profile.
+//! actually gains; and `--max-overhead` steps a process that stays above
+//! it down, dropping its frees and then detaching it, writing its profile
+//! at each step.
 use std::{
     process::{Command, Stdio},
     time::{Duration, Instant},
@@ -21,13 +22,25 @@ fn probe_hits(address: &str, pid: u32) -> u64 {
         .unwrap_or_else(|| panic!("no probe hits of {pid} in:\n{metrics}"))
 }
 
+/// The `# tracking:` note of a `.heap`, or "".
+fn tracking_note(heap: &std::path::Path) -> String {
+    heap_notes(heap)
+        .get("tracking")
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// `--max-overhead` steps down before it detaches: a loop whose every
+/// malloc and free traps (`--sampling entry`) first loses its free probes
+/// (a profile written then), and, its mallocs alone still over budget,
+/// is written out and detached; the other process is still profiled.
 #[test]
-fn a_process_over_its_budget_is_written_out_and_detached() {
+fn a_process_over_its_budget_loses_its_frees_then_is_detached() {
     let _guard = exclusive();
     let out = output_dir("over_budget");
     // About a million calls a second: far above 5% of a CPU.
     let mut busy = Command::new(malloc_loop_fixture())
-        .args(["0", "60"])
+        .args(["0", "90"])
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
@@ -39,6 +52,8 @@ fn a_process_over_its_budget_is_written_out_and_detached() {
         &busy_arg,
         "--pid",
         &idle_arg,
+        "--sampling",
+        "entry",
         "--max-overhead",
         "5",
         "--listen",
@@ -47,13 +62,17 @@ fn a_process_over_its_budget_is_written_out_and_detached() {
         out.to_str().unwrap(),
     ]);
     let address = memprobe.listening_on();
-    let said = format!("pid {busy_pid}: detached, over budget");
     let started = Instant::now();
-    memprobe.wait_for_stderr(&said, Duration::from_secs(30), "not detached");
-    // Not before 10 s over budget.
+    let dropped = format!("pid {busy_pid}: frees no longer tracked, over budget");
+    memprobe.wait_for_stderr(&dropped, Duration::from_secs(30), "frees not dropped");
+    let first_step = started.elapsed();
+    assert!(first_step >= Duration::from_secs(9), "{first_step:?}");
+    let said = format!("pid {busy_pid}: detached, over budget");
+    memprobe.wait_for_stderr(&said, Duration::from_secs(40), "not detached");
+    // Not before another 10 s over budget at the new cost.
     assert!(
-        started.elapsed() >= Duration::from_secs(9),
-        "{:?}",
+        started.elapsed() >= first_step + Duration::from_secs(9),
+        "{first_step:?} then {:?}",
         started.elapsed()
     );
     // Its probes are gone: its hits stop while it goes on allocating
@@ -62,29 +81,95 @@ fn a_process_over_its_budget_is_written_out_and_detached() {
     let before = probe_hits(&address, busy_pid);
     std::thread::sleep(Duration::from_millis(2500));
     assert_eq!(probe_hits(&address, busy_pid), before);
-    // The other process is still profiled.
+    // The other process is still profiled, all of it.
     idle.run_workload();
     let stderr = memprobe.stop();
     let _ = busy.kill();
     let _ = busy.wait();
     assert!(idle.finish().success());
-    let heap = out.join(format!("memprobe.{busy_pid}.0.heap"));
-    let reason = heap_notes(&heap).get("reason").cloned().unwrap_or_default();
+    // The first step's profile: the last with its frees, so no note.
+    let first = out.join(format!("memprobe.{busy_pid}.0.heap"));
+    let reason = heap_notes(&first)
+        .get("reason")
+        .cloned()
+        .unwrap_or_default();
     assert!(
         reason.starts_with("over budget: its probes cost"),
         "{reason}"
     );
     assert!(reason.contains("above --max-overhead 5%"), "{reason}");
     assert!(reason.contains("more allowed for the caches"), "{reason}");
+    assert_eq!(tracking_note(&first), "", "{stderr}");
+    // The last one says since when it counts allocations only, and why.
+    let last = out.join(format!("memprobe.{busy_pid}.1.heap"));
+    let tracking = tracking_note(&last);
+    assert!(
+        tracking.starts_with("allocations only since 20"),
+        "{tracking}"
+    );
+    assert!(tracking.contains("above --max-overhead 5%"), "{tracking}");
     assert!(
         stderr.contains("probes detached over --max-overhead"),
         "{stderr}"
     );
-    let idle_heaps = heap_files(&out)
+    assert!(
+        stderr.contains(&format!("pid {busy_pid}: tracking allocations only since")),
+        "{stderr}"
+    );
+    let idle_heaps: Vec<_> = heap_files(&out)
         .into_iter()
-        .filter(|h| h.to_string_lossy().contains(&format!(".{}.", idle_arg)))
-        .count();
-    assert_eq!(idle_heaps, 1, "{stderr}");
+        .filter(|h| h.to_string_lossy().contains(&format!(".{idle_arg}.")))
+        .collect();
+    assert_eq!(idle_heaps.len(), 1, "{stderr}");
+    assert_eq!(tracking_note(&idle_heaps[0]), "", "{stderr}");
+}
+
+/// A busy jemalloc process at the defaults (slow-path sampling, a 10%
+/// budget) is profiled to the end of `--duration`: its frees, nearly all
+/// of what its probes cost, are dropped, and its profile says so. Shaped
+/// like a server: bursts of 1024 malloc+free pairs, 2 ms apart (some
+/// 300,000 frees a second, a third of a CPU in traps).
+#[test]
+fn a_busy_process_at_defaults_is_profiled_to_the_end_of_its_duration() {
+    let _guard = exclusive();
+    let out = output_dir("busy_to_the_end");
+    let mut busy = Command::new(malloc_loop_fixture())
+        .args(["0", "60"])
+        .env("FIXTURE_PAUSE_US", "2000")
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = busy.id().to_string();
+    let started = Instant::now();
+    let mut memprobe = Memprobe::start(&[
+        "--pid",
+        &pid,
+        "--duration",
+        "30s",
+        "--format",
+        "heap",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    memprobe.wait_attached();
+    let (status, stderr) = memprobe.wait();
+    let _ = busy.kill();
+    let _ = busy.wait();
+    assert!(status.success(), "{stderr}");
+    assert!(started.elapsed() >= Duration::from_secs(30), "{stderr}");
+    assert!(
+        stderr.contains("frees no longer tracked, over budget"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("detached, over budget"), "{stderr}");
+    let heaps = heap_files(&out);
+    let last = heaps.last().expect("a profile");
+    assert_eq!(heaps.len(), 2, "the first step's and the last: {stderr}");
+    let notes = heap_notes(last);
+    assert_eq!(notes.get("reason").map(String::as_str), Some("end of run"));
+    let tracking = tracking_note(last);
+    assert!(tracking.starts_with("allocations only since"), "{tracking}");
+    assert!(tracking.contains("above --max-overhead 10%"), "{tracking}");
 }
 
 /// Nanoseconds per malloc+free pair the loop prints last.
@@ -391,7 +476,7 @@ fn context_switches_of_perf_event_probes_are_counted() {
 
 /// The same switches count against `--max-overhead`: played as on 6.1 (no
 /// uprobe_multi links; uretprobes, as without sessions), a ping-pong above
-/// 5% of a CPU from them alone is written out and detached.
+/// 5% of a CPU from them alone is written out and stepped down.
 #[test]
 fn context_switches_count_against_the_budget() {
     let _guard = exclusive();
@@ -421,8 +506,8 @@ fn context_switches_count_against_the_budget() {
         .stdin(Stdio::null())
         .stdout(Stdio::null());
     let memprobe = Memprobe::start_command(command);
-    let said = format!("pid {pid}: detached, over budget");
-    memprobe.wait_for_stderr(&said, Duration::from_secs(30), "not detached");
+    let said = format!("pid {pid}: frees no longer tracked, over budget");
+    memprobe.wait_for_stderr(&said, Duration::from_secs(30), "not over budget");
     let _ = ping_pong.kill();
     let _ = ping_pong.wait();
     memprobe.stop();
