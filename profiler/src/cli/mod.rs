@@ -162,9 +162,11 @@ pub struct Cli {
     /// The most a process's probes may cost it, in percent of one CPU
     /// (estimated from its probe hits and the per-hit costs timed on this
     /// host at start, with an allowance for what the traps evict from a
-    /// busy process's caches): a process above it for 10 s is written out and
-    /// detached, and memprobe says so. `none` for no limit. Not with --all,
-    /// whose probes are shared by every process.
+    /// busy process's caches): a process above it for 10 s first loses its
+    /// free probes (its profile then counts allocations only, and says
+    /// since when), and if still above it 10 s later is written out and
+    /// detached; memprobe says so each time. `none` for no limit. Not with
+    /// --all, whose probes are shared by every process.
     #[arg(long, value_name = "PCT", default_value = "10", value_parser = parse_overhead)]
     pub max_overhead: Overhead,
 
