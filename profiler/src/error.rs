@@ -114,6 +114,20 @@ pub enum Error {
         cause: io::Error,
     },
 
+    #[error("--listen {address}: {reason}")]
+    UnsafeListen {
+        address: std::net::SocketAddr,
+        reason: &'static str,
+    },
+
+    #[error("{what} {}", path.display())]
+    AccessFile {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        cause: Box<dyn std::error::Error + Send + Sync>,
+    },
+
     #[error("{what} failed")]
     Events {
         what: &'static str,

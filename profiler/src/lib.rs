@@ -26,3 +26,4 @@ pub(crate) mod units;
 
 pub use discover::AllocatorKind;
 pub use error::{Error, Result};
+pub use serve::AccessOptions;

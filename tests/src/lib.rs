@@ -24,8 +24,10 @@ pub fn memprobe_bin() -> PathBuf {
 }
 
 mod fixtures;
+mod prometheus;
 mod reading;
 mod running;
 pub use fixtures::*;
+pub use prometheus::*;
 pub use reading::*;
 pub use running::*;

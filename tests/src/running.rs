@@ -423,7 +423,8 @@ impl Memprobe {
     pub fn listening_on(&self) -> String {
         for _ in 0..100 {
             if let Some(address) = self.stderr_text().lines().find_map(|l| {
-                let rest = l.strip_prefix("memprobe: serving http://")?;
+                let rest = l.strip_prefix("memprobe: serving ")?;
+                let rest = rest.split_once("://")?.1;
                 Some(rest.split('/').next()?.to_owned())
             }) {
                 return address;

@@ -230,10 +230,35 @@ pub struct Cli {
     /// (gzipped pprof, as Go serves heap profiles), /debug/pprof/ (the
     /// profiled processes; ?format=json) and /metrics (Prometheus) on this
     /// address only, e.g. 127.0.0.1:6060. Profiles show a program's
-    /// structure: keep the address on loopback or behind an authenticating
-    /// proxy.
+    /// structure: an address off loopback needs --tls-cert, --tls-key and
+    /// --auth-token-file (or --tls-client-ca), or --listen-insecure.
     #[arg(long, value_name = "ADDR:PORT")]
     pub listen: Option<std::net::SocketAddr>,
+
+    /// Serve --listen over TLS with this certificate chain (PEM); with
+    /// --tls-key.
+    #[arg(long, value_name = "FILE", requires_all = ["listen", "tls_key"])]
+    pub tls_cert: Option<PathBuf>,
+
+    /// The private key (PEM) of --tls-cert.
+    #[arg(long, value_name = "FILE", requires_all = ["listen", "tls_cert"])]
+    pub tls_key: Option<PathBuf>,
+
+    /// Ask TLS clients for a certificate signed by one of these CAs (PEM);
+    /// a client without one is refused in the handshake.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_client_ca: Option<PathBuf>,
+
+    /// Ask every request for `Authorization: Bearer TOKEN`, the token held
+    /// in this file (what Prometheus' `authorization: credentials_file`
+    /// sends); others get a 401.
+    #[arg(long, value_name = "FILE", requires = "listen")]
+    pub auth_token_file: Option<PathBuf>,
+
+    /// Serve --listen off loopback without TLS or authentication: anyone
+    /// who reaches the port reads every profiled process's heap.
+    #[arg(long, requires = "listen")]
+    pub listen_insecure: bool,
 
     /// Look for debug files here first, by build ID (DIR/.build-id/xx/rest.debug)
     /// or by debuglink name (DIR/NAME): a stripped binary with jemalloc linked
@@ -413,6 +438,13 @@ impl Cli {
             recheck_every: self.recheck_every.0,
             recalibrate_every: self.recalibrate_every.0,
             listen: self.listen,
+            access: profiler::AccessOptions {
+                tls_cert: self.tls_cert.clone(),
+                tls_key: self.tls_key.clone(),
+                tls_client_ca: self.tls_client_ca.clone(),
+                token_file: self.auth_token_file.clone(),
+                insecure: self.listen_insecure,
+            },
             retention: Retention {
                 keep: self.keep.map(|n| n as usize),
                 max_disk: self.max_disk,

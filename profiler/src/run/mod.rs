@@ -121,7 +121,10 @@ pub async fn run(options: SessionOptions, status: &mut dyn Write) -> Result<Summ
     let mut cache = AllocatorCache::new(options.debug_dir.clone(), options.allocators.clone());
     let checked = check_targets(&options.targets, &mut cache)?;
     // Bound before anything is attached: a bad address undoes nothing.
-    let endpoints = options.listen.map(Endpoints::bind).transpose()?;
+    let endpoints = options
+        .listen
+        .map(|address| Endpoints::bind(address, &options.access))
+        .transpose()?;
     let output = OutputDir::new(&options.output_dir);
     output.prepare()?;
     output.remove_stale_temporaries();

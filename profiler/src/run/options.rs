@@ -68,6 +68,10 @@ pub struct SessionOptions {
     /// Serve `/debug/pprof/` and `/metrics` here while the run goes on.
     /// Default: nowhere.
     pub listen: Option<std::net::SocketAddr>,
+    /// Who may read the endpoints: TLS, a bearer token, client
+    /// certificates. Default: none of them (then `listen` must be on
+    /// loopback).
+    pub access: crate::serve::AccessOptions,
     /// A folder of debug files to look in first (by build ID or debuglink
     /// name), for stripped binaries: to find their allocator's entry points
     /// and to name their frames. Default: none (`/usr/lib/debug` in each
@@ -135,6 +139,7 @@ impl Default for SessionOptions {
             allocators: crate::discover::AllocatorKind::ALL.to_vec(),
             debug_dir: None,
             listen: None,
+            access: crate::serve::AccessOptions::default(),
             retention: crate::run::Retention::default(),
         }
     }

@@ -21,7 +21,9 @@ impl Session<'_> {
         if let Some(address) = endpoints.local_addr() {
             let _ = writeln!(
                 self.status,
-                "memprobe: serving http://{address}/debug/pprof/ and /metrics"
+                "memprobe: serving {}://{address}/debug/pprof/ and /metrics{}",
+                endpoints.scheme(),
+                endpoints.asks_for()
             );
         }
         endpoints.serve(RunHandle {

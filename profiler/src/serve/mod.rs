@@ -6,10 +6,15 @@
 //! process's figures once a tick, a profile is a copy of the estimates the
 //! loop hands over on request, and naming and encoding run on blocking
 //! threads. At most [`MAX_IN_FLIGHT`] requests are served at once; more get
-//! a 503. Bad queries get a 4xx with a one-line reason.
+//! a 503. Bad queries get a 4xx with a one-line reason. Who may ask is
+//! settled in [`access`]; TLS connections are served in [`tls`].
+mod access;
 mod index;
 mod metrics;
 mod pprof;
+mod tls;
+
+pub use access::{Access, AccessOptions};
 
 use std::{
     net::SocketAddr,
@@ -81,25 +86,48 @@ pub struct RunHandle {
 /// address is an error with nothing to undo.
 pub struct Endpoints {
     listener: tokio::net::TcpListener,
+    access: Access,
 }
 
 #[derive(Clone)]
 struct AppState {
     run: RunHandle,
     in_flight: Arc<Semaphore>,
+    access: Access,
 }
 
 impl Endpoints {
-    pub fn bind(address: SocketAddr) -> Result<Self> {
+    /// Binds `address`, once `access` says it may be served so.
+    pub fn bind(address: SocketAddr, access: &AccessOptions) -> Result<Self> {
+        let access = Access::settle(access, address)?;
         let bind_error = |cause| Error::Listen { address, cause };
         let listener = std::net::TcpListener::bind(address).map_err(bind_error)?;
         listener.set_nonblocking(true).map_err(bind_error)?;
         let listener = tokio::net::TcpListener::from_std(listener).map_err(bind_error)?;
-        Ok(Self { listener })
+        Ok(Self { listener, access })
     }
 
     pub fn local_addr(&self) -> Option<SocketAddr> {
         self.listener.local_addr().ok()
+    }
+
+    /// `https` or `http`.
+    pub fn scheme(&self) -> &'static str {
+        if self.access.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        }
+    }
+
+    /// What a client must show, for the line that says where memprobe serves.
+    pub fn asks_for(&self) -> &'static str {
+        match (self.access.token.is_some(), self.access.client_certificates) {
+            (true, true) => " (bearer token and client certificate asked for)",
+            (true, false) => " (bearer token asked for)",
+            (false, true) => " (client certificate asked for)",
+            (false, false) => "",
+        }
     }
 
     /// Serves until the run ends (the task is dropped with the runtime).
@@ -107,6 +135,7 @@ impl Endpoints {
         let state = AppState {
             run,
             in_flight: Arc::new(Semaphore::new(MAX_IN_FLIGHT)),
+            access: self.access.clone(),
         };
         let router = Router::new()
             .route("/debug/pprof/heap", get(pprof::heap))
@@ -115,10 +144,21 @@ impl Endpoints {
             .route("/metrics", get(metrics::metrics))
             .fallback(not_found)
             .layer(axum::middleware::from_fn_with_state(state.clone(), admit))
+            .layer(axum::middleware::from_fn_with_state(
+                state.clone(),
+                authorize,
+            ))
             .with_state(state);
-        tokio::spawn(async move {
-            let _ = axum::serve(self.listener, router).await;
-        });
+        match self.access.tls {
+            Some(config) => {
+                tokio::spawn(tls::serve(self.listener, config, router));
+            }
+            None => {
+                tokio::spawn(async move {
+                    let _ = axum::serve(self.listener, router).await;
+                });
+            }
+        }
     }
 }
 
@@ -152,6 +192,29 @@ impl IntoResponse for Refusal {
         )
             .into_response()
     }
+}
+
+/// With a token asked for, a request without it gets a 401 (before it
+/// takes a slot among those in flight).
+async fn authorize(
+    axum::extract::State(state): axum::extract::State<AppState>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let given = request.headers().get(header::AUTHORIZATION);
+    if !state.access.admits(given.map(|value| value.as_bytes())) {
+        let mut refusal = refuse(
+            StatusCode::UNAUTHORIZED,
+            "missing or wrong bearer token: send Authorization: Bearer <the token in --auth-token-file>",
+        )
+        .into_response();
+        refusal.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            header::HeaderValue::from_static("Bearer"),
+        );
+        return refusal;
+    }
+    next.run(request).await
 }
 
 /// Every request holds a slot among [`MAX_IN_FLIGHT`] while it is served;

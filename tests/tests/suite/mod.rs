@@ -1,4 +1,5 @@
 mod allocators;
+mod endpoint_access;
 mod endpoints;
 mod errors;
 mod heap_profile;
