@@ -216,6 +216,7 @@ fn listening_where_it_cannot_bind() {
             "1s",
             "--listen",
             "192.0.2.1:6060",
+            "--listen-insecure",
         ],
         &[],
     );
