@@ -1,12 +1,14 @@
-//! Cookie attached to each probe: which entry point it is (bits 0-30),
-//! whether it may forward its call to another entry point (bit 31, see
-//! [`crate::Forwarder`]), where its return address lies relative to `rsp` at
-//! the probed instruction (bits 32-47), and which allocator instance it
-//! belongs to (bits 48-63).
+//! Cookie attached to each probe: which entry point it is (bits 0-29),
+//! whether it is attached only in sampling windows (bit 30, see
+//! [`crate::WINDOW_SHIFT`]), whether it may forward its call to another
+//! entry point (bit 31, see [`crate::Forwarder`]), where its return address
+//! lies relative to `rsp` at the probed instruction (bits 32-47), and which
+//! allocator instance it belongs to (bits 48-63).
 
 const FORWARDS: u64 = 1 << 31;
+const WINDOWED: u64 = 1 << 30;
 /// Probe indexes must stay below this.
-pub const MAX_PROBES: u32 = 1 << 31;
+pub const MAX_PROBES: u32 = 1 << 30;
 
 pub const fn encode(
     probe_index: u32,
@@ -18,10 +20,17 @@ pub const fn encode(
     ((instance as u64) << 48)
         | ((return_address_offset as u64) << 32)
         | forwards
-        | (probe_index as u64 & (FORWARDS - 1))
+        | (probe_index as u64 & (WINDOWED - 1))
+}
+/// The same cookie, for a probe attached only in sampling windows.
+pub const fn windowed(cookie: u64) -> u64 {
+    cookie | WINDOWED
+}
+pub const fn is_windowed(cookie: u64) -> bool {
+    cookie & WINDOWED != 0
 }
 pub const fn probe_index(cookie: u64) -> u32 {
-    (cookie & (FORWARDS - 1)) as u32
+    (cookie & (WINDOWED - 1)) as u32
 }
 pub const fn forwards(cookie: u64) -> bool {
     cookie & FORWARDS != 0

@@ -291,11 +291,19 @@ pub struct ThreadState {
     /// malloc): that inner call must not be counted again.
     pub forwarder: Forwarder,
     /// jemalloc's allocated-bytes counter of the thread after its last
-    /// crossing seen on the slow path (0: none seen yet).
+    /// crossing seen on the slow path (0: none seen yet); with windowed
+    /// sampling, the counter at its first slow-path call seen.
     pub last_allocated: u64,
     /// Bytes counted by entry probes since then (calloc, large calls...):
     /// taken out of the next window, which the counter includes them in.
     pub counted_bytes: u64,
+    /// Windowed sampling: the sampling window the thread's last windowed
+    /// call fell in ([`FastPathConfig::window`]), and jemalloc's
+    /// allocated-bytes counter at its first call in it and after its last:
+    /// what the thread allocated in the window, by any call.
+    pub window: u64,
+    pub window_first: u64,
+    pub window_end: u64,
 }
 
 /// Key of [`maps::FAST_PATHS`]: a process and a probed jemalloc copy.
@@ -315,7 +323,20 @@ pub struct FastPathConfig {
     pub allocated: i64,
     /// Requests above this many bytes always take the slow path.
     pub large_above: u64,
+    /// Non-zero with windowed sampling: the slow path samples only the
+    /// requests above `large_above` (every one reaches it, so none is left
+    /// to chance); smaller ones are sampled by windowed entry probes.
+    pub large_only: u64,
+    /// The process's sampling window now open (numbered from 1), which its
+    /// windowed calls note in their thread's state.
+    pub window: u64,
 }
+
+/// Inside a sampling window each call's bytes count 2^WINDOW_SHIFT times
+/// towards the thread's countdown: windows see a small share of the calls,
+/// and sampling them more densely keeps the samples as many as sampling
+/// every call would give.
+pub const WINDOW_SHIFT: u32 = 5;
 
 /// An allocation call that may pass itself on to another entry point of
 /// the same allocator. The next allocation entry on the thread is that
@@ -470,11 +491,14 @@ mod tests {
     #[test]
     fn cookie_fields_round_trip() {
         use super::cookie::*;
-        let c = encode(0x5ead_beef, 24, 7, true);
-        assert_eq!(probe_index(c), 0x5ead_beef);
+        let c = encode(0x1ead_beef, 24, 7, true);
+        assert_eq!(probe_index(c), 0x1ead_beef);
+        assert!(!is_windowed(c));
+        assert_eq!(probe_index(windowed(c)), 0x1ead_beef);
+        assert!(is_windowed(windowed(c)) && forwards(windowed(c)));
         assert_eq!(return_address_offset(c), 24);
         assert_eq!(instance(c), 7);
         assert!(forwards(c));
-        assert!(!forwards(encode(0x5ead_beef, 24, 7, false)));
+        assert!(!forwards(encode(0x1ead_beef, 24, 7, false)));
     }
 }

@@ -15,13 +15,14 @@ use aya_ebpf::{
 };
 use profiler_common::{
     AllocEvent, AllocStackEvent, Counter, FP_CHECK_ONE_IN, MAX_STACK_DEPTH, PendingCall,
-    SMALL_STACK_COPY_BYTES, STACK_COPY_BYTES, STACK_COPY_PAGE, STACK_COPY_PAGES, UserRegs, cookie,
-    event_kind,
+    SMALL_STACK_COPY_BYTES, STACK_COPY_BYTES, STACK_COPY_PAGE, STACK_COPY_PAGES, UserRegs,
+    WINDOW_SHIFT, cookie, event_kind,
 };
 
 use crate::{
     maps::{COPY_STACK, EVENTS, FP_TRUSTED, PENDING, RING_BUSY_BYTES},
     sampling::{Args, Thread, count, count_hit, draw_countdown, header, probe_cookie},
+    slow_path::{counters, small_usable_size},
 };
 
 /// Counts `size` bytes down on this thread; records the call if it crossed.
@@ -41,9 +42,45 @@ pub(crate) fn on_allocation(
         return false;
     }
     count(Counter::AllocCalls);
+    if cookie::is_windowed(probe_cookie(ctx)) {
+        return on_windowed_allocation(ctx, thread, (size, align), pending);
+    }
     // SAFETY: the entry belongs to this thread; only this thread writes it.
     unsafe { (*thread.state).counted_bytes = (*thread.state).counted_bytes.wrapping_add(size) };
     let wanted = count_down(ctx, thread, size, align, pending, 0);
+    thread.note_forwarder(ctx);
+    wanted
+}
+
+/// A call inside a sampling window: its bytes count 2^WINDOW_SHIFT times
+/// (the event carries them as its window), and its thread notes jemalloc's
+/// allocated-bytes counter, by which userspace weighs the window's samples.
+/// A request that jemalloc's slow path sees anyway (above its fast path's
+/// largest) is left to that probe.
+#[inline(always)]
+fn on_windowed_allocation(
+    ctx: &ProbeContext,
+    thread: &Thread,
+    (size, align): (u64, u64),
+    pending: PendingCall,
+) -> bool {
+    let Some((config, allocated, _)) = counters(ctx, thread) else {
+        return false;
+    };
+    if size > config.large_above {
+        return false;
+    }
+    let state = thread.state;
+    // SAFETY: the entry belongs to this thread; only this thread writes it.
+    unsafe {
+        if (*state).window != config.window {
+            (*state).window = config.window;
+            (*state).window_first = allocated;
+        }
+        (*state).window_end = allocated.wrapping_add(small_usable_size(size));
+    }
+    let window = size.max(1).saturating_mul(1 << WINDOW_SHIFT);
+    let wanted = count_down(ctx, thread, size, align, pending, window);
     thread.note_forwarder(ctx);
     wanted
 }

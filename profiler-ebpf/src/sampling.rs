@@ -136,6 +136,9 @@ impl Thread {
             forwarder: Forwarder::default(),
             last_allocated: 0,
             counted_bytes: 0,
+            window: 0,
+            window_first: 0,
+            window_end: 0,
         };
         let _ = THREADS.insert(id, fresh, 0);
         let state = THREADS.get_ptr_mut(id)?;

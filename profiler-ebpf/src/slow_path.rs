@@ -31,10 +31,23 @@ pub(crate) fn on_slow_path(ctx: &ProbeContext, thread: &Thread) -> bool {
     let Some((config, allocated, threshold)) = counters(ctx, thread) else {
         return on_allocation(ctx, thread, size, 0, POINTER);
     };
-    if size > config.large_above || threshold == 0 {
+    if size > config.large_above || (threshold == 0 && config.large_only == 0) {
         return on_allocation(ctx, thread, size, 0, POINTER);
     }
     count_hit(ctx);
+    if config.large_only != 0 {
+        // Windowed sampling: the small ones are the windows' to sample.
+        // The thread's counter as first seen here (within its first 64 KiB
+        // since the attach: a refill or a crossing) is where its first
+        // window's bytes start.
+        // SAFETY: the entry belongs to this thread; only this thread writes it.
+        unsafe {
+            if (*thread.state).last_allocated == 0 {
+                (*thread.state).last_allocated = allocated.max(1);
+            }
+        }
+        return false;
+    }
     let end = allocated.wrapping_add(small_usable_size(size));
     if end < threshold {
         count(Counter::Refills);
@@ -63,7 +76,7 @@ pub(crate) fn on_slow_path(ctx: &ProbeContext, thread: &Thread) -> bool {
 /// The copy's counter layout and the thread's allocated bytes and next
 /// threshold, read from its TLS block.
 #[inline(always)]
-fn counters(ctx: &ProbeContext, thread: &Thread) -> Option<(FastPathConfig, u64, u64)> {
+pub(crate) fn counters(ctx: &ProbeContext, thread: &Thread) -> Option<(FastPathConfig, u64, u64)> {
     let key = FastPathKey {
         pid: (thread.id >> 32) as u32,
         instance: cookie::instance(probe_cookie(ctx)),
@@ -90,7 +103,7 @@ fn counters(ctx: &ProbeContext, thread: &Thread) -> Option<(FastPathConfig, u64,
 
 /// jemalloc 5.3's size class of a request of at most 4 KiB.
 #[inline(always)]
-fn small_usable_size(size: u64) -> u64 {
+pub(crate) fn small_usable_size(size: u64) -> u64 {
     if size <= 8 {
         return 8;
     }

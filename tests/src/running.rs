@@ -118,6 +118,23 @@ impl Fixture {
         self.send_and_expect("go", "done");
     }
 
+    /// As [`Self::run_workload`]; the lines the fixture printed before "done".
+    pub fn run_workload_reporting(&mut self) -> Vec<String> {
+        writeln!(self.stdin.as_mut().unwrap(), "go").unwrap();
+        let mut lines = Vec::new();
+        loop {
+            let mut line = String::new();
+            assert!(
+                self.stdout.read_line(&mut line).unwrap() > 0,
+                "no done: {lines:?}"
+            );
+            if line.trim() == "done" {
+                return lines;
+            }
+            lines.push(line.trim().to_owned());
+        }
+    }
+
     /// Sends a line and waits for the fixture's answer.
     pub fn send_and_expect(&mut self, line: &str, answer: &str) {
         writeln!(self.stdin.as_mut().unwrap(), "{line}").unwrap();

@@ -7,7 +7,7 @@ use profiler::{
     AllocatorKind,
     offline::{Binaries, report::Measure},
     output::Format,
-    run::GrowthTrigger,
+    run::{GrowthTrigger, WindowTiming},
 };
 
 /// Where offline commands find the profiled binaries and their debug files.
@@ -84,6 +84,7 @@ pub fn parse_overhead(text: &str) -> Result<Overhead, String> {
 pub enum SamplingArg {
     Entry,
     SlowPath,
+    Windows,
 }
 
 /// `--placement`.
@@ -178,6 +179,23 @@ pub fn parse_format(text: &str) -> Result<Format, String> {
     })
 }
 
+/// `--windows LENGTH/EVERY`: a window's length and the mean time between
+/// two, the first under the second.
+pub fn parse_windows(text: &str) -> Result<WindowTiming, String> {
+    let (length, every) = text
+        .split_once('/')
+        .ok_or("give a window's length and how often one opens, such as 100ms/4s")?;
+    let (length, every) = (parse_duration(length)?, parse_duration(every)?);
+    if length >= every {
+        return Err(format!(
+            "a window ({}) must be shorter than the time between two ({})",
+            humantime::format_duration(length),
+            humantime::format_duration(every)
+        ));
+    }
+    Ok(WindowTiming { length, every })
+}
+
 pub fn parse_growth(text: &str) -> Result<GrowthTrigger, String> {
     let (size, window) = match text.split_once('/') {
         Some((size, window)) => (size, parse_duration(window)?),
@@ -217,6 +235,15 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn window_timings() {
+        let timing = parse_windows("50ms/2s").unwrap();
+        assert_eq!(timing.length, Duration::from_millis(50));
+        assert_eq!(timing.every, Duration::from_secs(2));
+        assert!(parse_windows("2s/1s").unwrap_err().contains("shorter"));
+        assert!(parse_windows("100ms").unwrap_err().contains("100ms/4s"));
+    }
 
     #[test]
     fn sizes() {

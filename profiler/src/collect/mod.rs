@@ -136,6 +136,7 @@ impl ProcessHeap {
                 window,
                 interval,
                 copy,
+                scale,
                 ..
             } => {
                 if stack_error {
@@ -148,9 +149,11 @@ impl ProcessHeap {
                 } else {
                     self.sample_interval
                 };
-                let weight = match window {
-                    0 => sample_weight(size, interval),
-                    _ => window_weight(usable, window, interval),
+                let weight = match (scale, window) {
+                    // Sampled as though `window` bytes, in its thread's window.
+                    (Some(scale), _) => sample_weight(window, interval) * scale,
+                    (None, 0) => sample_weight(size, interval),
+                    (None, _) => window_weight(usable, window, interval),
                 };
                 if self.options.allocations_only {
                     self.count_allocation(stack, weight, usable);

@@ -26,6 +26,7 @@ fn sampled(tid: u32, size: u64, frames: &[u64]) -> Event {
         allocator: AllocatorKind::Jemalloc,
         interval: 0,
         copy: 0,
+        scale: None,
         hijacked: None,
     }
 }
@@ -89,6 +90,22 @@ fn frees_dropped_mid_run_keep_what_was_live_and_count_the_rest_at_the_call() {
         ptr: 0x1000,
     });
     assert!((heap.inuse_bytes() - 2.0 * w * 4096.0).abs() < 1e-6);
+}
+
+#[test]
+fn a_windowed_sample_stands_for_its_cycle() {
+    let mut heap = heap(10);
+    // Counted 32 times over in its window (4096 << 5), sampled with that
+    // probability; its thread allocated 40x its window's bytes that cycle.
+    let mut event = sampled(1, 4096, &[0x10]);
+    if let Event::Sampled { window, scale, .. } = &mut event {
+        *window = 4096 << profiler_common::WINDOW_SHIFT;
+        *scale = Some(40.0);
+    }
+    heap.apply(event);
+    heap.apply(returned(1, 0x1000));
+    let expected = 40.0 * sample_weight(4096 << profiler_common::WINDOW_SHIFT, 4096) * 4096.0;
+    assert!((heap.inuse_bytes() - expected).abs() < 1e-6);
 }
 
 #[test]

@@ -32,6 +32,8 @@ pub(super) struct Target<'a> {
     open_path: &'a Path,
     /// Which file the kernel probes (what its uprobes are keyed by).
     file: Option<FileId>,
+    /// Probes attached only in sampling windows.
+    windowed: bool,
 }
 
 impl<'a> Target<'a> {
@@ -52,6 +54,7 @@ impl<'a> Target<'a> {
             file: std::fs::metadata(open_path)
                 .ok()
                 .map(|meta| FileId::of(&meta)),
+            windowed: false,
         })
     }
 
@@ -105,6 +108,25 @@ impl KernelProbes {
         slots: &[usize],
     ) -> Result<Vec<usize>> {
         let target = Target::new(scope, path, open_path)?;
+        self.attach_into(&target, allocator, instance, slots)
+    }
+
+    /// As [`Self::attach_again`], for a sampling window: the calls these
+    /// probes see count their bytes 2^[`WINDOW_SHIFT`] times
+    /// (`profiler_common::WINDOW_SHIFT`), and requests jemalloc's slow path
+    /// sees anyway are left to it.
+    ///
+    /// [`WINDOW_SHIFT`]: profiler_common::WINDOW_SHIFT
+    pub fn attach_window(
+        &mut self,
+        scope: Scope,
+        (path, open_path): (&str, &Path),
+        allocator: &Allocator,
+        instance: u16,
+        slots: &[usize],
+    ) -> Result<Vec<usize>> {
+        let mut target = Target::new(scope, path, open_path)?;
+        target.windowed = true;
         self.attach_into(&target, allocator, instance, slots)
     }
 
@@ -223,6 +245,11 @@ impl KernelProbes {
         };
         // After `pushes` pushes the return address is at [rsp + 8 * pushes].
         let cookie = cookie::encode(probe_index, placement.pushes * 8, instance, entry.forwards);
+        let cookie = if target.windowed {
+            cookie::windowed(cookie)
+        } else {
+            cookie
+        };
         let offset = entry.file_offset + placement.offset;
         let error = |message: String| target.error(&entry.symbol, message);
         let mut links = ProbeLinks::default();
@@ -262,6 +289,7 @@ impl KernelProbes {
             instance,
             allocator: allocator.kind,
             shape: entry.shape,
+            windowed: target.windowed,
             own_code: match entry.shape {
                 CallShape::SlowPath => allocator.fast_path.as_ref().map(|s| s.own_code.clone()),
                 CallShape::OwnSample => allocator.own_sampling.as_ref().map(|o| o.own_code.clone()),

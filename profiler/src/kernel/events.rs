@@ -32,6 +32,10 @@ pub enum Event {
         interval: u64,
         /// The allocator copy of the probe (its instance; set by the run).
         copy: u16,
+        /// For a call sampled in a sampling window (`--sampling windows`),
+        /// how many times its window's bytes its thread allocated over the
+        /// cycle the window stands for (set by the run); `None` elsewhere.
+        scale: Option<f64>,
         /// Where the thread's last probed `realloc` kept its return address,
         /// which a return half replaces with the kernel's trampoline.
         hijacked: Option<HijackedReturn>,
@@ -152,6 +156,7 @@ fn sampled(header: EventHeader, event: &AllocEvent, stack_copy: Option<StackCopy
         allocator: AllocatorKind::Jemalloc,
         interval: 0,
         copy: 0,
+        scale: None,
         hijacked: (event.hijacked_slot != 0).then_some(HijackedReturn {
             slot: event.hijacked_slot,
             return_address: event.hijacked_return,

@@ -4,6 +4,7 @@
 mod allocations_only;
 mod attach;
 mod calibration;
+mod windows;
 pub use calibration::CalibrationProbes;
 pub mod btf;
 pub mod events;
@@ -11,6 +12,7 @@ pub mod features;
 mod foreign;
 mod shared;
 pub mod uprobe_multi;
+pub use windows::ThreadWindow;
 
 use std::os::fd::OwnedFd;
 
@@ -136,6 +138,8 @@ pub struct AttachedProbe {
     pub allocator: crate::discover::AllocatorKind,
     /// What the entry point's arguments are: a free, an allocation...
     pub shape: profiler_common::CallShape,
+    /// Attached only in sampling windows (`--sampling windows`).
+    pub windowed: bool,
     /// For jemalloc's slow path, reached through its own code (`operator
     /// new`'s fallback): the file-offset extents of that code, where a
     /// sample's leading frames are not the program's. `None` elsewhere.

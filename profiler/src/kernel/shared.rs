@@ -80,6 +80,7 @@ mod tests {
             instance: 0,
             allocator: AllocatorKind::Glibc,
             shape: CallShape::SizeArg0,
+            windowed: false,
             own_code: None,
         }
     }

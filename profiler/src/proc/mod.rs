@@ -142,6 +142,17 @@ pub fn read_maps(pid: u32) -> Result<String> {
     Ok(maps)
 }
 
+/// The ids of `pid`'s threads now (none if it is gone).
+pub fn thread_ids(pid: u32) -> Vec<u32> {
+    std::fs::read_dir(proc_path(pid, "task"))
+        .map(|entries| {
+            entries
+                .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 pub fn command_name(pid: u32) -> String {
     std::fs::read_to_string(proc_path(pid, "comm"))
         .map(|c| c.trim_end().to_owned())

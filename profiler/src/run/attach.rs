@@ -10,7 +10,10 @@ use crate::{
     error::{Error, Result},
     kernel::{ReturnHalf, Scope},
     proc::{all_pids, parse_maps, read_maps},
-    run::{Session, Targets, process::Tracked, trial::Trial, waits::watch_exit},
+    run::{
+        Sampling, Session, Targets, process::Tracked, trial::Trial, waits::watch_exit,
+        windows::WindowedCopy,
+    },
 };
 
 impl Session<'_> {
@@ -118,7 +121,11 @@ impl Session<'_> {
             return Ok(attached);
         };
         match trial {
-            Ok((served, slow)) => {
+            Ok(parts) if self.options.sampling == Sampling::Windows => {
+                let copy = WindowedCopy::new(path, open_path, instance, parts.served, parts.config);
+                self.start_windows(pid, copy);
+            }
+            Ok(SlowPathParts { served, slow, .. }) => {
                 let slow_probes = (before..self.probes.attached.len())
                     .filter(|&i| self.probes.attached[i].own_code.is_some())
                     .collect();
@@ -308,11 +315,11 @@ impl Session<'_> {
         path: &str,
         allocator: &Allocator,
         instance: u16,
-    ) -> Result<(Allocator, Allocator), &'static str> {
+    ) -> Result<SlowPathParts, &'static str> {
         let Scope::Process(pid) = scope else {
             return Err("system-wide probes");
         };
-        if self.options.sampling != crate::run::Sampling::SlowPath {
+        if self.options.sampling == Sampling::Entry {
             return Err("--sampling entry");
         }
         if !crate::kernel::KernelProbes::knows_fsbase() {
@@ -332,12 +339,28 @@ impl Session<'_> {
         let config = profiler_common::FastPathConfig {
             allocated: tls.wrapping_add(fast.allocated),
             large_above: fast.large_above,
+            large_only: u64::from(self.options.sampling == Sampling::Windows),
+            window: 0,
         };
         if !self.probes.set_fast_path(pid, instance, config) {
             return Err("the kernel's table of fast paths is full");
         }
-        Ok(parts)
+        let (served, slow) = parts;
+        Ok(SlowPathParts {
+            served,
+            slow,
+            config,
+        })
     }
+}
+
+/// A jemalloc copy split for sampling on its slow path: the entry points
+/// the slow path stands in for (`malloc`, `operator new`), the slow path's
+/// own, and its counters as the kernel was told them.
+struct SlowPathParts {
+    served: Allocator,
+    slow: Allocator,
+    config: profiler_common::FastPathConfig,
 }
 
 /// The word at `file_offset` of `path` as `pid` has it mapped (a GOT slot

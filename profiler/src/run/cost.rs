@@ -363,6 +363,7 @@ mod tests {
             } else {
                 CallShape::SizeArg0
             },
+            windowed: false,
             own_code: None,
         }
     }

@@ -65,12 +65,15 @@ impl Session<'_> {
             frames,
             interval,
             copy,
+            scale,
             ..
         } = &mut event
             && let Some(probe) = self.probes.attached.get(header.probe as usize)
         {
             *allocator = probe.allocator;
             *copy = probe.instance;
+            // Weighed when its window closes.
+            *scale = probe.windowed.then_some(1.0);
             if probe.shape == profiler_common::CallShape::OwnSample {
                 *interval = own_sampling::own_interval(&t.watched, probe.instance);
             }
@@ -84,6 +87,12 @@ impl Session<'_> {
         {
             self.probes.forget_sampled(pid, probe.instance, *ptr);
         }
-        t.heap.apply(event);
+        let event = match &mut t.windows {
+            Some(windows) => windows.hold(event),
+            None => Some(event),
+        };
+        if let Some(event) = event {
+            t.heap.apply(event);
+        }
     }
 }

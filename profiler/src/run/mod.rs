@@ -19,6 +19,7 @@ mod snapshot;
 mod status;
 mod trial;
 mod waits;
+pub mod windows;
 mod writer;
 
 use std::{
@@ -38,6 +39,7 @@ use tokio::{
 pub use options::{GrowthTrigger, Sampling, SessionOptions, Targets};
 pub use retention::Retention;
 pub use status::{ProcessSummary, Summary, summary_lines};
+pub use windows::WindowTiming;
 
 use crate::{
     discover::{AllocatorCache, AllocatorKind, Found, allocators_in_file},
@@ -267,6 +269,9 @@ impl Session<'_> {
         let mut ticks: u64 = 0;
         let mut last_rates = CostLedger::default();
         loop {
+            let window_change = self
+                .next_window_change()
+                .map(tokio::time::Instant::from_std);
             tokio::select! {
                 readable = ring.readable_mut() => {
                     let mut guard = readable.map_err(|e| events_error("reading the ring buffer", e))?;
@@ -305,6 +310,9 @@ impl Session<'_> {
                 Some(request) = next_request(&mut self.snapshot_requests) => {
                     self.drain(ring.get_mut());
                     self.answer(request);
+                }
+                _ = sleep_until(window_change) => {
+                    self.change_windows(ring.get_mut());
                 }
                 _ = ticker.tick() => {
                     self.drain(ring.get_mut());

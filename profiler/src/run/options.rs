@@ -12,6 +12,11 @@ use crate::{
 pub enum Sampling {
     /// At their entry: one trap per call.
     Entry,
+    /// At their entry, only in short windows at random times, weighed by
+    /// jemalloc's per-thread byte counter; jemalloc's slow path for
+    /// requests above 4 KiB. For `--pid` targets whose build is recognised;
+    /// the others are sampled at entry.
+    Windows,
     /// On jemalloc's slow path, where their inlined fast path falls back
     /// (large requests, a thread's byte threshold, refills): most calls do
     /// not trap. For `--pid` targets whose build is recognised; the others
@@ -68,6 +73,9 @@ pub struct SessionOptions {
     /// Serve `/debug/pprof/` and `/metrics` here while the run goes on.
     /// Default: nowhere.
     pub listen: Option<std::net::SocketAddr>,
+    /// `--sampling windows`: how long a window lasts and how often one
+    /// opens. Default: 100 ms every 4 s on average.
+    pub windows: crate::run::windows::WindowTiming,
     /// Who may read the endpoints: TLS, a bearer token, client
     /// certificates. Default: none of them (then `listen` must be on
     /// loopback).
@@ -139,6 +147,7 @@ impl Default for SessionOptions {
             allocators: crate::discover::AllocatorKind::ALL.to_vec(),
             debug_dir: None,
             listen: None,
+            windows: crate::run::windows::WindowTiming::default(),
             access: crate::serve::AccessOptions::default(),
             retention: crate::run::Retention::default(),
         }

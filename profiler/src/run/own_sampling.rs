@@ -52,7 +52,7 @@ impl Session<'_> {
         let Scope::Process(pid) = scope else {
             return None;
         };
-        if self.options.sampling != Sampling::SlowPath {
+        if self.options.sampling == Sampling::Entry {
             return None;
         }
         let own = allocator.own_sampling.as_ref()?;

@@ -8,7 +8,7 @@ use crate::{
     proc::{FileId, Mapping, command_name, namespace_pid, parse_maps},
     run::{
         budget::BudgetWindow, growth::GrowthWindow, own_sampling::WatchedCopy,
-        retention::KeptSnapshots, trial::Trial,
+        retention::KeptSnapshots, trial::Trial, windows::Windows,
     },
     stacks::ProcessStacks,
 };
@@ -70,6 +70,8 @@ pub(super) struct Tracked {
     /// Copies whose jemalloc has a profiler, watched in case it is switched
     /// on or off.
     pub watched: Vec<WatchedCopy>,
+    /// Its jemalloc copies sampled in windows (`--sampling windows`).
+    pub windows: Option<Windows>,
     /// Its recent cost, for `--max-overhead`.
     pub budget: BudgetWindow,
     /// Since when its frees are no longer probed, and why: the budget's
@@ -106,6 +108,7 @@ impl Tracked {
             trials: Vec::new(),
             sampling_notes: Vec::new(),
             watched: Vec::new(),
+            windows: None,
             detached: None,
             kept: KeptSnapshots::default(),
         };

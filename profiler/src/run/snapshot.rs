@@ -88,6 +88,7 @@ impl Session<'_> {
             }
             return;
         }
+        self.close_open_window(pid);
         let allocator_calls = self.allocator_calls(pid, &self.probes.probe_hits());
         let Some(t) = self.tracked.get_mut(&pid) else {
             return;

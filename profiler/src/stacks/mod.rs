@@ -198,6 +198,7 @@ mod tests {
                 bytes: words.iter().flat_map(|w| w.to_le_bytes()).collect(),
             }),
             window: 0,
+            scale: None,
             allocator: AllocatorKind::Jemalloc,
             interval: 0,
             copy: 0,

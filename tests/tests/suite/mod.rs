@@ -15,3 +15,4 @@ mod slow_path;
 mod stacks;
 mod stripped;
 mod trends;
+mod windows;

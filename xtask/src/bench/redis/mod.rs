@@ -152,9 +152,10 @@ struct Run {
 }
 
 /// The sampling modes compared: (label, memprobe's flags).
-const MODES: [(&str, &[&str]); 4] = [
+const MODES: [(&str, &[&str]); 5] = [
     ("memprobe, `--sampling entry`", &["--sampling", "entry"]),
     ("memprobe, default (jemalloc's slow path)", &[]),
+    ("memprobe, `--sampling windows`", &["--sampling", "windows"]),
     (
         "memprobe, `--track allocations --sampling entry`",
         &["--track", "allocations", "--sampling", "entry"],

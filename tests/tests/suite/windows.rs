@@ -1,0 +1,69 @@
+//! `--sampling windows`: jemalloc's malloc probed only in short windows at
+//! random times, weighed by jemalloc's per-thread byte counter. A cycle
+//! that jemalloc's thread threshold aliases with is weighed right with no
+//! fallback, and a big buffer allocated once between windows is seen.
+use tests::*;
+
+fn flat(rows: &[JeprofRow], name: &str) -> f64 {
+    row(rows, name).flat * MIB
+}
+
+#[test]
+fn windows_weigh_an_aliasing_cycle_right_and_never_miss_a_big_buffer() {
+    let _guard = shared();
+    let out = output_dir("windows_cycle");
+    let env = [
+        ("FIXTURE_SECONDS", "20"),
+        ("FIXTURE_BIG_BUFFER", "1"),
+        ("FIXTURE_REPORT_PAIRS", "1"),
+    ];
+    let mut fixture = Fixture::start(&aliasing_fixture(), &env);
+    // At the default sampling interval, a window of 100 ms every second.
+    let flags = [
+        "--sampling",
+        "windows",
+        "--windows",
+        "100ms/1s",
+        "--max-overhead",
+        "none",
+    ];
+    let memprobe = Memprobe::attach(&fixture, &out, &flags);
+    let reported = fixture.run_workload_reporting();
+    let pairs: f64 = reported
+        .iter()
+        .find_map(|l| l.strip_prefix("pairs ")?.parse().ok())
+        .unwrap_or_else(|| panic!("{reported:?}"));
+    let stderr = memprobe.stop();
+    assert!(fixture.finish().success());
+    let heaps = heap_files(&out);
+    assert_eq!(heaps.len(), 1, "{stderr}");
+    let heap = &heaps[0];
+    assert!(!stderr.contains("back to entry"), "{stderr}");
+    let note = malloc_sampling_note(heap);
+    assert!(note.contains("in windows of 100ms every 1s"), "{note}");
+    // Every call of both sites counted where jemalloc's slow path would
+    // give one of them every byte.
+    let allocated = jeprof_rows(&aliasing_fixture(), heap, "--alloc_space");
+    eprintln!("{pairs} pairs\n{stderr}");
+    assert_within(
+        "cycle_48 allocated",
+        flat(&allocated, "cycle_48"),
+        pairs * 48.0,
+        0.10,
+    );
+    assert_within(
+        "cycle_16 allocated",
+        flat(&allocated, "cycle_16"),
+        pairs * 16.0,
+        0.10,
+    );
+    // Allocated once, at the start, by a call outside any window: on the
+    // slow path, where every request above 4 KiB is seen.
+    let inuse = jeprof_rows(&aliasing_fixture(), heap, "--inuse_space");
+    assert_within(
+        "big_buffer in use",
+        flat(&inuse, "big_buffer"),
+        64.0 * MIB,
+        0.01,
+    );
+}
