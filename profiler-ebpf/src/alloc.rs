@@ -68,6 +68,11 @@ fn on_windowed_allocation(
         return false;
     };
     if size > config.large_above {
+        // The slow path samples it inside this call. A uretprobe here (no
+        // uprobe sessions: before 6.13) replaces the caller's return
+        // address with the kernel's trampoline before then: the sample
+        // gets it back from this note.
+        thread.note_resize_return(ctx);
         return false;
     }
     let state = thread.state;

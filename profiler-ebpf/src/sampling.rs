@@ -155,8 +155,9 @@ impl Thread {
     }
 
     /// Remembers where the call in flight (a `realloc` inside which
-    /// jemalloc takes its samples) keeps its return address, and that
-    /// address, before any return half replaces it.
+    /// jemalloc takes its samples, a windowed `malloc` whose slow path
+    /// samples it) keeps its return address, and that address, before any
+    /// return half replaces it.
     #[inline(always)]
     pub(crate) fn note_resize_return(&self, ctx: &ProbeContext) {
         let slot = Args::of(ctx).stack_pointer + cookie::return_address_offset(probe_cookie(ctx));

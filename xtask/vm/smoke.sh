@@ -87,6 +87,24 @@ section exit; echo "exit $status"; echo "tenths-after-target-exit $ENDED"; cat "
 wait
 report exit
 
+# Sampling in windows: malloc probed in short windows only; the 1 MiB
+# site is on jemalloc's slow path whenever it allocates.
+start_sites
+"$M" --pid "$SITES_PID" --sampling windows --windows 50ms/500ms --sample-interval 4096 --output "$OUT/windows" 2>"$OUT/windows.err" &
+MP=$!
+wait_for "$OUT/windows.err" "memprobe: attached" 120
+echo go >&3
+wait_for "$OUT/sites.out" done 300
+sleep 1
+kill -INT "$MP"
+wait "$MP"
+status=$?
+section windows; echo "exit $status"; cat "$OUT/windows.err"; end
+echo end >&3
+exec 3>&-
+wait
+report windows
+
 # Launch mode: the command runs with the probes already in place.
 echo go | "$M" --sample-interval 4096 --output "$OUT/launch" -- "$BIN/sites" >/dev/null 2>"$OUT/launch.err"
 status=$?

@@ -67,3 +67,39 @@ fn windows_weigh_an_aliasing_cycle_right_and_never_miss_a_big_buffer() {
         0.01,
     );
 }
+
+/// Without uprobe sessions (before 6.13) a window's `malloc` has a
+/// uretprobe, which replaces its caller's return address with the kernel's
+/// trampoline before the slow path samples a big request inside it: the
+/// sample still names its caller. A window open nearly all the time, so
+/// that the 64 MiB buffer is allocated inside one.
+#[test]
+fn a_big_buffer_allocated_in_a_window_keeps_its_caller_with_uretprobes() {
+    let _guard = shared();
+    let out = output_dir("windows_uretprobes");
+    let env = [("FIXTURE_SECONDS", "2"), ("FIXTURE_BIG_BUFFER", "1")];
+    let mut fixture = Fixture::start(&aliasing_fixture(), &env);
+    let flags = [
+        "--sampling",
+        "windows",
+        "--windows",
+        "950ms/1s",
+        "--return-probes",
+        "uretprobes",
+        "--max-overhead",
+        "none",
+    ];
+    let memprobe = Memprobe::attach(&fixture, &out, &flags);
+    fixture.run_workload();
+    let stderr = memprobe.stop();
+    assert!(fixture.finish().success());
+    let heap = &heap_files(&out)[0];
+    let inuse = jeprof_rows(&aliasing_fixture(), heap, "--inuse_space");
+    assert_within(
+        "big_buffer in use",
+        flat(&inuse, "big_buffer"),
+        64.0 * MIB,
+        0.01,
+    );
+    assert!(!stderr.contains("hidden by"), "{stderr}");
+}
