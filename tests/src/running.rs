@@ -120,7 +120,17 @@ impl Fixture {
 
     /// As [`Self::run_workload`]; the lines the fixture printed before "done".
     pub fn run_workload_reporting(&mut self) -> Vec<String> {
+        self.start_workload();
+        self.finish_workload()
+    }
+
+    /// Tells the fixture to do its allocations, without waiting.
+    pub fn start_workload(&mut self) {
         writeln!(self.stdin.as_mut().unwrap(), "go").unwrap();
+    }
+
+    /// Waits for a started workload; the lines printed before "done".
+    pub fn finish_workload(&mut self) -> Vec<String> {
         let mut lines = Vec::new();
         loop {
             let mut line = String::new();

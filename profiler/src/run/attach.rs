@@ -149,7 +149,10 @@ impl Session<'_> {
     }
 
     /// `--all`: system-wide probes on every jemalloc file in use, and a
-    /// profile for every process that maps one.
+    /// profile for every process that maps one. With `--sampling windows`
+    /// each process is probed on its own instead, as with `--pid`: its
+    /// windows open in it alone, a window's traps slow no other process,
+    /// and a process started since the last scan is probed at the next.
     pub(super) fn scan_all(&mut self) -> Result<()> {
         let own = std::process::id();
         for pid in all_pids().into_iter().filter(|&p| p != own) {
@@ -158,6 +161,15 @@ impl Session<'_> {
             };
             let found = self.cache.find(pid, &parse_maps(&maps));
             if found.is_empty() {
+                continue;
+            }
+            if self.options.sampling == Sampling::Windows {
+                match self.tracked.get_mut(&pid) {
+                    Some(t) => t.set_maps(Some(maps)),
+                    None => self.track(pid, maps),
+                }
+                let attached = self.attach_found(pid, found);
+                self.survive_late_failure(attached)?;
                 continue;
             }
             for f in &found {

@@ -388,6 +388,7 @@ impl Session<'_> {
         if self.options.verbose {
             self.say_why_stopping(&stop);
         }
+        self.last_windows(ring.get_mut()).await;
         // The last snapshots hold owned data: the probes can go before
         // they are written.
         self.snapshot_all("end of run", SnapshotKind::Last);

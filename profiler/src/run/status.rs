@@ -95,6 +95,11 @@ impl Session<'_> {
         };
         let probes = self.probes.attached.len();
         let line = match &self.options.targets {
+            Targets::All if self.options.sampling == crate::run::Sampling::Windows => format!(
+                "memprobe: attached {probes} probes to {} processes, each its own (jemalloc's \
+                 malloc in windows), watching for more; profiling {until}",
+                self.tracked.len()
+            ),
             Targets::All => format!(
                 "memprobe: attached {probes} probes system-wide to {} allocators ({}) in {} \
                  processes, watching for more; profiling {until}",

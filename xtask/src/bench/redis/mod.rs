@@ -400,7 +400,8 @@ fn attached_half(
     let mut args = vec!["--pid", &pid, "-o", profiles_dir, "--listen", LISTEN];
     args.extend_from_slice(flags);
     let (mut probe, stderr) = start_memprobe(memprobe, &args)?;
-    let on_trial = !flags.contains(&"entry");
+    // Entry and windows sampling have no trial to wait for.
+    let on_trial = !flags.contains(&"entry") && !flags.contains(&"windows");
     let decided = || said(&stderr, SLOW_PATH_KEPT).or(said(&stderr, FELL_BACK));
     let mut runs = 0;
     while runs < MAX_WARMUP && (runs < 2 || on_trial && decided().is_none()) {
