@@ -109,6 +109,26 @@ fn curl_status(url: &str, ca: &Path, extra: &[&str]) -> u16 {
         .unwrap_or(0)
 }
 
+/// memprobe attached to `fixture`, serving on every address of the host
+/// (off loopback, as a fleet serves it) over TLS, with `extra` flags.
+fn serving_over_tls(
+    fixture: &Fixture,
+    out: &Path,
+    certs: &Certificates,
+    extra: &[&str],
+) -> Memprobe {
+    let mut flags = vec![
+        "--listen",
+        "0.0.0.0:0",
+        "--tls-cert",
+        certs.server_cert.to_str().unwrap(),
+        "--tls-key",
+        certs.server_key.to_str().unwrap(),
+    ];
+    flags.extend_from_slice(extra);
+    Memprobe::attach(fixture, out, &flags)
+}
+
 #[test]
 fn an_open_address_is_refused_without_tls_and_authentication() {
     let (status, stderr) =
@@ -127,19 +147,13 @@ fn prometheus_scrapes_over_tls_with_its_token_and_others_get_a_401() {
     let token_file = out.join("token");
     std::fs::write(&token_file, "a-long-random-token\n").unwrap();
     let mut fixture = Fixture::start(&sites_fixture(), &[]);
-    let memprobe = Memprobe::attach(
+    let memprobe = serving_over_tls(
         &fixture,
         &out,
+        &certs,
         &[
             "--sample-interval",
             "4096",
-            // Off loopback, as a fleet serves it: every address of the host.
-            "--listen",
-            "0.0.0.0:0",
-            "--tls-cert",
-            certs.server_cert.to_str().unwrap(),
-            "--tls-key",
-            certs.server_key.to_str().unwrap(),
             "--auth-token-file",
             token_file.to_str().unwrap(),
         ],
@@ -191,19 +205,11 @@ fn client_certificates_signed_by_the_given_ca_are_let_in() {
     let out = output_dir("endpoint_tls_client");
     let certs = make_certificates(&out);
     let fixture = Fixture::start(&sites_fixture(), &[]);
-    let memprobe = Memprobe::attach(
+    let memprobe = serving_over_tls(
         &fixture,
         &out,
-        &[
-            "--listen",
-            "0.0.0.0:0",
-            "--tls-cert",
-            certs.server_cert.to_str().unwrap(),
-            "--tls-key",
-            certs.server_key.to_str().unwrap(),
-            "--tls-client-ca",
-            certs.ca.to_str().unwrap(),
-        ],
+        &certs,
+        &["--tls-client-ca", certs.ca.to_str().unwrap()],
     );
     let port = memprobe
         .listening_on()
