@@ -20,6 +20,9 @@ pub enum Error {
         found: String,
     },
 
+    #[error("{}: {found}; or leave jemalloc out with --allocator", .path.display())]
+    HiddenJemalloc { path: PathBuf, found: String },
+
     #[error("memprobe needs root to load eBPF programs and attach uprobes: run it with sudo")]
     NotRoot,
 

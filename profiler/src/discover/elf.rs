@@ -4,7 +4,7 @@ use std::collections::HashMap;
 
 use object::{
     Object, ObjectSection, ObjectSegment, ObjectSymbol, ObjectSymbolTable, RelocationTarget,
-    SymbolKind,
+    SectionKind, SymbolKind,
 };
 
 use crate::{error::Result, proc::AddressRange};
@@ -175,6 +175,30 @@ impl FunctionSymbols {
         data.get(from as usize..to as usize)
     }
 
+    /// Where functions start, per the call frame information, sorted.
+    pub fn function_starts(&self) -> &[u64] {
+        &self.function_starts
+    }
+
+    /// Names the function at `address` (found by its code in a stripped
+    /// file): it extends to the next function start.
+    pub fn name_function(&mut self, name: &str, address: u64) {
+        let Some(file_offset) = self.file_offset(address) else {
+            return;
+        };
+        let size = self
+            .next_function_start(address)
+            .map_or(0, |end| end - address);
+        self.functions.insert(
+            name.to_owned(),
+            Function {
+                address,
+                size,
+                file_offset,
+            },
+        );
+    }
+
     /// Where the function after the one at `address` starts, per the
     /// call frame information.
     pub fn next_function_start(&self, address: u64) -> Option<u64> {
@@ -202,6 +226,29 @@ impl FunctionSymbols {
     pub fn got_symbol(&self, slot: u64) -> Option<&str> {
         self.got_symbols.get(&slot).map(String::as_str)
     }
+}
+
+/// The read-only data sections of an ELF file (where jemalloc's strings
+/// are), or the whole file when it has no section headers: a 500 MB
+/// library is not paged in whole to find a string.
+pub fn read_only_data(data: &[u8]) -> Vec<&[u8]> {
+    let Ok(file) = object::File::parse(data) else {
+        return vec![data];
+    };
+    let sections: Vec<&[u8]> = file
+        .sections()
+        .filter(|s| {
+            matches!(
+                s.kind(),
+                SectionKind::ReadOnlyData | SectionKind::ReadOnlyString
+            )
+        })
+        .filter_map(|s| s.data().ok())
+        .collect();
+    if file.sections().next().is_none() {
+        return vec![data];
+    }
+    sections
 }
 
 /// The function starts of an `.eh_frame_hdr` at `address`, in the encoding

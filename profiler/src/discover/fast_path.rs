@@ -8,7 +8,7 @@
 use iced_x86::{Code, Decoder, DecoderOptions, FlowControl, Instruction, OpKind, Register};
 
 use crate::discover::{
-    Allocator, elf::FunctionSymbols, entry_points, entry_points::EntryPoint, placement,
+    Allocator, by_code, elf::FunctionSymbols, entry_points, entry_points::EntryPoint, placement,
 };
 
 /// Most instructions read from malloc's entry.
@@ -60,7 +60,24 @@ pub const SERVED: [&str; 5] = [
     "_ZnamRKSt9nothrow_t",
 ];
 
-/// jemalloc's version string in a file (`5.3.0-0-g54eaed1d...`): the
+/// Whether the entry point `symbol` is one the fast path serves: one of
+/// [`SERVED`], bare or with `prefix`, or an `operator new` found by its code.
+pub fn is_served(symbol: &str, prefix: &str) -> bool {
+    symbol.starts_with(by_code::OPERATOR_NEW)
+        || SERVED
+            .iter()
+            .any(|s| symbol == *s || symbol.strip_prefix(prefix) == Some(s))
+}
+
+/// jemalloc's version string in an ELF file's read-only data: the release,
+/// before its build's git suffix.
+pub fn version_in_file(data: &[u8]) -> Option<String> {
+    crate::discover::elf::read_only_data(data)
+        .into_iter()
+        .find_map(version)
+}
+
+/// jemalloc's version string in `data` (`5.3.0-0-g54eaed1d...`): the
 /// release, before its build's git suffix.
 pub fn version(data: &[u8]) -> Option<String> {
     memchr::memmem::find_iter(data, b"-g").find_map(|at| {
@@ -102,7 +119,8 @@ pub fn recognise(symbols: &FunctionSymbols, data: &[u8], address: u64) -> Option
     })
 }
 
-/// `cmp rdi, N; ja SLOW`: (N, SLOW).
+/// `cmp rdi, N; ja SLOW` (gcc) or `cmp rdi, N + 1; jae SLOW` (clang):
+/// (N, SLOW).
 fn size_check(instructions: &[Instruction]) -> Option<(u64, u64)> {
     let at = instructions.iter().position(|i| {
         matches!(i.code(), Code::Cmp_rm64_imm32 | Code::Cmp_rm64_imm8)
@@ -110,8 +128,14 @@ fn size_check(instructions: &[Instruction]) -> Option<(u64, u64)> {
             && i.op0_register() == Register::RDI
     })?;
     let jump = instructions.get(at + 1)?;
-    (jump.code() == Code::Ja_rel32_64 || jump.code() == Code::Ja_rel8_64)
-        .then(|| (instructions[at].immediate(1), jump.near_branch_target()))
+    let limit = instructions[at].immediate(1);
+    match jump.code() {
+        Code::Ja_rel32_64 | Code::Ja_rel8_64 => Some((limit, jump.near_branch_target())),
+        Code::Jae_rel32_64 | Code::Jae_rel8_64 => {
+            Some((limit.checked_sub(1)?, jump.near_branch_target()))
+        }
+        _ => None,
+    }
 }
 
 /// `mov reg, fs:[BASE + A]`: (BASE, A).
@@ -125,7 +149,8 @@ fn counter_load(instructions: &[Instruction]) -> Option<(Register, i64)> {
     })
 }
 
-/// `cmp fs:[BASE + A + 8], reg; jae SLOW`: SLOW.
+/// `cmp reg, fs:[BASE + A + 8]; jae SLOW` (or `cmp fs:[...], reg; jbe
+/// SLOW`): SLOW.
 fn threshold_check(instructions: &[Instruction], base: Register, allocated: i64) -> Option<u64> {
     let at = instructions.iter().position(|i| {
         i.mnemonic() == iced_x86::Mnemonic::Cmp
@@ -133,12 +158,25 @@ fn threshold_check(instructions: &[Instruction], base: Register, allocated: i64)
             && i.memory_base() == base
             && i.memory_displacement64() as i64 == allocated + 8
     })?;
-    let jump = instructions.get(at + 1)?;
-    matches!(jump.code(), Code::Jae_rel32_64 | Code::Jae_rel8_64).then(|| jump.near_branch_target())
+    past_threshold(&instructions[at], instructions.get(at + 1)?)
+}
+
+/// Where `jump` goes when the counter `compare` tests reaches its
+/// threshold (the memory operand): `jae` after `cmp counter, threshold`,
+/// `jbe` after `cmp threshold, counter`.
+pub(crate) fn past_threshold(compare: &Instruction, jump: &Instruction) -> Option<u64> {
+    let expected: &[Code] = if compare.op0_kind() == OpKind::Memory {
+        &[Code::Jbe_rel32_64, Code::Jbe_rel8_64]
+    } else {
+        &[Code::Jae_rel32_64, Code::Jae_rel8_64]
+    };
+    expected
+        .contains(&jump.code())
+        .then(|| jump.near_branch_target())
 }
 
 /// Where BASE came from: `mov BASE, [rip + slot]` or `mov BASE, imm`.
-fn tls_source(instructions: &[Instruction], base: Register) -> Option<TlsOffset> {
+pub(crate) fn tls_source(instructions: &[Instruction], base: Register) -> Option<TlsOffset> {
     instructions.iter().find_map(|i| {
         if i.op0_kind() != OpKind::Register || i.op0_register() != base {
             return None;
@@ -156,7 +194,7 @@ fn tls_source(instructions: &[Instruction], base: Register) -> Option<TlsOffset>
 }
 
 /// Where a branch ends up, through one `jmp` at its target.
-fn final_target(symbols: &FunctionSymbols, data: &[u8], target: u64) -> Option<u64> {
+pub(crate) fn final_target(symbols: &FunctionSymbols, data: &[u8], target: u64) -> Option<u64> {
     let code = symbols.code(data, target, 16)?;
     let first = Decoder::with_ip(64, code, target, DecoderOptions::NONE).decode();
     if first.flow_control() == FlowControl::UnconditionalBranch
@@ -210,9 +248,14 @@ pub(crate) fn own_code(
         end.saturating_sub(address)
     };
     let mut extents = Vec::new();
+    let found_by_code = symbols
+        .names()
+        .filter(|name| name.starts_with(by_code::OPERATOR_NEW))
+        .map(str::to_owned);
     let served = names
         .iter()
         .flat_map(|name| [name.to_string(), format!("{prefix}{name}")])
+        .chain(found_by_code)
         .filter_map(|name| symbols.function(&name));
     for function in served {
         let len = length(function.address, function.size);
@@ -245,11 +288,7 @@ impl Allocator {
     /// recognised.
     pub fn on_slow_path(&self) -> Option<Allocator> {
         let slow = self.fast_path.clone()?;
-        let served = |symbol: &str| {
-            SERVED
-                .iter()
-                .any(|s| symbol == *s || symbol == format!("{}{s}", self.prefix))
-        };
+        let served = |symbol: &str| is_served(symbol, &self.prefix);
         let mut entry_points: Vec<EntryPoint> = self
             .entry_points
             .iter()
@@ -275,6 +314,7 @@ impl Allocator {
                 .cloned()
                 .collect(),
             own_sampling: None,
+            by_code: self.by_code.clone(),
         })
     }
 }
@@ -296,6 +336,7 @@ impl Allocator {
             fast_path: self.fast_path.clone(),
             wrappers: Vec::new(),
             own_sampling: None,
+            by_code: self.by_code.clone(),
         };
         let served = self
             .entry_points

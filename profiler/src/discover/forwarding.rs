@@ -111,6 +111,7 @@ mod tests {
             return;
         }
         let allocator = allocators_in_file(path, None, &[AllocatorKind::Jemalloc])
+            .unwrap()
             .pop()
             .expect("jemalloc found");
         let wrappers: HashMap<&str, &str> = allocator
@@ -138,7 +139,10 @@ mod tests {
     #[test]
     fn glibcs_forwarding_entry_points_are_found() {
         let path = Path::new("/lib/x86_64-linux-gnu/libc.so.6");
-        let Some(allocator) = allocators_in_file(path, None, &[AllocatorKind::Glibc]).pop() else {
+        let Some(allocator) = allocators_in_file(path, None, &[AllocatorKind::Glibc])
+            .unwrap()
+            .pop()
+        else {
             eprintln!("skipped: no glibc at {}", path.display());
             return;
         };

@@ -3,6 +3,7 @@
 //! points. Each file is read once per run (by identity, not path), so
 //! rescans for `dlopen`ed libraries and `--all` stay cheap.
 pub mod allocators;
+pub mod by_code;
 pub mod code;
 pub mod elf;
 pub mod entry_points;
@@ -47,6 +48,9 @@ pub struct Allocator {
     pub wrappers: Vec<(String, String)>,
     /// jemalloc 5.3's own profiler's hooks, where the symbols name them.
     pub own_sampling: Option<own_sampling::OwnSampling>,
+    /// How the entry points were found when no symbol named them: what
+    /// their code showed, and the entry points whose calls go unseen.
+    pub by_code: Option<by_code::FoundByCode>,
 }
 
 /// What one file holds, for attaching and for saying what was found.
@@ -58,6 +62,9 @@ struct FileFacts {
     /// jemalloc's message prefix is in the file: jemalloc is linked in,
     /// whether or not its entry points can be seen.
     mentions_jemalloc: bool,
+    /// Why jemalloc's entry points could not be found by their code, when
+    /// no symbol named them either.
+    not_by_code: Option<String>,
 }
 
 /// An allocator copy found mapped in a process.
@@ -166,24 +173,11 @@ impl AllocatorCache {
 
     fn describe_absence(&self, maps: &[Mapping]) -> String {
         let files = executable_files(maps);
-        let name = |m: &Mapping| {
-            let path = m.path.as_deref().unwrap_or("?");
-            Path::new(path)
-                .file_name()
-                .and_then(|n| n.to_str())
-                .unwrap_or(path)
-                .to_owned()
-        };
+        let name = |m: &Mapping| file_name(m.path.as_deref().unwrap_or("?"));
         let facts = |m: &Mapping| self.files.get(&m.file);
         if let Some(hidden) = self.hidden_jemalloc(maps) {
-            return format!(
-                "{} contains jemalloc but exports none of its entry points (stripped, or \
-                 built with hidden symbols) and no debug file of it was found: install its debug \
-                 file (by build ID under /usr/lib/debug/.build-id, or by its debuglink name next \
-                 to it), give its folder with --debug-dir, or profile a build that keeps its \
-                 symbol table",
-                name(&hidden)
-            );
+            let why = facts(&hidden).and_then(|f| f.not_by_code.as_deref());
+            return hidden_jemalloc(&name(&hidden), why.unwrap_or("not read"));
         }
         let providers: Vec<String> = files
             .iter()
@@ -218,6 +212,27 @@ impl AllocatorCache {
     }
 }
 
+/// A path's last part.
+fn file_name(path: &str) -> String {
+    Path::new(path)
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or(path)
+        .to_owned()
+}
+
+/// What to say of a file with jemalloc linked in whose entry points could
+/// be found neither by name nor by code (`why`).
+fn hidden_jemalloc(name: &str, why: &str) -> String {
+    format!(
+        "{name} contains jemalloc but names none of its entry points (stripped, or built with \
+         hidden symbols), their code did not tell them for certain ({why}), and no debug file \
+         of it was found: install its debug file (by build ID under /usr/lib/debug/.build-id, \
+         or by its debuglink name next to it), give its folder with --debug-dir, or profile a \
+         build that keeps its symbol table"
+    )
+}
+
 /// `/proc/PID/map_files/START-END` of a mapping.
 pub fn map_file(pid: u32, mapping: &Mapping) -> PathBuf {
     proc_path(
@@ -248,10 +263,18 @@ struct DebugLookup<'a> {
 }
 
 fn read_facts(path: &Path, debug: &DebugLookup<'_>, wanted: &[AllocatorKind]) -> FileFacts {
-    let Ok(data) = std::fs::read(path) else {
+    let Ok(file) = std::fs::File::open(path) else {
         return FileFacts::default();
     };
-    let mentions_jemalloc = memchr::memmem::find(&data, b"<jemalloc>").is_some();
+    // SAFETY: a read-only private mapping of a file the target maps (as
+    // the unwinder's): a data engine's library can be 500 MB, so it is
+    // paged in as read, never copied whole.
+    let Ok(data) = (unsafe { memmap2::Mmap::map(&file) }) else {
+        return FileFacts::default();
+    };
+    let mentions_jemalloc = elf::read_only_data(&data)
+        .into_iter()
+        .any(|strings| memchr::memmem::find(strings, b"<jemalloc>").is_some());
     let Ok(mut symbols) = FunctionSymbols::parse(&data) else {
         return FileFacts {
             mentions_jemalloc,
@@ -264,7 +287,7 @@ fn read_facts(path: &Path, debug: &DebugLookup<'_>, wanted: &[AllocatorKind]) ->
         && find_allocators(&symbols, &[AllocatorKind::Jemalloc]).is_empty();
     let mut debug_data = stripped.then(|| adopt_debug_file(&mut symbols, path, debug));
     let found = find_allocators(&symbols, wanted);
-    let known_version = fast_path::version(&data).is_some_and(|v| v.starts_with("5.3."));
+    let known_version = fast_path::version_in_file(&data).is_some_and(|v| v.starts_with("5.3."));
     // jemalloc's profiler hooks are local: Debian's stripped library has them in its debug file.
     let lacks_hooks = |f: &FoundEntryPoints| {
         f.kind == AllocatorKind::Jemalloc && !OwnSampling::hooks_named(&symbols, &f.prefix)
@@ -274,6 +297,21 @@ fn read_facts(path: &Path, debug: &DebugLookup<'_>, wanted: &[AllocatorKind]) ->
     }
     let symbol_file = debug_data.flatten();
     let symbol_file = symbol_file.as_deref().unwrap_or(&data);
+    let mut found = found;
+    let mut by_code = None;
+    let mut not_by_code = None;
+    let unnamed = mentions_jemalloc
+        && wanted.contains(&AllocatorKind::Jemalloc)
+        && !found.iter().any(|f| f.kind == AllocatorKind::Jemalloc);
+    if unnamed {
+        match by_code::find(&symbols, &data) {
+            Ok(mut code) => {
+                found.push(code.entry_points(&mut symbols));
+                by_code = Some(code);
+            }
+            Err(why) => not_by_code = Some(why.to_string()),
+        }
+    }
     let entry_addresses: Vec<u64> = found
         .iter()
         .flat_map(|f| &f.entry_points)
@@ -306,12 +344,16 @@ fn read_facts(path: &Path, debug: &DebugLookup<'_>, wanted: &[AllocatorKind]) ->
                     fast_path,
                     wrappers,
                     own_sampling,
+                    by_code: by_code
+                        .clone()
+                        .filter(|_| found.kind == AllocatorKind::Jemalloc),
                 })
             })
             .collect(),
         defines_malloc: symbols.offset("malloc").is_some(),
         has_symbol_table: symbols.has_symbol_table,
         mentions_jemalloc,
+        not_by_code,
     }
 }
 
@@ -343,16 +385,30 @@ fn place_probe(symbols: &FunctionSymbols, data: &[u8], entry: &EntryPoint) -> Pl
     )
 }
 
-/// Allocator copies in a file that is not mapped yet (launch mode).
+/// Allocator copies in a file that is not mapped yet (launch mode); an
+/// error when the file has jemalloc linked in but it cannot be probed:
+/// profiling the other allocators alone would give a near-empty profile.
 pub fn allocators_in_file(
     path: &Path,
     debug_dir: Option<&Path>,
     wanted: &[AllocatorKind],
-) -> Vec<Arc<Allocator>> {
+) -> Result<Vec<Arc<Allocator>>> {
     let debug = DebugLookup {
         name: path,
         root: PathBuf::from("/"),
         extra_dir: debug_dir,
     };
-    read_facts(path, &debug, wanted).allocators
+    let facts = read_facts(path, &debug, wanted);
+    let jemalloc_found = facts
+        .allocators
+        .iter()
+        .any(|a| a.kind == AllocatorKind::Jemalloc);
+    if facts.mentions_jemalloc && wanted.contains(&AllocatorKind::Jemalloc) && !jemalloc_found {
+        let why = facts.not_by_code.as_deref().unwrap_or("not read");
+        return Err(Error::HiddenJemalloc {
+            path: path.to_owned(),
+            found: hidden_jemalloc(&file_name(&path.to_string_lossy()), why),
+        });
+    }
+    Ok(facts.allocators)
 }

@@ -169,6 +169,7 @@ impl Allocator {
             fast_path: None,
             wrappers: Vec::new(),
             own_sampling: Some(own),
+            by_code: self.by_code.clone(),
         })
     }
 }

@@ -114,6 +114,7 @@ impl Session<'_> {
             .attach(scope, path, open_path, probed, instance)?;
         self.print_verbose_probes(before);
         self.print_verbose_wrappers(path, allocator);
+        self.say_found_by_code(scope, path, allocator);
         let slots = (before..self.probes.attached.len()).collect();
         let file = (path, open_path);
         self.watch(scope, file, allocator, (instance, slots), None);
@@ -230,6 +231,37 @@ impl Session<'_> {
             }
         }
         Ok(())
+    }
+
+    /// An allocator found by its code: how, in the profile and with
+    /// `--verbose`; the entry points it could not find, always.
+    fn say_found_by_code(&mut self, scope: Scope, path: &str, allocator: &Allocator) {
+        let Some(found) = &allocator.by_code else {
+            return;
+        };
+        let note = format!("{path}: {}", found.describe());
+        let whose = match scope {
+            Scope::Process(pid) => format!("pid {pid}: "),
+            Scope::AllProcesses => String::new(),
+        };
+        if self.options.verbose {
+            let _ = writeln!(self.status, "memprobe: {whose}{note}");
+        } else if !found.missing.is_empty() {
+            let name = Path::new(path).file_name().map(|n| n.to_string_lossy());
+            let _ = writeln!(
+                self.status,
+                "memprobe: {whose}{}: jemalloc's entry points found by their code; calls to {} \
+                 are not seen",
+                name.unwrap_or_default(),
+                found.missing.join(", ")
+            );
+        }
+        if let Scope::Process(pid) = scope
+            && let Some(t) = self.tracked.get_mut(&pid)
+            && !t.found_notes.contains(&note)
+        {
+            t.found_notes.push(note);
+        }
     }
 
     fn print_verbose_wrappers(&mut self, path: &str, allocator: &Allocator) {

@@ -136,10 +136,14 @@ pub fn resolve_program(program: &OsString) -> Result<PathBuf> {
 
 /// The executable and the libraries its loader will map at start.
 pub fn predict_files(executable: &Path) -> Result<Vec<PredictedFile>> {
-    let data = std::fs::read(executable).map_err(|cause| Error::Read {
+    let read_error = |cause| Error::Read {
         path: executable.to_owned(),
         cause,
-    })?;
+    };
+    let file = std::fs::File::open(executable).map_err(read_error)?;
+    // SAFETY: a read-only private mapping, of which only the headers are
+    // read: the program's file may be hundreds of megabytes.
+    let data = unsafe { memmap2::Mmap::map(&file) }.map_err(read_error)?;
     let interpreter = ElfFile64::<object::Endianness>::parse(&*data)
         .ok()
         .and_then(|elf| interpreter_of(&elf));

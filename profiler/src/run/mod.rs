@@ -42,7 +42,7 @@ pub use status::{ProcessSummary, Summary, summary_lines};
 pub use windows::WindowTiming;
 
 use crate::{
-    discover::{AllocatorCache, AllocatorKind, Found, allocators_in_file},
+    discover::{Allocator, AllocatorCache, AllocatorKind, Found, allocators_in_file},
     error::{Error, Result},
     kernel::{KernelProbes, Scope, features},
     output::files::OutputDir,
@@ -106,8 +106,12 @@ enum Checked {
     /// Running processes: their maps and the allocator copies found.
     Pids(Vec<(u32, String, Vec<Found>)>),
     All,
-    /// The command, and the files it is predicted to map.
-    Launch(Vec<std::ffi::OsString>, Vec<PredictedFile>),
+    /// The command, and the files it is predicted to map with the
+    /// allocator copies each holds.
+    Launch(
+        Vec<std::ffi::OsString>,
+        Vec<(PredictedFile, Vec<Arc<Allocator>>)>,
+    ),
 }
 
 /// A launched command: its pid and, once it exits, its status.
@@ -121,7 +125,7 @@ pub async fn run(options: SessionOptions, status: &mut dyn Write) -> Result<Summ
     features::require_root()?;
     features::require_kernel_support()?;
     let mut cache = AllocatorCache::new(options.debug_dir.clone(), options.allocators.clone());
-    let checked = check_targets(&options.targets, &mut cache)?;
+    let checked = check_targets(&options, &mut cache)?;
     // Bound before anything is attached: a bad address undoes nothing.
     let endpoints = options
         .listen
@@ -187,11 +191,12 @@ pub async fn run(options: SessionOptions, status: &mut dyn Write) -> Result<Summ
 }
 
 /// Every named target is checked before anything is loaded or attached.
-fn check_targets(targets: &Targets, cache: &mut AllocatorCache) -> Result<Checked> {
-    Ok(match targets {
+fn check_targets(options: &SessionOptions, cache: &mut AllocatorCache) -> Result<Checked> {
+    let (debug_dir, wanted) = (options.debug_dir.as_deref(), &options.allocators);
+    Ok(match &options.targets {
         Targets::Pids(pids) => {
             let mut initial = Vec::new();
-            for &pid in pids {
+            for &pid in pids.iter() {
                 let maps = read_maps(pid)?;
                 let found = cache.require(pid, &parse_maps(&maps), &command_name(pid))?;
                 initial.push((pid, maps, found));
@@ -201,7 +206,12 @@ fn check_targets(targets: &Targets, cache: &mut AllocatorCache) -> Result<Checke
         Targets::Launch(command) => {
             let program = command.first().ok_or(Error::NoCommand)?;
             let executable = launch::resolve_program(program)?;
-            Checked::Launch(command.clone(), launch::predict_files(&executable)?)
+            let mut predicted = Vec::new();
+            for file in launch::predict_files(&executable)? {
+                let allocators = allocators_in_file(&file.path, debug_dir, wanted)?;
+                predicted.push((file, allocators));
+            }
+            Checked::Launch(command.clone(), predicted)
         }
         Targets::All => Checked::All,
     })
@@ -227,13 +237,10 @@ impl Session<'_> {
                 if let Some(t) = self.tracked.get_mut(&pid) {
                     t.command = launch::command_name(&command[0]);
                 }
-                for file in &predicted {
-                    let debug_dir = self.options.debug_dir.as_deref();
-                    let allocators =
-                        allocators_in_file(&file.path, debug_dir, &self.options.allocators);
+                for (file, allocators) in &predicted {
                     for allocator in allocators {
                         let path = file.path.to_string_lossy().into_owned();
-                        self.attach_file(Scope::Process(pid), &path, &file.path, &allocator)?;
+                        self.attach_file(Scope::Process(pid), &path, &file.path, allocator)?;
                         if let Some(t) = self.tracked.get_mut(&pid) {
                             t.attached_files.insert((file.file, allocator.kind));
                         }

@@ -67,6 +67,8 @@ pub(super) struct Tracked {
     /// How jemalloc copies not on trial are sampled, and why (the
     /// profile's note): at entry, or by jemalloc's own profiler.
     pub sampling_notes: Vec<String>,
+    /// How allocator copies were found where no symbol named them.
+    pub found_notes: Vec<String>,
     /// Copies whose jemalloc has a profiler, watched in case it is switched
     /// on or off.
     pub watched: Vec<WatchedCopy>,
@@ -107,6 +109,7 @@ impl Tracked {
             frees_dropped: None,
             trials: Vec::new(),
             sampling_notes: Vec::new(),
+            found_notes: Vec::new(),
             watched: Vec::new(),
             windows: None,
             detached: None,

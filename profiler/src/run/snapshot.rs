@@ -108,6 +108,9 @@ impl Session<'_> {
             head.push(("container_pid".into(), inner.to_string()));
         }
         head.push(("allocators".into(), describe(&t.allocator_calls)));
+        if !t.found_notes.is_empty() {
+            head.push(("allocator".into(), t.found_notes.join("; ")));
+        }
         let trials = t.trials.iter().map(|trial| trial.note());
         let notes: Vec<String> = trials.chain(t.sampling_notes.iter().cloned()).collect();
         if !notes.is_empty() {

@@ -1,5 +1,6 @@
 //! Naming addresses of a profile with blazesym, from the binaries named in
 //! its `MAPPED_LIBRARIES`, in memprobe's process: never in the target.
+mod allocator_code;
 pub mod debug_files;
 pub mod perfmap;
 use std::{
@@ -11,9 +12,8 @@ use blazesym::symbolize::{CodeInfo, Input, Symbolized, Symbolizer, source::Elf, 
 
 use crate::{
     discover::entry_points::{C_ENTRY_POINTS, CXX_ENTRY_POINTS},
-    discover::{AllocatorKind, allocators_in_file},
     proc::{Mapping, parse_maps},
-    symbolize::debug_files::DebugFile,
+    symbolize::{allocator_code::AllocatorCode, debug_files::DebugFile},
 };
 
 /// What is at an address: a function (with the source line the address is
@@ -102,7 +102,7 @@ pub struct Namer {
     /// JIT code (a JVM's perf map), for addresses outside mapped files.
     jit: Vec<crate::symbolize::perfmap::JitSymbol>,
     /// Per file: whether it holds a copy of jemalloc.
-    holds_jemalloc: HashMap<String, bool>,
+    holds_jemalloc: HashMap<String, AllocatorCode>,
     /// Per file: its separate debug file, if it has one.
     debug_files: HashMap<String, Option<DebugFile>>,
     /// A folder of debug files to look in first (`--debug-dir`).
@@ -323,22 +323,22 @@ impl Namer {
     /// Whether `address` is in a file that holds a copy of jemalloc,
     /// mimalloc or tcmalloc (glibc's file holds much else).
     fn in_allocator_file(&mut self, address: u64) -> bool {
-        let Some(path) = self
+        let Some(mapping) = self
             .mappings
             .iter()
             .find(|m| address >= m.start && address < m.end)
-            .and_then(|m| m.path.clone())
         else {
             return false;
         };
-        *self.holds_jemalloc.entry(path.clone()).or_insert_with(|| {
-            let kinds = [
-                AllocatorKind::Jemalloc,
-                AllocatorKind::Mimalloc,
-                AllocatorKind::Tcmalloc,
-            ];
-            !allocators_in_file(Path::new(&path), None, &kinds).is_empty()
-        })
+        let Some(path) = mapping.path.clone() else {
+            return false;
+        };
+        let offset = address - mapping.start + mapping.offset;
+        let code = self
+            .holds_jemalloc
+            .entry(path.clone())
+            .or_insert_with(|| AllocatorCode::of(Path::new(&path)));
+        code.holds(offset)
     }
 }
 

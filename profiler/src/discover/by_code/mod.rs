@@ -1,0 +1,384 @@
+//! jemalloc 5.3's entry points in a file whose symbols do not name them
+//! (stripped, hidden visibility, no debug file), found by their code.
+//!
+//! Every function start the call frame information lists is decoded, and a
+//! function is taken only when its first instructions have the shape one of
+//! jemalloc's entry points compiles to, and the shapes agree with each other:
+//! - `malloc` and `operator new`: the size test against 4 KiB and the
+//!   thread's allocated-bytes counter against its threshold, both leading to
+//!   one slow path (`operator new`'s through a fallback that calls it);
+//! - `free`, `sdallocx` and sized `operator delete`: the thread's
+//!   deallocated-bytes counter, the word after the allocated pair, against
+//!   its threshold, leading to a fallback;
+//! - `calloc`: the overflow test of `num * size`, then the size test;
+//! - `realloc` and `rallocx`: both pass on to one function, `rallocx` in
+//!   two instructions;
+//!
+//! each reading the same TLS block and, but for `realloc`, the same size
+//! class tables as `malloc`. A file where `malloc` or a free is not found
+//! exactly once in that shape is refused: memprobe never probes a guess.
+mod shapes;
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeSet;
+
+use iced_x86::{Decoder, DecoderOptions, Instruction, Register};
+use profiler_common::CallShape;
+
+use crate::discover::{
+    AllocatorKind,
+    code::branch_targets,
+    elf::FunctionSymbols,
+    entry_points::{EntryPoint, FoundEntryPoints},
+    fast_path::{self, FastPath},
+    placement::Placement,
+};
+use shapes::{
+    calloc_shape, free_shape, inlined_realloc_shape, is_pass_on, mallocx_shape, passes_realloc_on,
+    rip_relative_leas,
+};
+
+/// Instructions read from each function start.
+const MAX_INSTRUCTIONS: usize = 64;
+/// Bytes decoded from each function start at most.
+const HEAD_BYTES: u64 = 512;
+/// The deallocated-bytes counter follows the allocated one and its threshold.
+const DEALLOCATED_AFTER_ALLOCATED: i64 = 16;
+
+/// The name given to the functions found with malloc's fast path and
+/// another fallback: `operator new` and its nothrow form, told apart by
+/// nothing a probe needs.
+pub const OPERATOR_NEW: &str = "operator new";
+
+/// Why a file's jemalloc could not be told by its code.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    #[error("no jemalloc version string")]
+    NoVersion,
+    #[error("jemalloc {0}: only 5.3's code is known")]
+    UnknownVersion(String),
+    #[error("no function has the shape of jemalloc's malloc")]
+    NoMalloc,
+    #[error("malloc-shaped functions read different thread counters")]
+    CountersDiffer,
+    #[error("malloc-shaped functions lead to no one slow path")]
+    NoSlowPath,
+    #[error("{0} functions have the shape of jemalloc's malloc")]
+    Mallocs(usize),
+    #[error("no function has the shape of jemalloc's free")]
+    NoFree,
+}
+
+/// jemalloc's entry points as found by their code.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FoundByCode {
+    /// jemalloc's release, from its version string.
+    pub version: String,
+    /// (name given, shape, address), in address order.
+    pub functions: Vec<(String, CallShape, u64)>,
+    /// Entry points whose shape was not found: calls to them are not seen.
+    pub missing: Vec<&'static str>,
+    /// The found functions' extents, as file offsets (filled in once they
+    /// are named): frames there are jemalloc's, not the program's.
+    pub extents: Vec<std::ops::Range<u64>>,
+}
+
+impl FoundByCode {
+    /// What was found, for `--verbose` and the profile: `jemalloc 5.3.0,
+    /// entry points found by their code: malloc at 0x..., ...`.
+    pub fn describe(&self) -> String {
+        let found: Vec<String> = self
+            .functions
+            .iter()
+            .map(|(name, _, address)| format!("{name} at {address:#x}"))
+            .collect();
+        let mut text = format!(
+            "jemalloc {}, entry points found by their code: {}",
+            self.version,
+            found.join(", ")
+        );
+        if !self.missing.is_empty() {
+            text.push_str(&format!(
+                "; not found, so not seen: {}",
+                self.missing.join(", ")
+            ));
+        }
+        text
+    }
+}
+
+/// The first instructions of one function, and where it starts.
+struct Head {
+    address: u64,
+    instructions: Vec<Instruction>,
+}
+
+/// Finds jemalloc 5.3's entry points in `data` by their code; why not,
+/// when they cannot be told for certain. Two passes over the function
+/// starts keep only candidates: a big file's functions are many.
+pub fn find(symbols: &FunctionSymbols, data: &[u8]) -> Result<FoundByCode, Refusal> {
+    let version = fast_path::version_in_file(data).ok_or(Refusal::NoVersion)?;
+    if !version.starts_with("5.3.") {
+        return Err(Refusal::UnknownVersion(version));
+    }
+    let mut shaped = Vec::new();
+    for_each_head(symbols, data, |head| {
+        if let Some(fast) = fast_path::recognise(symbols, data, head.address) {
+            shaped.push((head.address, fast, rip_relative_leas(&head.instructions)));
+        }
+    });
+    let malloc = find_malloc(symbols, data, shaped)?;
+    let mut shapes = Shapes::default();
+    for_each_head(symbols, data, |head| {
+        shapes.sort(symbols, data, &malloc, head)
+    });
+    if shapes.frees.is_empty() {
+        return Err(Refusal::NoFree);
+    }
+    let mut found = FoundByCode {
+        version,
+        functions: vec![("malloc".to_owned(), CallShape::SizeArg0, malloc.address)],
+        missing: Vec::new(),
+        extents: Vec::new(),
+    };
+    found.add(OPERATOR_NEW, CallShape::SizeArg0, &malloc.news);
+    let frees = |sized: bool| -> Vec<u64> {
+        let of_kind = shapes.frees.iter().filter(|f| f.0 == sized);
+        of_kind.map(|f| f.1).collect()
+    };
+    found.add("free", CallShape::Free, &frees(false));
+    found.add("sdallocx", CallShape::Free, &frees(true));
+    found.add_one("calloc", CallShape::Calloc, &shapes.callocs);
+    found.add_one("mallocx", CallShape::Mallocx, &shapes.mallocxs);
+    let pair = shapes.realloc_pair(symbols, data, &malloc.tables);
+    match (pair, &shapes.inlined_reallocs[..]) {
+        (Some((realloc, rallocx)), _) => {
+            found.add("realloc", CallShape::Realloc, &[realloc]);
+            found.add("rallocx", CallShape::Rallocx, &[rallocx]);
+        }
+        (None, inlined) => {
+            found.add_one("realloc", CallShape::Realloc, inlined);
+            found.missing.push("rallocx");
+        }
+    }
+    found.missing.extend(["posix_memalign", "aligned_alloc"]);
+    found.functions.sort_by_key(|f| f.2);
+    Ok(found)
+}
+
+impl FoundByCode {
+    /// `name`, `name#2`, ... at each of `addresses`.
+    fn add(&mut self, name: &str, shape: CallShape, addresses: &[u64]) {
+        for (i, &address) in addresses.iter().enumerate() {
+            let name = match i {
+                0 => name.to_owned(),
+                _ => format!("{name}#{}", i + 1),
+            };
+            self.functions.push((name, shape, address));
+        }
+    }
+
+    /// `name` at the one address of `candidates`; missing when there are
+    /// none or several.
+    fn add_one(&mut self, name: &'static str, shape: CallShape, candidates: &[u64]) {
+        match candidates {
+            [address] => self.add(name, shape, &[*address]),
+            _ => self.missing.push(name),
+        }
+    }
+
+    /// Names the functions found in `symbols` (so that placing probes and
+    /// reading the fast path go as with symbols), notes their extents, and
+    /// gives them as jemalloc's entry points.
+    pub(super) fn entry_points(&mut self, symbols: &mut FunctionSymbols) -> FoundEntryPoints {
+        let mut entry_points = Vec::new();
+        for (name, shape, address) in &self.functions {
+            symbols.name_function(name, *address);
+            let Some(function) = symbols.function(name) else {
+                continue;
+            };
+            let start = function.file_offset;
+            self.extents.push(start..start + function.size.max(1));
+            entry_points.push(EntryPoint {
+                symbol: name.clone(),
+                shape: *shape,
+                file_offset: start,
+                placement: Placement::entry("not analysed"),
+                forwards: false,
+            });
+        }
+        FoundEntryPoints {
+            kind: AllocatorKind::Jemalloc,
+            prefix: String::new(),
+            entry_points,
+        }
+    }
+}
+
+/// Calls `visit` with the first instructions of each function that reads
+/// the thread's block through fs or is a two-instruction pass-on: the
+/// shapes looked for all are.
+fn for_each_head(symbols: &FunctionSymbols, data: &[u8], mut visit: impl FnMut(&Head)) {
+    let mut head = Head {
+        address: 0,
+        instructions: Vec::with_capacity(MAX_INSTRUCTIONS),
+    };
+    for &address in symbols.function_starts() {
+        let end = symbols
+            .next_function_start(address)
+            .unwrap_or(address + HEAD_BYTES);
+        let len = end.saturating_sub(address).min(HEAD_BYTES);
+        let Some(code) = symbols.code(data, address, len) else {
+            continue;
+        };
+        head.address = address;
+        head.instructions.clear();
+        head.instructions.extend(
+            Decoder::with_ip(64, code, address, DecoderOptions::NONE)
+                .into_iter()
+                .take(MAX_INSTRUCTIONS)
+                .take_while(|i| !i.is_invalid()),
+        );
+        let reads_fs = head
+            .instructions
+            .iter()
+            .any(|i| i.segment_prefix() == Register::FS);
+        if reads_fs || is_pass_on(&head.instructions).is_some() {
+            visit(&head);
+        }
+    }
+}
+
+/// What `malloc`'s shape told.
+struct Malloc {
+    address: u64,
+    fast: FastPath,
+    /// The size class tables its fast path reads.
+    tables: BTreeSet<u64>,
+    /// The `operator new`s: the same fast path, another fallback.
+    news: Vec<u64>,
+}
+
+/// The one `malloc` among the malloc-shaped functions: they all lead to
+/// one slow path, `malloc` directly, `operator new` through a fallback
+/// that branches to it.
+fn find_malloc(
+    symbols: &FunctionSymbols,
+    data: &[u8],
+    shaped: Vec<(u64, FastPath, BTreeSet<u64>)>,
+) -> Result<Malloc, Refusal> {
+    let Some(&(_, first, _)) = shaped.first() else {
+        return Err(Refusal::NoMalloc);
+    };
+    let same_counters = |f: &FastPath| f.tls == first.tls && f.allocated == first.allocated;
+    if !shaped.iter().all(|(_, f, _)| same_counters(f)) {
+        return Err(Refusal::CountersDiffer);
+    }
+    let targets: BTreeSet<u64> = shaped.iter().map(|(_, f, _)| f.slow_path).collect();
+    let reaches = |from: u64, to: u64| {
+        let end = symbols.next_function_start(from).unwrap_or(from + 4096);
+        let len = end.saturating_sub(from).min(4096);
+        symbols
+            .code(data, from, len)
+            .is_some_and(|code| branch_targets(code, from).contains(&to))
+    };
+    let roots: Vec<u64> = targets
+        .iter()
+        .copied()
+        .filter(|&root| targets.iter().all(|&t| t == root || reaches(t, root)))
+        .collect();
+    let [slow_path] = roots[..] else {
+        return Err(Refusal::NoSlowPath);
+    };
+    let (mallocs, news): (Vec<_>, Vec<_>) = shaped
+        .into_iter()
+        .partition(|(_, f, _)| f.slow_path == slow_path);
+    let count = mallocs.len();
+    let Ok([(address, fast, tables)]) = <[_; 1]>::try_from(mallocs) else {
+        return Err(Refusal::Mallocs(count));
+    };
+    Ok(Malloc {
+        address,
+        fast,
+        tables,
+        news: news.into_iter().map(|n| n.0).collect(),
+    })
+}
+
+/// The functions of the other shapes, once malloc's counters are known.
+#[derive(Default)]
+struct Shapes {
+    /// (sized, address).
+    frees: Vec<(bool, u64)>,
+    callocs: Vec<u64>,
+    mallocxs: Vec<u64>,
+    /// (address, where it jumps): `xor ecx, ecx; jmp D`.
+    pass_ons: Vec<(u64, u64)>,
+    /// (address, where it jumps) of realloc-shaped functions.
+    reallocs: Vec<(u64, u64)>,
+    /// Functions shaped as a realloc with its resizing inlined.
+    inlined_reallocs: Vec<u64>,
+}
+
+impl Shapes {
+    fn sort(&mut self, symbols: &FunctionSymbols, data: &[u8], malloc: &Malloc, h: &Head) {
+        let same_block =
+            |base| fast_path::tls_source(&h.instructions, base) == Some(malloc.fast.tls);
+        let reads_tables = !rip_relative_leas(&h.instructions).is_disjoint(&malloc.tables);
+        let deallocated = malloc.fast.allocated + DEALLOCATED_AFTER_ALLOCATED;
+        if let Some((sized, base)) = free_shape(symbols, data, h, deallocated)
+            && same_block(base)
+            && reads_tables
+        {
+            self.frees.push((sized, h.address));
+        }
+        if calloc_shape(h).is_some_and(same_block) && reads_tables {
+            self.callocs.push(h.address);
+        }
+        if mallocx_shape(h).is_some_and(same_block) && reads_tables {
+            self.mallocxs.push(h.address);
+        }
+        if let Some(target) = is_pass_on(&h.instructions) {
+            self.pass_ons.push((h.address, target));
+        }
+        if let Some(target) = passes_realloc_on(&h.instructions) {
+            self.reallocs.push((h.address, target));
+        }
+        if inlined_realloc_shape(h).is_some_and(same_block) && reads_tables {
+            self.inlined_reallocs.push(h.address);
+        }
+    }
+
+    /// `realloc` and `rallocx`: a two-instruction function (`xor ecx, ecx;
+    /// jmp D`, rallocx passing `is_realloc = false` on) and one that tests
+    /// both arguments and jumps to the same D with `ecx = 1`, where D reads
+    /// malloc's size class tables. Exactly one such pair.
+    fn realloc_pair(
+        &self,
+        symbols: &FunctionSymbols,
+        data: &[u8],
+        tables: &BTreeSet<u64>,
+    ) -> Option<(u64, u64)> {
+        let pairs: Vec<(u64, u64, u64)> = self
+            .reallocs
+            .iter()
+            .flat_map(|&(realloc, target)| {
+                self.pass_ons
+                    .iter()
+                    .filter(move |&&(rallocx, t)| t == target && rallocx != realloc)
+                    .map(move |&(rallocx, _)| (realloc, rallocx, target))
+            })
+            .collect();
+        let [(realloc, rallocx, target)] = pairs[..] else {
+            return None;
+        };
+        let end = symbols.next_function_start(target)?;
+        let code = symbols.code(data, target, end.saturating_sub(target).min(16 * 1024))?;
+        let instructions: Vec<Instruction> =
+            Decoder::with_ip(64, code, target, DecoderOptions::NONE)
+                .into_iter()
+                .collect();
+        (!rip_relative_leas(&instructions).is_disjoint(tables)).then_some((realloc, rallocx))
+    }
+}

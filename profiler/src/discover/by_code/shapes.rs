@@ -1,0 +1,199 @@
+//! The shapes of jemalloc 5.3's entry points, each read from one
+//! function's first instructions: what the code of `free`, `calloc`,
+//! `mallocx` and `realloc` compiles to under gcc and clang (`malloc`'s is
+//! [`fast_path::recognise`](crate::discover::fast_path::recognise)).
+use std::collections::BTreeSet;
+
+use iced_x86::{Code, FlowControl, Instruction, Mnemonic, OpKind, Register};
+
+use crate::discover::{by_code::Head, code::straight_line_exit, elf::FunctionSymbols, fast_path};
+
+/// jemalloc's fast paths serve sizes up to this (`SC_LOOKUP_MAXCLASS`).
+const LOOKUP_MAX: u64 = 4096;
+/// The same test as clang writes it: `cmp 4097; jae`.
+const LOOKUP_CLANG: u64 = LOOKUP_MAX + 1;
+/// Bytes read from a branch's target to follow it.
+const TARGET_BYTES: u64 = 64;
+
+/// A free's shape: the fs-relative counter at `counter`, compared with the
+/// word after it, branching to a fallback that is a function start. Whether
+/// a size test (`cmp rsi, 4096`) comes first, and the counters' base register.
+pub(super) fn free_shape(
+    symbols: &FunctionSymbols,
+    data: &[u8],
+    head: &Head,
+    counter: i64,
+) -> Option<(bool, Register)> {
+    let instructions = &head.instructions;
+    let read = instructions.iter().position(|i| {
+        i.segment_prefix() == Register::FS
+            && i.memory_base() != Register::None
+            && i.memory_displacement64() as i64 == counter
+            && matches!(i.mnemonic(), Mnemonic::Add | Mnemonic::Mov)
+    })?;
+    let base = instructions[read].memory_base();
+    let compare = instructions[read..].iter().position(|i| {
+        i.mnemonic() == Mnemonic::Cmp
+            && i.segment_prefix() == Register::FS
+            && i.memory_base() == base
+            && i.memory_displacement64() as i64 == counter + 8
+    })? + read;
+    let jump = instructions.get(compare + 1)?;
+    // The fallback: the function the branch's straight line leaves for.
+    let target = fast_path::past_threshold(&instructions[compare], jump)?;
+    let fallback = if symbols.is_function_start(target) {
+        target
+    } else {
+        straight_line_exit(symbols.code(data, target, TARGET_BYTES)?, target)?
+    };
+    if !symbols.is_function_start(fallback) || fallback == head.address {
+        return None;
+    }
+    let sized = instructions[..read]
+        .iter()
+        .any(|i| is_size_test(i, Register::RSI));
+    Some((sized, base))
+}
+
+/// calloc's shape: `num * size` multiplied, the high halves of both tested
+/// (`or` then `shr 32` or a mask), the product compared with 4096; the register a thread
+/// block read is based on.
+pub(super) fn calloc_shape(head: &Head) -> Option<Register> {
+    let instructions = &head.instructions;
+    let multiply = instructions.iter().position(|i| {
+        matches!(i.mnemonic(), Mnemonic::Mul | Mnemonic::Imul)
+            && (0..i.op_count()).all(|n| i.op_kind(n) == OpKind::Register)
+    })?;
+    let rest = &instructions[multiply..];
+    // `(num | size) >> 32`, or `(num | size) & 0xffffffff00000000`.
+    let ors = rest.iter().any(|i| i.mnemonic() == Mnemonic::Or);
+    let high_halves = rest.iter().any(|i| {
+        let shift = i.mnemonic() == Mnemonic::Shr
+            && i.op1_kind() == OpKind::Immediate8
+            && i.immediate8() == 32;
+        let mask = i.code() == Code::Mov_r64_imm64 && i.immediate64() == 0xffff_ffff_0000_0000;
+        shift || mask
+    });
+    let high_halves = ors && high_halves;
+    let size_test = rest
+        .iter()
+        .any(|i| i.op0_kind() == OpKind::Register && is_size_test(i, i.op0_register()));
+    let base = thread_block_base(instructions)?;
+    (high_halves && size_test).then_some(base)
+}
+
+/// mallocx's shape: its flags (esi) read as an int and tested, then the
+/// size (rdi, or a copy of it) compared with 4096, with no multiply
+/// (calloc's); the register a thread block read is based on.
+pub(super) fn mallocx_shape(head: &Head) -> Option<Register> {
+    let instructions = &head.instructions;
+    let reads_flags = instructions.iter().any(|i| {
+        matches!(i.mnemonic(), Mnemonic::Movsxd | Mnemonic::Test)
+            && i.op_count() == 2
+            && i.op1_kind() == OpKind::Register
+            && i.op1_register() == Register::ESI
+    });
+    let mut size = vec![Register::RDI];
+    let mut size_test = false;
+    for i in instructions {
+        if i.mnemonic() == Mnemonic::Mov
+            && i.op0_kind() == OpKind::Register
+            && i.op1_kind() == OpKind::Register
+            && i.op1_register() == Register::RDI
+        {
+            size.push(i.op0_register());
+        }
+        size_test |= size.iter().any(|&r| is_size_test(i, r));
+    }
+    let multiplies = instructions
+        .iter()
+        .any(|i| matches!(i.mnemonic(), Mnemonic::Mul | Mnemonic::Imul));
+    let base = thread_block_base(instructions)?;
+    (reads_flags && size_test && !multiplies).then_some(base)
+}
+
+/// A realloc with its resizing inlined (as clang builds it): both
+/// arguments tested for zero, the pointer's key in jemalloc's radix tree
+/// masked out (`and REG, 0xffffffffc0000000`), then the new size compared
+/// with 4096; the register a thread block read is based on.
+pub(super) fn inlined_realloc_shape(head: &Head) -> Option<Register> {
+    const RTREE_KEY_MASK: u64 = 0xffff_ffff_c000_0000;
+    let instructions = &head.instructions;
+    let tests = |register| instructions.iter().position(|i| tests_itself(i, register));
+    let size_test = instructions
+        .iter()
+        .position(|i| is_size_test(i, Register::RSI))?;
+    let masks_key = instructions[..size_test].iter().any(|i| {
+        i.mnemonic() == Mnemonic::And
+            && i.op1_kind() == OpKind::Immediate32to64
+            && i.immediate(1) == RTREE_KEY_MASK
+    });
+    let tested = tests(Register::RDI)? < size_test && tests(Register::RSI)? < size_test;
+    let base = thread_block_base(instructions)?;
+    (tested && masks_key).then_some(base)
+}
+
+/// `test REGISTER, REGISTER`: whether it is zero.
+fn tests_itself(i: &Instruction, register: Register) -> bool {
+    i.mnemonic() == Mnemonic::Test
+        && i.op0_kind() == OpKind::Register
+        && i.op0_register() == register
+        && i.op1_kind() == OpKind::Register
+        && i.op1_register() == register
+}
+
+/// `xor ecx, ecx; jmp D`: D.
+pub(super) fn is_pass_on(instructions: &[Instruction]) -> Option<u64> {
+    let [clear, jump, ..] = instructions else {
+        return None;
+    };
+    let clears_ecx = clear.mnemonic() == Mnemonic::Xor
+        && clear.op0_kind() == OpKind::Register
+        && clear.op0_register() == Register::ECX
+        && clear.op1_kind() == OpKind::Register
+        && clear.op1_register() == Register::ECX;
+    let jumps = jump.flow_control() == FlowControl::UnconditionalBranch
+        && jump.op0_kind() == OpKind::NearBranch64;
+    (clears_ecx && jumps).then(|| jump.near_branch_target())
+}
+
+/// Tests rdi and rsi, sets ecx to 1, then jumps on: where to.
+pub(super) fn passes_realloc_on(instructions: &[Instruction]) -> Option<u64> {
+    let tests = |register| instructions.iter().any(|i| tests_itself(i, register));
+    let jump = instructions.iter().position(|i| {
+        i.flow_control() == FlowControl::UnconditionalBranch && i.op0_kind() == OpKind::NearBranch64
+    })?;
+    let sets_ecx = instructions[..jump].iter().any(|i| {
+        i.code() == Code::Mov_r32_imm32 && i.op0_register() == Register::ECX && i.immediate32() == 1
+    });
+    (tests(Register::RDI) && tests(Register::RSI) && sets_ecx)
+        .then(|| instructions[jump].near_branch_target())
+}
+
+/// `cmp REGISTER, 4096` (before `ja`, as gcc writes it) or `cmp REGISTER,
+/// 4097` (before `jae`, as clang does): jemalloc's size test.
+fn is_size_test(i: &Instruction, register: Register) -> bool {
+    i.mnemonic() == Mnemonic::Cmp
+        && i.op0_kind() == OpKind::Register
+        && i.op0_register() == register
+        && matches!(i.op1_kind(), OpKind::Immediate32to64 | OpKind::Immediate32)
+        && matches!(i.immediate(1), LOOKUP_MAX | LOOKUP_CLANG)
+}
+
+/// The addresses `lea reg, [rip + X]` takes: the tables a fast path reads.
+pub(super) fn rip_relative_leas(instructions: &[Instruction]) -> BTreeSet<u64> {
+    instructions
+        .iter()
+        .filter(|i| i.mnemonic() == Mnemonic::Lea && i.is_ip_rel_memory_operand())
+        .map(|i| i.ip_rel_memory_address())
+        .collect()
+}
+
+/// The base register of the first fs-relative read through a register:
+/// the thread's block, whose source must be malloc's.
+fn thread_block_base(instructions: &[Instruction]) -> Option<Register> {
+    instructions
+        .iter()
+        .find(|i| i.segment_prefix() == Register::FS && i.memory_base() != Register::None)
+        .map(|i| i.memory_base())
+}
