@@ -230,6 +230,88 @@ pub fn static_jemalloc_library() -> PathBuf {
     })
 }
 
+/// A C++ shared library with its own static jemalloc hidden from its
+/// dynamic symbols (`--exclude-libs`), exporting `keep_blocks` for the
+/// dlopen host; with its symbol table, for a test to strip.
+pub fn hidden_jemalloc_cxx_library() -> PathBuf {
+    build_once("libhiddenje.so", |out| {
+        compile(
+            "g++",
+            out,
+            "hidden_je_lib.cpp",
+            &[
+                "-shared",
+                "-fPIC",
+                JEMALLOC_STATIC,
+                "-Wl,--exclude-libs,ALL",
+                "-Wl,-Bsymbolic",
+                "-lpthread",
+            ],
+        )
+    })
+}
+
+/// A program with jemalloc's strings and a malloc-shaped function, but no
+/// jemalloc: what memprobe must refuse to probe once it is stripped.
+pub fn near_miss_fixture() -> PathBuf {
+    build_once("near_miss", |out| compile("cc", out, "near_miss.c", &[]))
+}
+
+/// The ruff release the tests download from PyPI.
+pub const RUFF_VERSION: &str = "0.17.6";
+
+/// ruff's executable from its PyPI wheel, as users install it: a stripped
+/// Rust binary with tikv-jemallocator linked in, with no debug file
+/// published.
+pub fn ruff_from_pypi() -> PathBuf {
+    build_once("ruff", |out| {
+        let script = format!(
+            r#"
+import glob, os, subprocess, sys, tempfile, zipfile
+out = sys.argv[1]
+with tempfile.TemporaryDirectory() as d:
+    subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
+                    "--only-binary=:all:", "-d", d, "ruff=={RUFF_VERSION}"], check=True)
+    wheel = glob.glob(os.path.join(d, "*.whl"))[0]
+    with zipfile.ZipFile(wheel) as z:
+        name = next(n for n in z.namelist() if n.endswith("/scripts/ruff"))
+        with z.open(name) as src, open(out, "wb") as dst:
+            dst.write(src.read())
+os.chmod(out, 0o755)
+"#
+        );
+        let mut command = Command::new("python3");
+        command.arg("-c").arg(script).arg(out);
+        command
+    })
+}
+
+/// A stripped copy of `unstripped` in `dir`, its debug file in `dir/debug`
+/// linked by name. Returns (binary, debug folder).
+pub fn strip_keeping_debug(unstripped: &Path, dir: &Path, name: &str) -> (PathBuf, PathBuf) {
+    let debug_dir = dir.join("debug");
+    std::fs::create_dir_all(&debug_dir).unwrap();
+    let binary = dir.join(name);
+    std::fs::copy(unstripped, &binary).unwrap();
+    let debug = debug_dir.join(format!("{name}.debug"));
+    let link = format!("--add-gnu-debuglink={name}.debug");
+    let (binary_arg, debug_arg) = (binary.to_str().unwrap(), debug.to_str().unwrap());
+    for args in [
+        vec!["--only-keep-debug", binary_arg, debug_arg],
+        vec!["--strip-all", binary_arg],
+        // Run in the debug folder: objcopy reads the file to sign the link.
+        vec![link.as_str(), binary_arg],
+    ] {
+        let status = Command::new("objcopy")
+            .args(&args)
+            .current_dir(&debug_dir)
+            .status()
+            .unwrap();
+        assert!(status.success(), "objcopy {args:?}");
+    }
+    (binary, debug_dir)
+}
+
 /// Linked to libjemalloc.so.2 even though the compiler may drop its only
 /// malloc call (Debian links --as-needed).
 pub fn dlopen_host_fixture() -> PathBuf {

@@ -174,6 +174,31 @@ pub struct Memprobe {
     attached: mpsc::Receiver<()>,
 }
 
+/// A fixture launched by memprobe, spoken to through memprobe's stdin and
+/// stdout.
+pub struct Launched {
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Launched {
+    /// The next line the fixture prints, trimmed.
+    pub fn read_line(&mut self) -> String {
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).unwrap();
+        line.trim().to_owned()
+    }
+
+    /// Sends `line` and returns the fixture's answer.
+    pub fn send(&mut self, line: &str) -> String {
+        writeln!(self.stdin, "{line}").unwrap();
+        self.read_line()
+    }
+
+    /// Closes the fixture's input: it exits.
+    pub fn close(self) {}
+}
+
 impl Memprobe {
     pub fn start(args: &[&str]) -> Self {
         let mut command = Command::new(memprobe_bin());
@@ -182,6 +207,23 @@ impl Memprobe {
             .stdin(Stdio::null())
             .stdout(Stdio::piped());
         Self::start_command(command)
+    }
+
+    /// Starts memprobe on `program` (launch mode) with `args`, both with
+    /// `env`; the program's stdin and stdout, which are memprobe's.
+    pub fn launch(args: &[&str], program: &Path, env: &[(&str, &str)]) -> (Self, Launched) {
+        let mut command = Command::new(memprobe_bin());
+        command
+            .args(args)
+            .arg("--")
+            .arg(program)
+            .envs(env.iter().copied())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped());
+        let mut memprobe = Self::start_command(command);
+        let stdin = memprobe.child.stdin.take().unwrap();
+        let stdout = BufReader::new(memprobe.child.stdout.take().unwrap());
+        (memprobe, Launched { stdin, stdout })
     }
 
     /// Starts memprobe as `command` says (stderr is always captured).
@@ -365,6 +407,30 @@ pub fn profile_workload(fixture: &mut Fixture, out: &Path, extra: &[&str]) -> (P
     let heaps = heap_files(out);
     assert_eq!(heaps.len(), 1, "{heaps:?}\n{stderr}");
     (heaps[0].clone(), stderr)
+}
+
+/// Starts the dlopen host, attaches memprobe at a 4 KiB interval, has the
+/// host load `library` (jemalloc inside) and waits until memprobe says it
+/// probed it, within `within`; runs the library's workload. The profile
+/// and memprobe's stderr.
+pub fn profile_library_loaded_after_attach(
+    library: &Path,
+    out: &Path,
+    within: Duration,
+) -> (PathBuf, String) {
+    let mut command = Command::new(dlopen_host_fixture());
+    command
+        .arg(library)
+        .env(STATIC_TLS_TUNABLE.0, STATIC_TLS_TUNABLE.1);
+    let mut fixture = Fixture::start_command(command);
+    let pid = fixture.pid.to_string();
+    let memprobe = Memprobe::attach(&fixture, out, &["--sample-interval", "4096"]);
+    fixture.send_and_expect("load", "loaded");
+    let needle = format!("pid {pid} loaded jemalloc in {}", library.display());
+    memprobe.wait_for_stderr(&needle, within, "not probed in time");
+    fixture.run_workload();
+    let stderr = memprobe.stop();
+    (heap_files(out).swap_remove(0), stderr)
 }
 
 /// The host pid of the process whose executable is `path` (in its own view).

@@ -3,7 +3,6 @@
 //! library), loaded after attach, launched, several processes, --all,
 //! containers. Each test checks the profile's content against the truth.
 use std::{
-    io::{BufRead, BufReader, Write},
     process::{Command, Stdio},
     time::Duration,
 };
@@ -149,23 +148,10 @@ fn jvm_with_a_jni_library_that_contains_jemalloc() {
 #[test]
 fn library_loaded_after_attach_is_probed_within_a_second() {
     let _guard = shared();
-    let host = dlopen_host_fixture();
     let library = static_jemalloc_library();
     let out = output_dir("dlopen");
-    let mut command = Command::new(&host);
-    command
-        .arg(&library)
-        .env(STATIC_TLS_TUNABLE.0, STATIC_TLS_TUNABLE.1);
-    let mut fixture = Fixture::start_command(command);
-    let pid = fixture.pid.to_string();
-    let memprobe = Memprobe::attach(&fixture, &out, &["--sample-interval", "4096"]);
-    fixture.send_and_expect("load", "loaded");
-    let needle = format!("pid {pid} loaded jemalloc in {}", library.display());
-    memprobe.wait_for_stderr(&needle, Duration::from_secs(3), "not probed in time");
-    fixture.run_workload();
-    memprobe.stop();
-    let heap = &heap_files(&out)[0];
-    assert_library_keeps_blocks(&library, heap);
+    let (heap, _) = profile_library_loaded_after_attach(&library, &out, Duration::from_secs(3));
+    assert_library_keeps_blocks(&library, &heap);
 }
 
 #[test]
@@ -173,31 +159,12 @@ fn launch_mode_profiles_from_the_start_and_passes_the_exit_code() {
     let _guard = shared();
     let binary = sites_fixture();
     let out = output_dir("launch");
-    let mut command = Command::new(memprobe_bin());
-    command
-        .args([
-            "--sample-interval",
-            "4096",
-            "-o",
-            out.to_str().unwrap(),
-            "--",
-        ])
-        .arg(&binary)
-        .env("FIXTURE_EXIT_CODE", "7")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped());
-    let mut memprobe = Memprobe::start_command(command);
-    // The command's stdin and stdout are memprobe's.
-    let mut stdin = memprobe.child().stdin.take().unwrap();
-    let mut stdout = BufReader::new(memprobe.child().stdout.take().unwrap());
-    let mut line = String::new();
-    stdout.read_line(&mut line).unwrap();
-    assert!(line.starts_with("ready "), "{line}");
-    writeln!(stdin, "go").unwrap();
-    line.clear();
-    stdout.read_line(&mut line).unwrap();
-    assert_eq!(line.trim(), "done");
-    drop(stdin);
+    let args = ["--sample-interval", "4096", "-o", out.to_str().unwrap()];
+    let env = [("FIXTURE_EXIT_CODE", "7")];
+    let (memprobe, mut launched) = Memprobe::launch(&args, &binary, &env);
+    assert!(launched.read_line().starts_with("ready "));
+    assert_eq!(launched.send("go"), "done");
+    launched.close();
     let (status, stderr) = memprobe.wait();
     assert_eq!(status.code(), Some(7), "{stderr}");
     let heaps = heap_files(&out);

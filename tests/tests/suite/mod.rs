@@ -14,5 +14,6 @@ mod price;
 mod slow_path;
 mod stacks;
 mod stripped;
+mod stripped_by_code;
 mod trends;
 mod windows;

@@ -4,38 +4,9 @@
 //! how to give it. And jemalloc's own profiler in stripped builds, static
 //! and shared (as Debian ships libjemalloc): its hooks and switches are
 //! local symbols, named only by the debug file.
-use std::{
-    path::{Path, PathBuf},
-    process::Command,
-};
+use std::path::{Path, PathBuf};
 
 use tests::*;
-
-/// A stripped copy of `unstripped` in `dir`, its debug file in `dir/debug`
-/// linked by name. Returns (binary, debug folder).
-fn strip_keeping_debug(unstripped: &Path, dir: &Path, name: &str) -> (PathBuf, PathBuf) {
-    let debug_dir = dir.join("debug");
-    std::fs::create_dir_all(&debug_dir).unwrap();
-    let binary = dir.join(name);
-    std::fs::copy(unstripped, &binary).unwrap();
-    let debug = debug_dir.join(format!("{name}.debug"));
-    let link = format!("--add-gnu-debuglink={name}.debug");
-    let (binary_arg, debug_arg) = (binary.to_str().unwrap(), debug.to_str().unwrap());
-    for args in [
-        vec!["--only-keep-debug", binary_arg, debug_arg],
-        vec!["--strip-all", binary_arg],
-        // Run in the debug folder: objcopy reads the file to sign the link.
-        vec![link.as_str(), binary_arg],
-    ] {
-        let status = Command::new("objcopy")
-            .args(&args)
-            .current_dir(&debug_dir)
-            .status()
-            .unwrap();
-        assert!(status.success(), "objcopy {args:?}");
-    }
-    (binary, debug_dir)
-}
 
 /// Bytes in use under stacks naming `site`, from folded stacks.
 fn folded_bytes(folded: &str, site: &str) -> f64 {
@@ -114,17 +85,6 @@ fn stripped_rust_binary_on_tikv_jemallocator_is_probed_through_its_debug_file() 
     let _guard = shared();
     let out = output_dir("stripped_rust_debug");
     let (binary, debug_dir) = strip_keeping_debug(&rust_fixture(), &out, "rust_stripped");
-    // Without it: one line that says how to give it.
-    let fixture = Fixture::start(&binary, &[]);
-    let pid = fixture.pid.to_string();
-    let (status, stderr) = run_memprobe(&["--pid", &pid, "--duration", "1s"], &[]);
-    assert!(!status.success(), "{stderr}");
-    assert_eq!(stderr.lines().count(), 1, "{stderr}");
-    assert!(
-        stderr.contains("no debug file") && stderr.contains("--debug-dir"),
-        "{stderr}"
-    );
-    drop(fixture);
     let profiled = profile_with_debug_dir(&binary, &debug_dir, &out, &[]);
     let kept = folded_bytes(&profiled.folded, "keep_vectors");
     assert_within("keep_vectors", kept, RUST_KEPT_BYTES, 0.1);
