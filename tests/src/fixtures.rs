@@ -366,8 +366,8 @@ pub fn rust_prof_fixture() -> PathBuf {
     target_dir.join("release/rust-jemalloc-fixture")
 }
 
-/// The same Rust program on tikv-jemallocator 0.4: jemalloc 5.2.1, whose
-/// malloc fast path memprobe does not recognise.
+/// The same Rust program on tikv-jemallocator 0.4: jemalloc 5.2.1, which
+/// has no slow path to sample on (5.3's thread events).
 pub fn rust_jemalloc_5_2_fixture() -> PathBuf {
     cargo_fixture("rust-jemalloc-5.2", "rust-5.2", "rust-jemalloc-5-2-fixture")
 }

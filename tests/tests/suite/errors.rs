@@ -144,32 +144,6 @@ fn help_has_examples() {
     assert!(help.contains("jeprof --text"));
 }
 
-/// jemalloc 5.2's code is not known: a stripped 5.2 build is refused in
-/// one line that says how to give its debug file.
-#[test]
-fn stripped_jemalloc_of_an_unknown_version_is_named_not_attached() {
-    let _guard = shared();
-    let unstripped = rust_jemalloc_5_2_fixture();
-    let stripped = build_once("rust_5_2_stripped", |out| {
-        let mut command = Command::new("strip");
-        command.arg("-o").arg(out).arg(&unstripped);
-        command
-    });
-    let fixture = Fixture::start(&stripped, &[]);
-    let pid = fixture.pid.to_string();
-    let (status, stderr) = run_memprobe(&["--pid", &pid, "--duration", "1s"], &[]);
-    assert_one_line_error(
-        &stderr,
-        status,
-        &[
-            "rust_5_2_stripped contains jemalloc but names none of its entry points",
-            "only 5.3's code is known",
-            "no debug file",
-            "--debug-dir",
-        ],
-    );
-}
-
 #[test]
 fn offline_commands_reject_bad_input_in_one_line() {
     let dir = output_dir("offline_errors");

@@ -97,6 +97,23 @@ fn a_stripped_rust_binary_is_launched_and_profiled_by_its_code() {
     assert_within("keep_vectors", kept, RUST_KEPT_BYTES, 0.1);
 }
 
+/// The same program on tikv-jemallocator 0.4, whose jemalloc is 5.2.1:
+/// another fast path, another thread block.
+#[test]
+fn a_stripped_binary_with_jemalloc_5_2_is_profiled_by_its_code() {
+    let _guard = shared();
+    let out = output_dir("by_code_5_2");
+    let (binary, debug_dir) = strip_keeping_debug(&rust_jemalloc_5_2_fixture(), &out, "rust_5_2");
+    let (heap, stderr) = launch_workload(&binary, &out);
+    let note = assert_found_by_code(&heap, &stderr);
+    assert!(note.contains("jemalloc 5.2.1, "), "{note}");
+    for entry_point in ["sdallocx", "realloc", "calloc"] {
+        assert!(note.contains(&format!(" {entry_point} at 0x")), "{note}");
+    }
+    let kept = reported_bytes(&heap, &debug_dir, "keep_vectors");
+    assert_within("keep_vectors", kept, RUST_KEPT_BYTES, 0.1);
+}
+
 /// A vendor's engine library: C++, jemalloc linked in and hidden, stripped,
 /// loaded by dlopen into a process that has its own (Debian's) jemalloc.
 #[test]

@@ -43,8 +43,50 @@ use shapes::{
 const MAX_INSTRUCTIONS: usize = 64;
 /// Bytes decoded from each function start at most.
 const HEAD_BYTES: u64 = 512;
-/// The deallocated-bytes counter follows the allocated one and its threshold.
-const DEALLOCATED_AFTER_ALLOCATED: i64 = 16;
+/// The jemalloc releases whose code is known.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Release {
+    /// 5.2: a tcache event ticker; the thread's deallocated-bytes counter
+    /// follows its allocated one.
+    V52,
+    /// 5.3: thread event thresholds; the deallocated counter follows the
+    /// allocated one and its threshold.
+    V53,
+}
+
+impl Release {
+    fn of(version: &str) -> Option<Release> {
+        match version.get(..4)? {
+            "5.2." => Some(Release::V52),
+            "5.3." => Some(Release::V53),
+            _ => None,
+        }
+    }
+
+    /// The fast path of a malloc-shaped function.
+    fn malloc(self, symbols: &FunctionSymbols, data: &[u8], head: &Head) -> Option<FastPath> {
+        match self {
+            Release::V52 => shapes::malloc_52(symbols, data, head),
+            Release::V53 => fast_path::recognise(symbols, data, head.address),
+        }
+    }
+
+    /// Whether a free-shaped function tests a size, and the register its
+    /// thread block is read through, for malloc's allocated counter at
+    /// `allocated`.
+    fn free(
+        self,
+        symbols: &FunctionSymbols,
+        data: &[u8],
+        head: &Head,
+        allocated: i64,
+    ) -> Option<(bool, Register)> {
+        match self {
+            Release::V52 => shapes::free_52(symbols, data, head, allocated + 8),
+            Release::V53 => free_shape(symbols, data, head, allocated + 16),
+        }
+    }
+}
 
 /// The name given to the functions found with malloc's fast path and
 /// another fallback: `operator new` and its nothrow form, told apart by
@@ -56,7 +98,7 @@ pub const OPERATOR_NEW: &str = "operator new";
 pub enum Refusal {
     #[error("no jemalloc version string")]
     NoVersion,
-    #[error("jemalloc {0}: only 5.3's code is known")]
+    #[error("jemalloc {0}: only 5.2's and 5.3's code is known")]
     UnknownVersion(String),
     #[error("no function has the shape of jemalloc's malloc")]
     NoMalloc,
@@ -119,17 +161,18 @@ struct Head {
 /// starts keep only candidates: a big file's functions are many.
 pub fn find(symbols: &FunctionSymbols, data: &[u8]) -> Result<FoundByCode, Refusal> {
     let version = fast_path::version_in_file(data).ok_or(Refusal::NoVersion)?;
-    if !version.starts_with("5.3.") {
-        return Err(Refusal::UnknownVersion(version));
-    }
+    let release = Release::of(&version).ok_or(Refusal::UnknownVersion(version.clone()))?;
     let mut shaped = Vec::new();
     for_each_head(symbols, data, |head| {
-        if let Some(fast) = fast_path::recognise(symbols, data, head.address) {
+        if let Some(fast) = release.malloc(symbols, data, head) {
             shaped.push((head.address, fast, rip_relative_leas(&head.instructions)));
         }
     });
     let malloc = find_malloc(symbols, data, shaped)?;
-    let mut shapes = Shapes::default();
+    let mut shapes = Shapes {
+        release: Some(release),
+        ..Shapes::default()
+    };
     for_each_head(symbols, data, |head| {
         shapes.sort(symbols, data, &malloc, head)
     });
@@ -309,6 +352,7 @@ fn find_malloc(
 /// The functions of the other shapes, once malloc's counters are known.
 #[derive(Default)]
 struct Shapes {
+    release: Option<Release>,
     /// (sized, address).
     frees: Vec<(bool, u64)>,
     callocs: Vec<u64>,
@@ -326,8 +370,8 @@ impl Shapes {
         let same_block =
             |base| fast_path::tls_source(&h.instructions, base) == Some(malloc.fast.tls);
         let reads_tables = !rip_relative_leas(&h.instructions).is_disjoint(&malloc.tables);
-        let deallocated = malloc.fast.allocated + DEALLOCATED_AFTER_ALLOCATED;
-        if let Some((sized, base)) = free_shape(symbols, data, h, deallocated)
+        let release = self.release.unwrap_or(Release::V53);
+        if let Some((sized, base)) = release.free(symbols, data, h, malloc.fast.allocated)
             && same_block(base)
             && reads_tables
         {

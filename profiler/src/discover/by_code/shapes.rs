@@ -1,12 +1,18 @@
-//! The shapes of jemalloc 5.3's entry points, each read from one
-//! function's first instructions: what the code of `free`, `calloc`,
-//! `mallocx` and `realloc` compiles to under gcc and clang (`malloc`'s is
+//! The shapes of jemalloc's entry points, each read from one function's
+//! first instructions: what the code of `free`, `calloc`, `mallocx` and
+//! `realloc` compiles to under gcc and clang, and 5.2's `malloc` and `free`
+//! (5.3's `malloc` is
 //! [`fast_path::recognise`](crate::discover::fast_path::recognise)).
 use std::collections::BTreeSet;
 
 use iced_x86::{Code, FlowControl, Instruction, Mnemonic, OpKind, Register};
 
-use crate::discover::{by_code::Head, code::straight_line_exit, elf::FunctionSymbols, fast_path};
+use crate::discover::{
+    by_code::Head,
+    code::straight_line_exit,
+    elf::FunctionSymbols,
+    fast_path::{self, FastPath},
+};
 
 /// jemalloc's fast paths serve sizes up to this (`SC_LOOKUP_MAXCLASS`).
 const LOOKUP_MAX: u64 = 4096;
@@ -39,20 +45,106 @@ pub(super) fn free_shape(
             && i.memory_displacement64() as i64 == counter + 8
     })? + read;
     let jump = instructions.get(compare + 1)?;
-    // The fallback: the function the branch's straight line leaves for.
     let target = fast_path::past_threshold(&instructions[compare], jump)?;
-    let fallback = if symbols.is_function_start(target) {
-        target
-    } else {
-        straight_line_exit(symbols.code(data, target, TARGET_BYTES)?, target)?
-    };
-    if !symbols.is_function_start(fallback) || fallback == head.address {
-        return None;
-    }
+    fallback(symbols, data, head, target)?;
     let sized = instructions[..read]
         .iter()
         .any(|i| is_size_test(i, Register::RSI));
     Some((sized, base))
+}
+
+/// The function a fast path's branch to `target` falls back to: `target`
+/// itself, or where its straight line leaves for; never the function
+/// itself.
+fn fallback(symbols: &FunctionSymbols, data: &[u8], head: &Head, target: u64) -> Option<u64> {
+    let function = if symbols.is_function_start(target) {
+        target
+    } else {
+        straight_line_exit(symbols.code(data, target, TARGET_BYTES)?, target)?
+    };
+    (symbols.is_function_start(function) && function != head.address).then_some(function)
+}
+
+/// jemalloc 5.2's fast paths: the thread's tcache event ticker counted
+/// down in its block (`sub dword fs:[BASE + T], 1; js FALLBACK`): BASE and
+/// the fallback function.
+fn ticker_52(symbols: &FunctionSymbols, data: &[u8], head: &Head) -> Option<(Register, u64)> {
+    let instructions = &head.instructions;
+    let at = instructions.iter().position(|i| {
+        i.mnemonic() == Mnemonic::Sub
+            && i.segment_prefix() == Register::FS
+            && i.memory_base() != Register::None
+            && i.op0_kind() == OpKind::Memory
+            && matches!(i.op1_kind(), OpKind::Immediate8to32 | OpKind::Immediate32)
+            && i.immediate(1) == 1
+    })?;
+    let jump = instructions.get(at + 1)?;
+    if !matches!(jump.code(), Code::Js_rel8_64 | Code::Js_rel32_64) {
+        return None;
+    }
+    let fallback = fallback(symbols, data, head, jump.near_branch_target())?;
+    Some((instructions[at].memory_base(), fallback))
+}
+
+/// Where a 5.2 fast path adds to a thread counter: `add fs:[BASE + C],
+/// reg`, C.
+fn counter_added_52(instructions: &[Instruction], base: Register) -> Option<i64> {
+    instructions.iter().find_map(|i| {
+        let adds = i.mnemonic() == Mnemonic::Add
+            && i.segment_prefix() == Register::FS
+            && i.op0_kind() == OpKind::Memory
+            && i.memory_base() == base
+            && i.op1_kind() == OpKind::Register;
+        adds.then(|| i.memory_displacement64() as i64)
+    })
+}
+
+/// jemalloc 5.2's malloc: the size test against 4096 and the ticker both
+/// falling back to one function, and the thread's allocated-bytes counter
+/// added to: as a [`FastPath`] whose `allocated` is that counter.
+pub(super) fn malloc_52(symbols: &FunctionSymbols, data: &[u8], head: &Head) -> Option<FastPath> {
+    let instructions = &head.instructions;
+    let (base, slow_path) = ticker_52(symbols, data, head)?;
+    let size_test = instructions
+        .iter()
+        .position(|i| is_size_test(i, Register::RDI))?;
+    let large = instructions.get(size_test + 1)?.near_branch_target();
+    if fallback(symbols, data, head, large)? != slow_path {
+        return None;
+    }
+    Some(FastPath {
+        large_above: LOOKUP_MAX,
+        slow_path,
+        tls: fast_path::tls_source(instructions, base)?,
+        allocated: counter_added_52(instructions, base)?,
+    })
+}
+
+/// jemalloc 5.2's free and sdallocx: the ticker, the pointer's key in the
+/// radix tree masked out, the deallocated-bytes counter at `counter` added
+/// to. Whether flags (edx) are tested first (sdallocx), and the base
+/// register.
+pub(super) fn free_52(
+    symbols: &FunctionSymbols,
+    data: &[u8],
+    head: &Head,
+    counter: i64,
+) -> Option<(bool, Register)> {
+    let instructions = &head.instructions;
+    let (base, _) = ticker_52(symbols, data, head)?;
+    let masks_key = instructions.iter().any(masks_rtree_key);
+    let sized = instructions
+        .first()
+        .is_some_and(|i| tests_itself(i, Register::EDX));
+    (masks_key && counter_added_52(instructions, base)? == counter).then_some((sized, base))
+}
+
+/// `and REG, 0xffffffffc0000000`: a pointer's key in jemalloc's radix tree.
+fn masks_rtree_key(i: &Instruction) -> bool {
+    const RTREE_KEY_MASK: u64 = 0xffff_ffff_c000_0000;
+    i.mnemonic() == Mnemonic::And
+        && i.op1_kind() == OpKind::Immediate32to64
+        && i.immediate(1) == RTREE_KEY_MASK
 }
 
 /// calloc's shape: `num * size` multiplied, the high halves of both tested
@@ -112,22 +204,26 @@ pub(super) fn mallocx_shape(head: &Head) -> Option<Register> {
     (reads_flags && size_test && !multiplies).then_some(base)
 }
 
-/// A realloc with its resizing inlined (as clang builds it): both
+/// A realloc with its resizing inlined (as clang builds it, and 5.2): both
 /// arguments tested for zero, the pointer's key in jemalloc's radix tree
 /// masked out (`and REG, 0xffffffffc0000000`), then the new size compared
 /// with 4096; the register a thread block read is based on.
 pub(super) fn inlined_realloc_shape(head: &Head) -> Option<Register> {
-    const RTREE_KEY_MASK: u64 = 0xffff_ffff_c000_0000;
     let instructions = &head.instructions;
     let tests = |register| instructions.iter().position(|i| tests_itself(i, register));
-    let size_test = instructions
-        .iter()
-        .position(|i| is_size_test(i, Register::RSI))?;
-    let masks_key = instructions[..size_test].iter().any(|i| {
-        i.mnemonic() == Mnemonic::And
-            && i.op1_kind() == OpKind::Immediate32to64
-            && i.immediate(1) == RTREE_KEY_MASK
-    });
+    // The size, or a copy of it, compared with 4096.
+    let mut size = vec![Register::RSI];
+    let size_test = instructions.iter().position(|i| {
+        if i.mnemonic() == Mnemonic::Mov
+            && i.op0_kind() == OpKind::Register
+            && i.op1_kind() == OpKind::Register
+            && i.op1_register() == Register::RSI
+        {
+            size.push(i.op0_register());
+        }
+        size.iter().any(|&r| is_size_test(i, r))
+    })?;
+    let masks_key = instructions[..size_test].iter().any(masks_rtree_key);
     let tested = tests(Register::RDI)? < size_test && tests(Register::RSI)? < size_test;
     let base = thread_block_base(instructions)?;
     (tested && masks_key).then_some(base)
