@@ -286,6 +286,18 @@ os.chmod(out, 0o755)
     })
 }
 
+/// The near miss as a shared library, for the dlopen host to load.
+pub fn near_miss_library() -> PathBuf {
+    build_once("libnearmiss.so", |out| {
+        compile(
+            "cc",
+            out,
+            "near_miss.c",
+            &["-shared", "-fPIC", "-Dmain=near_miss_main"],
+        )
+    })
+}
+
 /// A stripped copy of `unstripped` in `dir`, its debug file in `dir/debug`
 /// linked by name. Returns (binary, debug folder).
 pub fn strip_keeping_debug(unstripped: &Path, dir: &Path, name: &str) -> (PathBuf, PathBuf) {

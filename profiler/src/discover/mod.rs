@@ -157,18 +157,35 @@ impl AllocatorCache {
     /// A mapped file with jemalloc linked in whose entry points could not
     /// be read (stripped, no debug file), when jemalloc is wanted.
     fn hidden_jemalloc(&self, maps: &[Mapping]) -> Option<Mapping> {
-        if !self.wanted.contains(&AllocatorKind::Jemalloc) {
-            return None;
-        }
         executable_files(maps).into_iter().find(|m| {
-            self.files.get(&m.file).is_some_and(|f| {
-                f.mentions_jemalloc
-                    && !f
-                        .allocators
-                        .iter()
-                        .any(|a| a.kind == AllocatorKind::Jemalloc)
-            })
+            self.files
+                .get(&m.file)
+                .is_some_and(|f| self.hides_jemalloc(f))
         })
+    }
+
+    fn hides_jemalloc(&self, facts: &FileFacts) -> bool {
+        self.wanted.contains(&AllocatorKind::Jemalloc)
+            && facts.mentions_jemalloc
+            && !facts
+                .allocators
+                .iter()
+                .any(|a| a.kind == AllocatorKind::Jemalloc)
+    }
+
+    /// The mapped files (as [`find`](Self::find) read them) with jemalloc
+    /// linked in that cannot be probed: (file, path, why). A library loaded
+    /// after the start must not go unsaid.
+    pub fn unprobed_jemalloc(&self, maps: &[Mapping]) -> Vec<(FileId, String, String)> {
+        executable_files(maps)
+            .into_iter()
+            .filter_map(|m| {
+                let facts = self.files.get(&m.file)?;
+                let why = facts.not_by_code.as_deref().unwrap_or("not read");
+                self.hides_jemalloc(facts)
+                    .then(|| (m.file, m.path.clone().unwrap_or_default(), why.to_owned()))
+            })
+            .collect()
     }
 
     fn describe_absence(&self, maps: &[Mapping]) -> String {

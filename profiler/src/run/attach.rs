@@ -4,7 +4,7 @@ use std::path::Path;
 
 use crate::{
     discover::{
-        Allocator, Found,
+        Allocator, AllocatorKind, Found,
         fast_path::{SlowPath, TlsOffset},
     },
     error::{Error, Result},
@@ -135,7 +135,7 @@ impl Session<'_> {
                     Trial::new(path, open_path, instance, served, slow, slow_probes, totals);
                 self.start_trial(pid, trial);
             }
-            Err(reason) if allocator.kind == crate::discover::AllocatorKind::Jemalloc => {
+            Err(reason) if allocator.kind == AllocatorKind::Jemalloc => {
                 let note = format!("{path}: at entry ({reason})");
                 if self.options.verbose {
                     let _ = writeln!(self.status, "memprobe: pid {pid}: {note}");
@@ -204,7 +204,9 @@ impl Session<'_> {
             let Ok(maps) = read_maps(pid) else {
                 continue;
             };
-            let found = self.cache.find(pid, &parse_maps(&maps));
+            let mappings = parse_maps(&maps);
+            let found = self.cache.find(pid, &mappings);
+            self.say_unprobed(pid, &mappings);
             if let Some(t) = self.tracked.get_mut(&pid) {
                 t.set_maps(Some(maps));
             }
@@ -233,42 +235,11 @@ impl Session<'_> {
         Ok(())
     }
 
-    /// An allocator found by its code: how, in the profile and with
-    /// `--verbose`; the entry points it could not find, always.
-    fn say_found_by_code(&mut self, scope: Scope, path: &str, allocator: &Allocator) {
-        let Some(found) = &allocator.by_code else {
-            return;
-        };
-        let note = format!("{path}: {}", found.describe());
-        let whose = match scope {
-            Scope::Process(pid) => format!("pid {pid}: "),
-            Scope::AllProcesses => String::new(),
-        };
-        if self.options.verbose {
-            let _ = writeln!(self.status, "memprobe: {whose}{note}");
-        } else if !found.missing.is_empty() {
-            let name = Path::new(path).file_name().map(|n| n.to_string_lossy());
-            let _ = writeln!(
-                self.status,
-                "memprobe: {whose}{}: jemalloc's entry points found by their code; calls to {} \
-                 are not seen",
-                name.unwrap_or_default(),
-                found.missing.join(", ")
-            );
-        }
-        if let Scope::Process(pid) = scope
-            && let Some(t) = self.tracked.get_mut(&pid)
-            && !t.found_notes.contains(&note)
-        {
-            t.found_notes.push(note);
-        }
-    }
-
     fn print_verbose_wrappers(&mut self, path: &str, allocator: &Allocator) {
         if !self.options.verbose {
             return;
         }
-        if allocator.kind == crate::discover::AllocatorKind::Jemalloc {
+        if allocator.kind == AllocatorKind::Jemalloc {
             let _ = writeln!(
                 self.status,
                 "memprobe: {path}: {}",

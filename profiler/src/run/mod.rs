@@ -7,6 +7,7 @@ mod budget;
 pub mod calibrate;
 pub mod cost;
 mod drain;
+mod found;
 mod growth;
 pub mod launch;
 mod options;

@@ -171,6 +171,34 @@ fn what_is_not_jemalloc_is_never_probed_as_jemalloc() {
     assert!(!stdout.contains("ready"), "the command ran: {stdout}");
 }
 
+/// A library loaded after attach whose jemalloc cannot be probed (the near
+/// miss) is said on stderr and in the profile, not passed over.
+#[test]
+fn a_library_loaded_later_with_jemalloc_not_probed_is_said() {
+    let _guard = shared();
+    let out = output_dir("by_code_loaded_unprobed");
+    let (library, _) = strip_keeping_debug(&near_miss_library(), &out, "libnearmiss_bare.so");
+    let mut fixture = Fixture::start_command({
+        let mut command = Command::new(dlopen_host_fixture());
+        command.arg(&library);
+        command
+    });
+    let memprobe = Memprobe::attach(&fixture, &out, &[]);
+    fixture.send_and_expect("load", "loaded");
+    let needle = format!(
+        "{}: jemalloc not probed (no function has the shape of jemalloc's free)",
+        library.display()
+    );
+    memprobe.wait_for_stderr(&needle, Duration::from_secs(3), "not said");
+    memprobe.stop();
+    let heap = &heap_files(&out)[0];
+    let note = heap_notes(heap)
+        .get("allocator")
+        .cloned()
+        .unwrap_or_default();
+    assert!(note.contains(&needle), "{note}");
+}
+
 /// ruff from PyPI, one of the tools a user found profiled silently wrong:
 /// launched by memprobe over a tree of Python files, its jemalloc is found
 /// by its code and its allocations are seen.
