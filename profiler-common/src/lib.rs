@@ -33,10 +33,18 @@ pub mod maps {
     /// Where jemalloc's thread counters are for each probed copy sampled
     /// on its slow path ([`crate::FastPathKey`] -> [`crate::FastPathConfig`]).
     pub const FAST_PATHS: &str = "FAST_PATHS";
+    /// Processes (tgid -> u8) whose newly mapped code is told at once
+    /// ([`crate::event_kind::MAPPED_CODE`]).
+    pub const WATCHED: &str = "WATCHED";
+    /// Threads of watched processes inside an `mmap` of a file's code
+    /// (pid_tgid -> u8), told of when it returns.
+    pub const MAPPING_CODE: &str = "MAPPING_CODE";
     /// Every map. The eBPF side must spell them in `#[map(name = ...)]`
     /// literals (the macro takes no path); a unit test of the profiler
     /// checks the built object has each of these.
-    pub const ALL: [&str; 10] = [
+    pub const ALL: [&str; 12] = [
+        WATCHED,
+        MAPPING_CODE,
         FAST_PATHS,
         EVENTS,
         THREADS,
@@ -90,6 +98,10 @@ pub mod programs {
     pub const CALL_RETURN: &str = "call_return";
     pub const ALLOC_SLOW_PATH: &str = "alloc_slow_path";
     pub const OWN_SAMPLE: &str = "own_sample";
+    /// Tracepoint programs of `syscalls/sys_enter_mmap` and
+    /// `sys_exit_mmap`: code mapped by a watched process.
+    pub const MMAP_ENTER: &str = "mmap_enter";
+    pub const MMAP_EXIT: &str = "mmap_exit";
     /// Every plain uprobe program.
     pub const ALL: [&str; 12] = [
         ALLOC_SLOW_PATH,
@@ -159,6 +171,9 @@ pub mod event_kind {
     /// A [`FreeEvent`](crate::FreeEvent): the `realloc` or `rallocx` that
     /// freed this thread's sampled pointer failed; the pointer is live again.
     pub const RESTORED: u32 = 8;
+    /// An [`EventHeader`](crate::EventHeader) alone: a watched process
+    /// mapped a file's code (a `dlopen`ed library), at `time_ns`.
+    pub const MAPPED_CODE: u32 = 9;
 }
 
 /// Common head of every ring-buffer record.

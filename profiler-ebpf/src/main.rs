@@ -14,6 +14,7 @@
 #![allow(internal_features)]
 
 mod alloc;
+mod mapped;
 mod maps;
 mod release;
 mod sampled;

@@ -41,6 +41,13 @@ pub static FP_TRUSTED: HashMap<u32, u8> = HashMap::with_max_entries(8192, 0);
 pub static PROBE_HITS: PerCpuArray<u64> =
     PerCpuArray::with_max_entries(profiler_common::MAX_COUNTED_PROBES, 0);
 
+#[map(name = "WATCHED")]
+pub static WATCHED: HashMap<u32, u8> = HashMap::with_max_entries(8192, 0);
+
+/// LRU: a thread killed inside `mmap` leaves its mark behind.
+#[map(name = "MAPPING_CODE")]
+pub static MAPPING_CODE: LruHashMap<u64, u8> = LruHashMap::with_max_entries(4096, 0);
+
 #[map(name = "FAST_PATHS")]
 pub static FAST_PATHS: HashMap<FastPathKey, FastPathConfig> = HashMap::with_max_entries(4096, 0);
 

@@ -409,19 +409,21 @@ pub fn profile_workload(fixture: &mut Fixture, out: &Path, extra: &[&str]) -> (P
     (heaps[0].clone(), stderr)
 }
 
-/// Starts the dlopen host, attaches memprobe at a 4 KiB interval, has the
-/// host load `library` (jemalloc inside) and waits until memprobe says it
-/// probed it, within `within`; runs the library's workload. The profile
-/// and memprobe's stderr.
+/// Starts the dlopen host (with `env`), attaches memprobe at a 4 KiB
+/// interval, has the host load `library` (jemalloc inside) and waits until
+/// memprobe says it probed it, within `within`; runs the library's
+/// workload. The profile and memprobe's stderr.
 pub fn profile_library_loaded_after_attach(
     library: &Path,
     out: &Path,
     within: Duration,
+    env: &[(&str, &str)],
 ) -> (PathBuf, String) {
     let mut command = Command::new(dlopen_host_fixture());
     command
         .arg(library)
-        .env(STATIC_TLS_TUNABLE.0, STATIC_TLS_TUNABLE.1);
+        .env(STATIC_TLS_TUNABLE.0, STATIC_TLS_TUNABLE.1)
+        .envs(env.iter().copied());
     let mut fixture = Fixture::start_command(command);
     let pid = fixture.pid.to_string();
     let memprobe = Memprobe::attach(&fixture, out, &["--sample-interval", "4096"]);

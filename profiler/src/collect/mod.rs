@@ -191,6 +191,8 @@ impl ProcessHeap {
                     live.usable = new_size;
                 }
             }
+            // Not the heap's: the run probes the newly mapped code.
+            Event::MappedCode { .. } => {}
         }
     }
 

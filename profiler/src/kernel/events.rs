@@ -56,6 +56,8 @@ pub enum Event {
         ptr: u64,
         new_size: u64,
     },
+    /// The process mapped a file's code (a `dlopen`ed library).
+    MappedCode { header: EventHeader },
 }
 
 impl Event {
@@ -65,7 +67,8 @@ impl Event {
             | Event::Returned { header, .. }
             | Event::Freed { header, .. }
             | Event::Restored { header, .. }
-            | Event::Resized { header, .. } => header,
+            | Event::Resized { header, .. }
+            | Event::MappedCode { header } => header,
         }
     }
 }
@@ -131,6 +134,7 @@ pub fn decode(bytes: &[u8]) -> Option<Event> {
                 ptr: event.ptr,
             }
         }
+        event_kind::MAPPED_CODE => Event::MappedCode { header },
         event_kind::RESIZE => {
             let event: ResizeEvent = read(bytes)?;
             Event::Resized {

@@ -4,6 +4,7 @@
 mod allocations_only;
 mod attach;
 mod calibration;
+mod mapped_code;
 mod windows;
 pub use calibration::CalibrationProbes;
 pub mod btf;
@@ -189,6 +190,9 @@ pub struct KernelProbes {
     allocations_only: bool,
     /// Processes whose frees were dropped to stay within their budget.
     frees_dropped: std::collections::HashSet<u32>,
+    /// Why the kernel cannot tell of newly mapped code (`--verbose`):
+    /// then rescans alone find `dlopen`ed libraries.
+    pub mapped_code_unavailable: Option<String>,
 }
 
 /// `thread.fsbase` in `struct task_struct`, from the kernel's BTF; 0 when
@@ -245,6 +249,7 @@ impl KernelProbes {
                 .map_err(|e| load_error(name, e))?;
             program.load().map_err(|e| load_error(name, e))?;
         }
+        let mapped_code_unavailable = mapped_code::attach(&mut ebpf).err();
         let (sessions, sessions_unavailable) = match options.return_probes {
             ReturnProbes::Uretprobes => (None, None),
             wanted => {
@@ -272,6 +277,7 @@ impl KernelProbes {
             frame_pointer_fast_path: options.copy_stack && options.frame_pointer_fast_path,
             allocations_only: options.allocations_only,
             frees_dropped: std::collections::HashSet::new(),
+            mapped_code_unavailable,
         })
     }
 
@@ -284,13 +290,18 @@ impl KernelProbes {
     /// [`FP_CHECK_ONE_IN`](profiler_common::FP_CHECK_ONE_IN)), or not. A
     /// full table only means more copies.
     pub fn trust_frame_pointers(&mut self, pid: u32, trusted: bool) {
-        let Some(map) = self.ebpf.map_mut(maps::FP_TRUSTED) else {
+        self.set_pid(maps::FP_TRUSTED, pid, trusted);
+    }
+
+    /// Puts `pid` in the pid table `map`, or takes it out.
+    fn set_pid(&mut self, map: &str, pid: u32, present: bool) {
+        let Some(map) = self.ebpf.map_mut(map) else {
             return;
         };
         let Ok(mut table) = HashMap::<_, u32, u8>::try_from(map) else {
             return;
         };
-        let _ = if trusted {
+        let _ = if present {
             table.insert(pid, 1, 0)
         } else {
             table.remove(&pid)

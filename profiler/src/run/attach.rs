@@ -38,6 +38,10 @@ impl Session<'_> {
         if !matches!(self.options.targets, Targets::Launch(_)) {
             watch_exit(pid, self.exits.clone());
         }
+        // With `--all` every process is rescanned anyway.
+        if !matches!(self.options.targets, Targets::All) {
+            self.probes.watch_mapped_code(pid, true);
+        }
     }
 
     /// Attaches pid-scoped probes to each found copy not yet probed.
@@ -200,37 +204,69 @@ impl Session<'_> {
             return self.scan_all();
         }
         for pid in self.live_pids() {
-            // The process may be gone; keep the last good copy of its maps.
-            let Ok(maps) = read_maps(pid) else {
-                continue;
-            };
-            let mappings = parse_maps(&maps);
-            let found = self.cache.find(pid, &mappings);
-            self.say_unprobed(pid, &mappings);
-            if let Some(t) = self.tracked.get_mut(&pid) {
-                t.set_maps(Some(maps));
-            }
-            let new: Vec<Found> = found
-                .into_iter()
-                .filter(|f| {
-                    self.tracked
-                        .get(&pid)
-                        .is_some_and(|t| !t.attached_files.contains(&f.key()))
+            self.rescan_pid(pid, None)?;
+        }
+        Ok(())
+    }
+
+    /// The kernel told that `pid` mapped code at `mapped_at` (ns, the
+    /// monotonic clock): its new allocator copies are probed now.
+    pub(super) fn probe_mapped_code(&mut self, pid: u32, mapped_at: u64) {
+        if self.tracked.get(&pid).is_none_or(|t| t.exited) {
+            return;
+        }
+        if let Err(e) = self.rescan_pid(pid, Some(mapped_at)) {
+            self.clear_progress();
+            let _ = writeln!(
+                self.status,
+                "memprobe: warning: {}",
+                crate::error::chain(&e)
+            );
+        }
+    }
+
+    /// Probes the allocator copies `pid` mapped since the last look and
+    /// keeps its maps fresh; says how long after their mapping when the
+    /// kernel told of it.
+    fn rescan_pid(&mut self, pid: u32, mapped_at: Option<u64>) -> Result<()> {
+        // The process may be gone; keep the last good copy of its maps.
+        let Ok(maps) = read_maps(pid) else {
+            return Ok(());
+        };
+        let mappings = parse_maps(&maps);
+        let found = self.cache.find(pid, &mappings);
+        self.say_unprobed(pid, &mappings);
+        if let Some(t) = self.tracked.get_mut(&pid) {
+            t.set_maps(Some(maps));
+        }
+        let new: Vec<Found> = found
+            .into_iter()
+            .filter(|f| {
+                self.tracked
+                    .get(&pid)
+                    .is_some_and(|t| !t.attached_files.contains(&f.key()))
+            })
+            .collect();
+        let paths: Vec<String> = new
+            .iter()
+            .map(|f| format!("{} in {}", f.allocator.kind, f.path))
+            .collect();
+        let attached = self.attach_found(pid, new)?;
+        if attached > 0 {
+            let after = mapped_at
+                .map(|at| {
+                    format!(
+                        ", {} ms after it was mapped",
+                        monotonic_ns().saturating_sub(at) / 1_000_000
+                    )
                 })
-                .collect();
-            let paths: Vec<String> = new
-                .iter()
-                .map(|f| format!("{} in {}", f.allocator.kind, f.path))
-                .collect();
-            let attached = self.attach_found(pid, new)?;
-            if attached > 0 {
-                self.clear_progress();
-                let _ = writeln!(
-                    self.status,
-                    "memprobe: pid {pid} loaded {}: attached {attached} probes",
-                    paths.join(", ")
-                );
-            }
+                .unwrap_or_default();
+            self.clear_progress();
+            let _ = writeln!(
+                self.status,
+                "memprobe: pid {pid} loaded {}: attached {attached} probes{after}",
+                paths.join(", ")
+            );
         }
         Ok(())
     }
@@ -265,6 +301,15 @@ impl Session<'_> {
                 self.status,
                 "memprobe: return probes: uretprobes ({reason}): every allocation call also \
                  traps at its return"
+            );
+        }
+        if from == 0
+            && let Some(reason) = &self.probes.mapped_code_unavailable
+        {
+            let _ = writeln!(
+                self.status,
+                "memprobe: libraries loaded later are found by rescans, within a second (the \
+                 kernel cannot tell of newly mapped code: {reason})"
             );
         }
         for p in &self.probes.attached[from..] {
@@ -386,4 +431,15 @@ fn read_mapped_word(pid: u32, maps: &str, path: &str, file_offset: u64) -> Optio
     let mut word = [0u8; 8];
     crate::proc::ProcessMemory::open(pid)?.read(address, &mut word)?;
     Some(u64::from_le_bytes(word))
+}
+
+/// CLOCK_MONOTONIC in ns, the kernel programs' `bpf_ktime_get_ns`.
+fn monotonic_ns() -> u64 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid timespec to fill.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    now.tv_sec as u64 * 1_000_000_000 + now.tv_nsec as u64
 }

@@ -31,8 +31,18 @@ impl Session<'_> {
             bytes += record.len();
             batch.extend(decode(&record));
         }
+        let mut mapped: Vec<(u32, u64)> = Vec::new();
         for event in batch {
-            self.handle(event);
+            match event {
+                Event::MappedCode { header } => mapped.push((header.pid, header.time_ns)),
+                event => self.handle(event),
+            }
+        }
+        // One look per process, timed from its first mapping.
+        mapped.sort_unstable();
+        mapped.dedup_by_key(|(pid, _)| *pid);
+        for (pid, mapped_at) in mapped {
+            self.probe_mapped_code(pid, mapped_at);
         }
         emptied
     }

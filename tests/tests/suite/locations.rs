@@ -150,7 +150,29 @@ fn library_loaded_after_attach_is_probed_within_a_second() {
     let _guard = shared();
     let library = static_jemalloc_library();
     let out = output_dir("dlopen");
-    let (heap, _) = profile_library_loaded_after_attach(&library, &out, Duration::from_secs(3));
+    let (heap, _) =
+        profile_library_loaded_after_attach(&library, &out, Duration::from_secs(3), &[]);
+    assert_library_keeps_blocks(&library, &heap);
+}
+
+/// The kernel tells memprobe of the library's code as it is mapped (the
+/// `mmap` syscall's tracepoints): probed before the library's first
+/// allocation, 50 ms after its `dlopen`, not at the next rescan.
+#[test]
+fn a_library_allocating_50_ms_after_its_dlopen_is_all_seen() {
+    let _guard = shared();
+    let library = static_jemalloc_library();
+    let out = output_dir("dlopen_50ms");
+    let env = [("FIXTURE_ALLOCATE_AFTER_MS", "50")];
+    let (heap, stderr) =
+        profile_library_loaded_after_attach(&library, &out, Duration::from_secs(3), &env);
+    let latency_ms: u64 = stderr
+        .split(" ms after it was mapped")
+        .next()
+        .and_then(|before| before.rsplit(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("not told by the kernel:\n{stderr}"));
+    eprintln!("probed {latency_ms} ms after the library's code was mapped");
+    assert!(latency_ms < 50, "{stderr}");
     assert_library_keeps_blocks(&library, &heap);
 }
 

@@ -123,7 +123,7 @@ fn a_stripped_library_with_hidden_jemalloc_is_found_by_its_code_when_loaded() {
     let library = hidden_jemalloc_cxx_library();
     let (library, debug_dir) = strip_keeping_debug(&library, &out, "libhiddenje.so");
     let (heap, stderr) =
-        profile_library_loaded_after_attach(&library, &out, Duration::from_secs(3));
+        profile_library_loaded_after_attach(&library, &out, Duration::from_secs(3), &[]);
     let note = assert_found_by_code(&heap, &stderr);
     // operator new[] and the vector's operator new: the same fast path.
     assert!(note.contains("operator new at 0x"), "{note}");

@@ -1,0 +1,40 @@
+//! Code mapped by profiled processes, told by the kernel at once (the
+//! `mmap` syscall's tracepoints, [`programs::MMAP_ENTER`] and
+//! [`programs::MMAP_EXIT`]): an allocator in a `dlopen`ed library is
+//! probed within milliseconds of its mapping instead of at the next
+//! rescan. Only processes in [`maps::WATCHED`] are told of.
+use aya::{Ebpf, programs::TracePoint};
+use profiler_common::{maps, programs};
+
+use crate::kernel::KernelProbes;
+
+/// Loads and attaches both programs, for the whole run; why not, on a
+/// kernel or host without syscall tracepoints or tracefs (rescans still
+/// find new libraries, within a second).
+pub(super) fn attach(ebpf: &mut Ebpf) -> Result<(), String> {
+    for (name, event) in [
+        (programs::MMAP_ENTER, "sys_enter_mmap"),
+        (programs::MMAP_EXIT, "sys_exit_mmap"),
+    ] {
+        let program: &mut TracePoint = ebpf
+            .program_mut(name)
+            .ok_or("missing from the object")?
+            .try_into()
+            .map_err(|e| format!("{e}"))?;
+        program.load().map_err(|e| format!("loading {name}: {e}"))?;
+        program
+            .attach("syscalls", event)
+            .map_err(|e| format!("syscalls/{event}: {e}"))?;
+    }
+    Ok(())
+}
+
+impl KernelProbes {
+    /// Has the kernel tell of code `pid` maps from now on, or stop.
+    /// A full table only leaves its new libraries to the rescans.
+    pub fn watch_mapped_code(&mut self, pid: u32, watched: bool) {
+        if self.mapped_code_unavailable.is_none() {
+            self.set_pid(maps::WATCHED, pid, watched);
+        }
+    }
+}
