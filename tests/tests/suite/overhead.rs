@@ -343,16 +343,19 @@ fn unsampled_calls_skip_the_return_half_with_sessions() {
 }
 
 /// How many of memprobe's BPF links are of `link_type` ("perf",
-/// "uprobe_multi"), as the kernel's fdinfo names them.
+/// "uprobe_multi"), as the kernel's fdinfo names them: probes on the
+/// target, not the `mmap` syscall's tracepoints (perf links too, on no
+/// task).
 fn links_of_type(pid: u32, link_type: &str) -> usize {
+    let has = |info: &str, fields: [&str; 2]| {
+        info.lines()
+            .any(|line| line.split_whitespace().collect::<Vec<_>>() == fields)
+    };
     std::fs::read_dir(format!("/proc/{pid}/fdinfo"))
         .unwrap()
         .filter_map(|entry| std::fs::read_to_string(entry.ok()?.path()).ok())
-        .filter(|info| {
-            info.lines().any(|line| {
-                line.split_whitespace().collect::<Vec<_>>() == ["link_type:", link_type]
-            })
-        })
+        .filter(|info| has(info, ["link_type:", link_type]))
+        .filter(|info| !has(info, ["event_type:", "tracepoint"]))
         .count()
 }
 
