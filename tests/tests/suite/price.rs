@@ -436,9 +436,13 @@ fn costs_are_measured_again_during_the_run() {
 /// probes are perf events bound to the profiled process's main thread,
 /// which the kernel switches with it at each context switch, hit or not:
 /// a pipe ping-pong that never calls its allocator is priced by those
-/// switches, within 30% of the CPU it gained (101% to 108% in four runs
-/// here; 0 s reported before they were counted), and the cost line says
-/// so.
+/// switches, within 30% of the CPU it gained, and the cost line says so (0 s
+/// was reported before they were counted). Plain and profiled runs take
+/// turns, three each, and the median of the three ratios is judged. The
+/// estimate once came out 40% high: the calibration timed the switches
+/// over too few round trips, in an order a drift of the host's speed did
+/// not cancel. Since it takes 3,000 in the order other, main, main, other,
+/// nine runs here came within 0.83 to 1.26 of the time gained.
 #[test]
 fn context_switches_of_perf_event_probes_are_counted() {
     let _guard = exclusive();
@@ -452,26 +456,28 @@ fn context_switches_of_perf_event_probes_are_counted() {
         let ns: f64 = text.trim().parse().unwrap_or_else(|_| panic!("{text:?}"));
         (ns, number_after(&stderr, "round trips: "), stderr)
     };
-    let mut plain: Vec<f64> = (0..3)
-        .map(|_| run(Command::new(&ping_pong).arg("2")).0)
-        .collect();
-    plain.sort_by(f64::total_cmp);
-    let (profiled, trips, stderr) = run(Command::new(memprobe_bin())
-        .env("MEMPROBE_KERNEL_LACKS", "uprobe-multi")
-        .args(["--return-probes", "uretprobes", "--max-overhead", "none"])
-        .args(["--format", "heap", "-o"])
-        .arg(&out)
-        .arg("--")
-        .arg(&ping_pong)
-        .arg("2"));
-    assert!(
-        stderr.contains("context switches of threads carrying perf-event probes"),
-        "{stderr}"
-    );
-    let gained = (profiled - plain[1]) * trips / 1e9;
-    let reported = reported_seconds(&stderr);
-    eprintln!("reported {reported:.3} s, gained {gained:.3} s over {trips} round trips");
-    assert_within("reported added seconds", reported, gained, 0.30);
+    let mut ratios = Vec::new();
+    for _ in 0..3 {
+        let plain = run(Command::new(&ping_pong).arg("2")).0;
+        let (profiled, trips, stderr) = run(Command::new(memprobe_bin())
+            .env("MEMPROBE_KERNEL_LACKS", "uprobe-multi")
+            .args(["--return-probes", "uretprobes", "--max-overhead", "none"])
+            .args(["--format", "heap", "-o"])
+            .arg(&out)
+            .arg("--")
+            .arg(&ping_pong)
+            .arg("2"));
+        assert!(
+            stderr.contains("context switches of threads carrying perf-event probes"),
+            "{stderr}"
+        );
+        let gained = (profiled - plain) * trips / 1e9;
+        let reported = reported_seconds(&stderr);
+        eprintln!("reported {reported:.3} s, gained {gained:.3} s over {trips} round trips");
+        ratios.push(reported / gained);
+    }
+    ratios.sort_by(f64::total_cmp);
+    assert_within("reported over gained", ratios[1], 1.0, 0.30);
 }
 
 /// The same switches count against `--max-overhead`: played as on 6.1 (no

@@ -53,7 +53,7 @@ const ROUNDS: usize = 7;
 /// Bytes between the pointers a free's timing passes: a small size class.
 const FREE_STRIDE: u64 = 48;
 /// Pipe round trips per timing of a thread's context switches.
-const SWITCH_TRIPS: u64 = 1_000;
+const SWITCH_TRIPS: u64 = 3_000;
 
 /// One kind of probe hit timed: the programs attached (each at its offset
 /// in the target function), calls per round, and the pointers' stride.
@@ -290,9 +290,13 @@ fn time_rounds(target: &mut Target, switches: bool) -> Result<Rounds, String> {
             times[round] = target.time(kind.calls, kind.stride, copy)?;
         }
         if switches {
+            // Other, main, main, other: a drift of the host's speed within
+            // the round cancels out.
             let other = target.time_switches(SWITCH_TRIPS, false)?;
-            let main = target.time_switches(SWITCH_TRIPS, true)?;
-            added[round] = (main - other).max(0.0);
+            let main = target.time_switches(SWITCH_TRIPS, true)?
+                + target.time_switches(SWITCH_TRIPS, true)?;
+            let other = other + target.time_switches(SWITCH_TRIPS, false)?;
+            added[round] = ((main - other) / 2.0).max(0.0);
         }
     }
     Ok((rounds, added))
