@@ -67,6 +67,20 @@ struct FileFacts {
     not_by_code: Option<String>,
 }
 
+impl FileFacts {
+    /// Why jemalloc, linked in and `wanted`, cannot be probed here (its
+    /// entry points named neither by symbols nor found by their code);
+    /// `None` when it can, or is not here.
+    fn hides_jemalloc(&self, wanted: &[AllocatorKind]) -> Option<&str> {
+        let probed = self
+            .allocators
+            .iter()
+            .any(|a| a.kind == AllocatorKind::Jemalloc);
+        let hidden = wanted.contains(&AllocatorKind::Jemalloc) && self.mentions_jemalloc && !probed;
+        hidden.then(|| self.not_by_code.as_deref().unwrap_or("not read"))
+    }
+}
+
 /// An allocator copy found mapped in a process.
 #[derive(Clone, Debug)]
 pub struct Found {
@@ -143,7 +157,7 @@ impl AllocatorCache {
         let found = self.find(pid, maps);
         // jemalloc linked in but unreadable is the process's allocator:
         // profiling only the others would give an empty profile.
-        let hidden = self.hidden_jemalloc(maps).is_some();
+        let hidden = !self.unprobed_jemalloc(maps).is_empty();
         if !found.is_empty() && !hidden {
             return Ok(found);
         }
@@ -154,25 +168,6 @@ impl AllocatorCache {
         })
     }
 
-    /// A mapped file with jemalloc linked in whose entry points could not
-    /// be read (stripped, no debug file), when jemalloc is wanted.
-    fn hidden_jemalloc(&self, maps: &[Mapping]) -> Option<Mapping> {
-        executable_files(maps).into_iter().find(|m| {
-            self.files
-                .get(&m.file)
-                .is_some_and(|f| self.hides_jemalloc(f))
-        })
-    }
-
-    fn hides_jemalloc(&self, facts: &FileFacts) -> bool {
-        self.wanted.contains(&AllocatorKind::Jemalloc)
-            && facts.mentions_jemalloc
-            && !facts
-                .allocators
-                .iter()
-                .any(|a| a.kind == AllocatorKind::Jemalloc)
-    }
-
     /// The mapped files (as [`find`](Self::find) read them) with jemalloc
     /// linked in that cannot be probed: (file, path, why). A library loaded
     /// after the start must not go unsaid.
@@ -180,10 +175,8 @@ impl AllocatorCache {
         executable_files(maps)
             .into_iter()
             .filter_map(|m| {
-                let facts = self.files.get(&m.file)?;
-                let why = facts.not_by_code.as_deref().unwrap_or("not read");
-                self.hides_jemalloc(facts)
-                    .then(|| (m.file, m.path.clone().unwrap_or_default(), why.to_owned()))
+                let why = self.files.get(&m.file)?.hides_jemalloc(&self.wanted)?;
+                Some((m.file, m.path.clone().unwrap_or_default(), why.to_owned()))
             })
             .collect()
     }
@@ -192,9 +185,8 @@ impl AllocatorCache {
         let files = executable_files(maps);
         let name = |m: &Mapping| file_name(m.path.as_deref().unwrap_or("?"));
         let facts = |m: &Mapping| self.files.get(&m.file);
-        if let Some(hidden) = self.hidden_jemalloc(maps) {
-            let why = facts(&hidden).and_then(|f| f.not_by_code.as_deref());
-            return hidden_jemalloc(&name(&hidden), why.unwrap_or("not read"));
+        if let Some((_, path, why)) = self.unprobed_jemalloc(maps).into_iter().next() {
+            return hidden_jemalloc(&file_name(&path), &why);
         }
         let providers: Vec<String> = files
             .iter()
@@ -416,12 +408,7 @@ pub fn allocators_in_file(
         extra_dir: debug_dir,
     };
     let facts = read_facts(path, &debug, wanted);
-    let jemalloc_found = facts
-        .allocators
-        .iter()
-        .any(|a| a.kind == AllocatorKind::Jemalloc);
-    if facts.mentions_jemalloc && wanted.contains(&AllocatorKind::Jemalloc) && !jemalloc_found {
-        let why = facts.not_by_code.as_deref().unwrap_or("not read");
+    if let Some(why) = facts.hides_jemalloc(wanted) {
         return Err(Error::HiddenJemalloc {
             path: path.to_owned(),
             found: hidden_jemalloc(&file_name(&path.to_string_lossy()), why),

@@ -169,12 +169,9 @@ pub fn find(symbols: &FunctionSymbols, data: &[u8]) -> Result<FoundByCode, Refus
         }
     });
     let malloc = find_malloc(symbols, data, shaped)?;
-    let mut shapes = Shapes {
-        release: Some(release),
-        ..Shapes::default()
-    };
+    let mut shapes = Shapes::default();
     for_each_head(symbols, data, |head| {
-        shapes.sort(symbols, data, &malloc, head)
+        shapes.sort(release, symbols, data, &malloc, head)
     });
     if shapes.frees.is_empty() {
         return Err(Refusal::NoFree);
@@ -352,7 +349,6 @@ fn find_malloc(
 /// The functions of the other shapes, once malloc's counters are known.
 #[derive(Default)]
 struct Shapes {
-    release: Option<Release>,
     /// (sized, address).
     frees: Vec<(bool, u64)>,
     callocs: Vec<u64>,
@@ -366,11 +362,17 @@ struct Shapes {
 }
 
 impl Shapes {
-    fn sort(&mut self, symbols: &FunctionSymbols, data: &[u8], malloc: &Malloc, h: &Head) {
+    fn sort(
+        &mut self,
+        release: Release,
+        symbols: &FunctionSymbols,
+        data: &[u8],
+        malloc: &Malloc,
+        h: &Head,
+    ) {
         let same_block =
             |base| fast_path::tls_source(&h.instructions, base) == Some(malloc.fast.tls);
         let reads_tables = !rip_relative_leas(&h.instructions).is_disjoint(&malloc.tables);
-        let release = self.release.unwrap_or(Release::V53);
         if let Some((sized, base)) = release.free(symbols, data, h, malloc.fast.allocated)
             && same_block(base)
             && reads_tables

@@ -185,18 +185,7 @@ pub(super) fn mallocx_shape(head: &Head) -> Option<Register> {
             && i.op1_kind() == OpKind::Register
             && i.op1_register() == Register::ESI
     });
-    let mut size = vec![Register::RDI];
-    let mut size_test = false;
-    for i in instructions {
-        if i.mnemonic() == Mnemonic::Mov
-            && i.op0_kind() == OpKind::Register
-            && i.op1_kind() == OpKind::Register
-            && i.op1_register() == Register::RDI
-        {
-            size.push(i.op0_register());
-        }
-        size_test |= size.iter().any(|&r| is_size_test(i, r));
-    }
+    let size_test = size_test_of(instructions, Register::RDI).is_some();
     let multiplies = instructions
         .iter()
         .any(|i| matches!(i.mnemonic(), Mnemonic::Mul | Mnemonic::Imul));
@@ -211,22 +200,27 @@ pub(super) fn mallocx_shape(head: &Head) -> Option<Register> {
 pub(super) fn inlined_realloc_shape(head: &Head) -> Option<Register> {
     let instructions = &head.instructions;
     let tests = |register| instructions.iter().position(|i| tests_itself(i, register));
-    // The size, or a copy of it, compared with 4096.
-    let mut size = vec![Register::RSI];
-    let size_test = instructions.iter().position(|i| {
-        if i.mnemonic() == Mnemonic::Mov
-            && i.op0_kind() == OpKind::Register
-            && i.op1_kind() == OpKind::Register
-            && i.op1_register() == Register::RSI
-        {
-            size.push(i.op0_register());
-        }
-        size.iter().any(|&r| is_size_test(i, r))
-    })?;
+    let size_test = size_test_of(instructions, Register::RSI)?;
     let masks_key = instructions[..size_test].iter().any(masks_rtree_key);
     let tested = tests(Register::RDI)? < size_test && tests(Register::RSI)? < size_test;
     let base = thread_block_base(instructions)?;
     (tested && masks_key).then_some(base)
+}
+
+/// Where the size in `register`, or a copy made of it before, is compared
+/// with 4096.
+fn size_test_of(instructions: &[Instruction], register: Register) -> Option<usize> {
+    let mut copies = vec![register];
+    instructions.iter().position(|i| {
+        if i.mnemonic() == Mnemonic::Mov
+            && i.op0_kind() == OpKind::Register
+            && i.op1_kind() == OpKind::Register
+            && i.op1_register() == register
+        {
+            copies.push(i.op0_register());
+        }
+        copies.iter().any(|&r| is_size_test(i, r))
+    })
 }
 
 /// `test REGISTER, REGISTER`: whether it is zero.
