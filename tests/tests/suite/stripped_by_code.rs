@@ -12,16 +12,33 @@ use std::{
 
 use tests::*;
 
-/// The profile's word on how jemalloc was found, which must be by its code.
-fn assert_found_by_code(heap: &Path, stderr: &str) -> String {
+/// The profile's word on how jemalloc was found, which must be by its
+/// code, with `malloc` and each of `entry_points` among what was found.
+fn assert_found_by_code(heap: &Path, stderr: &str, entry_points: &[&str]) -> String {
     let notes = heap_notes(heap);
     let note = notes.get("allocator").cloned().unwrap_or_default();
     assert!(
         note.contains("entry points found by their code: ") && note.contains("malloc at 0x"),
         "{notes:?}\n{stderr}"
     );
+    for entry_point in entry_points {
+        assert!(note.contains(&format!(" {entry_point} at 0x")), "{note}");
+    }
     // Entry points it could not find are said on stderr too.
     assert!(stderr.contains("are not seen"), "{stderr}");
+    note
+}
+
+/// The Rust fixture built on `unstripped`'s jemalloc, stripped and launched
+/// by memprobe: found by its code (`entry_points` among it), its kept
+/// vectors within 10%. The profile's allocator note.
+fn assert_rust_profiled_by_code(unstripped: &Path, test: &str, entry_points: &[&str]) -> String {
+    let out = output_dir(test);
+    let (binary, debug_dir) = strip_keeping_debug(unstripped, &out, "rust_bare");
+    let (heap, stderr) = launch_workload(&binary, &out);
+    let note = assert_found_by_code(&heap, &stderr, entry_points);
+    let kept = reported_bytes(&heap, &debug_dir, "keep_vectors");
+    assert_within("keep_vectors", kept, RUST_KEPT_BYTES, 0.1);
     note
 }
 
@@ -70,10 +87,7 @@ fn a_stripped_static_executable_is_profiled_by_its_code() {
     let mut fixture = Fixture::start(&binary, &[]);
     let (heap, stderr) = profile_workload(&mut fixture, &out, &[]);
     assert!(fixture.finish().success());
-    let note = assert_found_by_code(&heap, &stderr);
-    for entry_point in ["free", "sdallocx", "calloc", "realloc"] {
-        assert!(note.contains(&format!(" {entry_point} at 0x")), "{note}");
-    }
+    assert_found_by_code(&heap, &stderr, &["free", "sdallocx", "calloc", "realloc"]);
     let keep_4k = reported_bytes(&heap, &debug_dir, "keep_4k");
     assert_within("keep_4k", keep_4k, 2000.0 * 4096.0, 0.1);
     let keep_1m = reported_bytes(&heap, &debug_dir, "keep_1m");
@@ -86,15 +100,7 @@ fn a_stripped_static_executable_is_profiled_by_its_code() {
 #[test]
 fn a_stripped_rust_binary_is_launched_and_profiled_by_its_code() {
     let _guard = shared();
-    let out = output_dir("by_code_rust");
-    let (binary, debug_dir) = strip_keeping_debug(&rust_fixture(), &out, "rust_bare");
-    let (heap, stderr) = launch_workload(&binary, &out);
-    let note = assert_found_by_code(&heap, &stderr);
-    for entry_point in ["sdallocx", "realloc"] {
-        assert!(note.contains(&format!(" {entry_point} at 0x")), "{note}");
-    }
-    let kept = reported_bytes(&heap, &debug_dir, "keep_vectors");
-    assert_within("keep_vectors", kept, RUST_KEPT_BYTES, 0.1);
+    assert_rust_profiled_by_code(&rust_fixture(), "by_code_rust", &["sdallocx", "realloc"]);
 }
 
 /// The same program on tikv-jemallocator 0.4, whose jemalloc is 5.2.1:
@@ -102,16 +108,10 @@ fn a_stripped_rust_binary_is_launched_and_profiled_by_its_code() {
 #[test]
 fn a_stripped_binary_with_jemalloc_5_2_is_profiled_by_its_code() {
     let _guard = shared();
-    let out = output_dir("by_code_5_2");
-    let (binary, debug_dir) = strip_keeping_debug(&rust_jemalloc_5_2_fixture(), &out, "rust_5_2");
-    let (heap, stderr) = launch_workload(&binary, &out);
-    let note = assert_found_by_code(&heap, &stderr);
+    let entry_points = ["sdallocx", "realloc", "calloc"];
+    let note =
+        assert_rust_profiled_by_code(&rust_jemalloc_5_2_fixture(), "by_code_5_2", &entry_points);
     assert!(note.contains("jemalloc 5.2.1, "), "{note}");
-    for entry_point in ["sdallocx", "realloc", "calloc"] {
-        assert!(note.contains(&format!(" {entry_point} at 0x")), "{note}");
-    }
-    let kept = reported_bytes(&heap, &debug_dir, "keep_vectors");
-    assert_within("keep_vectors", kept, RUST_KEPT_BYTES, 0.1);
 }
 
 /// A vendor's engine library: C++, jemalloc linked in and hidden, stripped,
@@ -124,9 +124,8 @@ fn a_stripped_library_with_hidden_jemalloc_is_found_by_its_code_when_loaded() {
     let (library, debug_dir) = strip_keeping_debug(&library, &out, "libhiddenje.so");
     let (heap, stderr) =
         profile_library_loaded_after_attach(&library, &out, Duration::from_secs(3), &[]);
-    let note = assert_found_by_code(&heap, &stderr);
     // operator new[] and the vector's operator new: the same fast path.
-    assert!(note.contains("operator new at 0x"), "{note}");
+    assert_found_by_code(&heap, &stderr, &["operator new"]);
     let kept = reported_bytes(&heap, &debug_dir, "keep_blocks");
     assert_within("keep_blocks", kept, 2000.0 * 4096.0 + 2000.0 * 8.0, 0.1);
 }
@@ -241,10 +240,7 @@ fn ruff_from_pypi_is_profiled_by_its_code() {
     assert!(output.status.success(), "{stderr}");
     let heaps = heap_files(&out);
     assert_eq!(heaps.len(), 1, "{stderr}");
-    let note = assert_found_by_code(&heaps[0], &stderr);
-    for entry_point in ["sdallocx", "realloc", "calloc"] {
-        assert!(note.contains(&format!(" {entry_point} at 0x")), "{note}");
-    }
+    assert_found_by_code(&heaps[0], &stderr, &["sdallocx", "realloc", "calloc"]);
     let calls = heap_notes(&heaps[0])["allocators"].clone();
     let jemalloc_calls: u64 = calls
         .split("jemalloc in ruff: ")
