@@ -1,6 +1,6 @@
 //! Cookie attached to each probe: which entry point it is (bits 0-29),
 //! whether it is attached only in sampling windows (bit 30, see
-//! [`crate::WINDOW_SHIFT`]), whether it may forward its call to another
+//! [`crate::FastPathConfig::window_shift`]), whether it may forward its call to another
 //! entry point (bit 31, see [`crate::Forwarder`]), where its return address
 //! lies relative to `rsp` at the probed instruction (bits 32-47), and which
 //! allocator instance it belongs to (bits 48-63).

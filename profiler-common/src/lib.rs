@@ -305,13 +305,10 @@ pub struct ThreadState {
     /// call on to another probed entry point (glibc's realloc calling
     /// malloc): that inner call must not be counted again.
     pub forwarder: Forwarder,
-    /// jemalloc's allocated-bytes counter of the thread after its last
-    /// crossing seen on the slow path (0: none seen yet); with windowed
-    /// sampling, the counter at its first slow-path call seen.
-    pub last_allocated: u64,
-    /// Bytes counted by entry probes since then (calloc, large calls...):
-    /// taken out of the next window, which the counter includes them in.
-    pub counted_bytes: u64,
+    /// jemalloc's allocated-bytes counter of the thread at its first
+    /// slow-path call seen (0: none seen yet), where its first window's
+    /// bytes start.
+    pub first_allocated: u64,
     /// Windowed sampling: the sampling window the thread's last windowed
     /// call fell in ([`FastPathConfig::window`]), and jemalloc's
     /// allocated-bytes counter at its first call in it and after its last:
@@ -333,25 +330,25 @@ pub struct FastPathKey {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FastPathConfig {
-    /// fs-relative address of the allocated-bytes counter; the threshold
-    /// is the next word.
+    /// fs-relative address of the allocated-bytes counter.
     pub allocated: i64,
-    /// Requests above this many bytes always take the slow path.
+    /// Requests above this many bytes always take the slow path, which
+    /// samples them (none is left to chance); smaller ones are sampled by
+    /// windowed entry probes.
     pub large_above: u64,
-    /// Non-zero with windowed sampling: the slow path samples only the
-    /// requests above `large_above` (every one reaches it, so none is left
-    /// to chance); smaller ones are sampled by windowed entry probes.
-    pub large_only: u64,
+    /// Inside the window now open each call's bytes count 2^window_shift
+    /// times towards the thread's countdown: windows see a share of the
+    /// calls near 2^-window_shift, and sampling them more densely keeps
+    /// the samples as many as sampling every call would give.
+    pub window_shift: u64,
     /// The process's sampling window now open (numbered from 1), which its
     /// windowed calls note in their thread's state.
     pub window: u64,
 }
 
-/// Inside a sampling window each call's bytes count 2^WINDOW_SHIFT times
-/// towards the thread's countdown: windows see a small share of the calls,
-/// and sampling them more densely keeps the samples as many as sampling
-/// every call would give.
-pub const WINDOW_SHIFT: u32 = 5;
+/// The densest a window samples: 2^MAX_WINDOW_SHIFT times an entry probe's
+/// rate.
+pub const MAX_WINDOW_SHIFT: u64 = 7;
 
 /// An allocation call that may pass itself on to another entry point of
 /// the same allocator. The next allocation entry on the thread is that
@@ -441,17 +438,13 @@ pub enum Counter {
     /// Allocation calls made by another probed allocation call (glibc's
     /// realloc calling malloc): not counted twice.
     InnerCalls = 10,
-    /// Slow-path calls at a thread's byte threshold (a window closes).
-    Crossings = 11,
-    /// Slow-path calls for a thread-cache refill: not counted.
-    Refills = 12,
     /// Samples sent with a small stack copy because the ring buffer was
     /// too busy for a whole one.
-    SmallStackCopies = 13,
+    SmallStackCopies = 11,
 }
 
 impl Counter {
-    pub const COUNT: u32 = 14;
+    pub const COUNT: u32 = 12;
     pub const ALL: [Counter; Self::COUNT as usize] = [
         Counter::AllocCalls,
         Counter::SampledCalls,
@@ -464,8 +457,6 @@ impl Counter {
         Counter::StackCopiesSkipped,
         Counter::FramePointerFastPath,
         Counter::InnerCalls,
-        Counter::Crossings,
-        Counter::Refills,
         Counter::SmallStackCopies,
     ];
 }

@@ -14,9 +14,9 @@ use aya_ebpf::{
     programs::ProbeContext,
 };
 use profiler_common::{
-    AllocEvent, AllocStackEvent, Counter, FP_CHECK_ONE_IN, MAX_STACK_DEPTH, PendingCall,
-    SMALL_STACK_COPY_BYTES, STACK_COPY_BYTES, STACK_COPY_PAGE, STACK_COPY_PAGES, UserRegs,
-    WINDOW_SHIFT, cookie, event_kind,
+    AllocEvent, AllocStackEvent, Counter, FP_CHECK_ONE_IN, MAX_STACK_DEPTH, MAX_WINDOW_SHIFT,
+    PendingCall, SMALL_STACK_COPY_BYTES, STACK_COPY_BYTES, STACK_COPY_PAGE, STACK_COPY_PAGES,
+    UserRegs, cookie, event_kind,
 };
 
 use crate::{
@@ -45,14 +45,12 @@ pub(crate) fn on_allocation(
     if cookie::is_windowed(probe_cookie(ctx)) {
         return on_windowed_allocation(ctx, thread, (size, align), pending);
     }
-    // SAFETY: the entry belongs to this thread; only this thread writes it.
-    unsafe { (*thread.state).counted_bytes = (*thread.state).counted_bytes.wrapping_add(size) };
     let wanted = count_down(ctx, thread, size, align, pending, 0);
     thread.note_forwarder(ctx);
     wanted
 }
 
-/// A call inside a sampling window: its bytes count 2^WINDOW_SHIFT times
+/// A call inside a sampling window: its bytes count 2^window_shift times
 /// (the event carries them as its window), and its thread notes jemalloc's
 /// allocated-bytes counter, by which userspace weighs the window's samples.
 /// A request that jemalloc's slow path sees anyway (above its fast path's
@@ -64,7 +62,7 @@ fn on_windowed_allocation(
     (size, align): (u64, u64),
     pending: PendingCall,
 ) -> bool {
-    let Some((config, allocated, _)) = counters(ctx, thread) else {
+    let Some((config, allocated)) = counters(ctx, thread) else {
         return false;
     };
     if size > config.large_above {
@@ -84,14 +82,14 @@ fn on_windowed_allocation(
         }
         (*state).window_end = allocated.wrapping_add(small_usable_size(size));
     }
-    let window = size.max(1).saturating_mul(1 << WINDOW_SHIFT);
+    let window = size.max(1) << config.window_shift.min(MAX_WINDOW_SHIFT);
     let wanted = count_down(ctx, thread, size, align, pending, window);
     thread.note_forwarder(ctx);
     wanted
 }
 
 #[inline(always)]
-pub(crate) fn count_down(
+fn count_down(
     ctx: &ProbeContext,
     thread: &Thread,
     size: u64,

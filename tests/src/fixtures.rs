@@ -68,8 +68,9 @@ pub fn allocators_fixture() -> PathBuf {
     build_once("allocators", |out| compile("cc", out, "allocators.c", &[]))
 }
 
-/// Two sites in a fixed 64-byte cycle (or irregular sizes), for
-/// `--sampling slow-path`'s trial; linked to libjemalloc.so.2.
+/// Two sites in a fixed 64-byte cycle (or irregular sizes), which
+/// jemalloc's 64 KiB thread threshold aliases with, for sampling in
+/// windows; linked to libjemalloc.so.2.
 pub fn aliasing_fixture() -> PathBuf {
     build_once("aliasing", |out| {
         compile("cc", out, "aliasing.c", &["-ljemalloc"])

@@ -170,41 +170,27 @@ pub struct Cli {
     #[arg(long, value_name = "PCT", default_value = "10", value_parser = parse_overhead)]
     pub max_overhead: Overhead,
 
-    /// Where jemalloc's malloc and operator new are sampled: `slow-path`
-    /// (on jemalloc's slow path, where their inlined fast path falls back:
-    /// large requests, a thread's 64 KiB byte threshold, refills; most
-    /// calls then never trap) or `entry` (a trap per call). The slow path
-    /// needs a recognised jemalloc 5.3 build, --pid, and BTF, and is first
-    /// tried for some 10 s against entry sampling (a program allocating in
-    /// a cycle that aliases with the threshold goes back to entry);
-    /// elsewhere entry is used. Each profile's `# malloc_sampling:` says
-    /// which, and why. Frees are probed either way. With `slow-path`, a
-    /// jemalloc 5.3 copy whose process runs jemalloc's own profiler
+    /// How jemalloc's malloc and operator new are sampled: `windows` (at
+    /// every call while that costs the process under 1% of a CPU; once
+    /// dearer, only in 100 ms windows opened at random times, for as small
+    /// a share of the time as keeps them at that cost, each sample weighed
+    /// by its thread's bytes from jemalloc's own counter; requests above
+    /// 4 KiB always sampled on jemalloc's slow path, which they all reach)
+    /// or `entry` (a trap per call). Windows need a recognised jemalloc
+    /// 5.3 build and BTF; elsewhere entry is used. Each profile's
+    /// `# malloc_sampling:` says which, and why. Frees are probed either
+    /// way. A jemalloc 5.3 copy whose process runs jemalloc's own profiler
     /// (`prof:true`, active) and whose symbols are kept is sampled by that
     /// profiler instead: memprobe takes its samples, and only frees that
     /// leave jemalloc's fast path trap.
-    /// `windows` (not the default yet): malloc and operator new probed only
-    /// in short windows opened at random times (see --windows), weighed by
-    /// jemalloc's per-thread byte counter, requests above 4 KiB on the
-    /// slow path; no trial and nothing to alias. An allocation profile
-    /// (alloc_space) of a steady program is accurate; in use is exact for
-    /// objects that outlive many windows, and noisy for short-lived ones.
-    #[arg(long, value_name = "WHERE", value_enum, default_value_t = SamplingArg::SlowPath)]
+    #[arg(long, value_name = "HOW", value_enum, default_value_t = SamplingArg::Windows)]
     pub sampling: SamplingArg,
 
-    /// With --sampling windows: how long a window stays open and how often
-    /// one opens on average (at random times), as LENGTH/EVERY.
-    #[arg(long, value_name = "LENGTH/EVERY", default_value = "100ms/4s", value_parser = parse_windows)]
+    /// With --sampling windows: `auto` (windows of 100 ms, as often as
+    /// their cost allows), or a fixed LENGTH/EVERY: how long a window
+    /// stays open and how often one opens on average, at random times.
+    #[arg(long, value_name = "auto|LENGTH/EVERY", default_value = "auto", value_parser = parse_windows)]
     pub windows: WindowTiming,
-
-    /// How often a jemalloc copy's slow path is tried against entry
-    /// sampling again (some 10 s, half of it at entry's price): a copy kept
-    /// on its slow path, to catch a program that began allocating in a
-    /// cycle that aliases with jemalloc's threshold; a copy sent back to
-    /// entry, to return to the slow path once that cycle ended. `never` to
-    /// try once, at attach.
-    #[arg(long, value_name = "DUR", default_value = "1h", value_parser = parse_every)]
-    pub recheck_every: Every,
 
     /// How often the cost of a probe hit is measured again during the run
     /// (memprobe times its probes on a copy of itself for some 0.5 s of one
@@ -444,11 +430,9 @@ impl Cli {
             max_overhead: self.max_overhead.0,
             sampling: match self.sampling {
                 SamplingArg::Entry => Sampling::Entry,
-                SamplingArg::SlowPath => Sampling::SlowPath,
                 SamplingArg::Windows => Sampling::Windows,
             },
             windows: self.windows,
-            recheck_every: self.recheck_every.0,
             recalibrate_every: self.recalibrate_every.0,
             listen: self.listen,
             access: profiler::AccessOptions {
@@ -494,7 +478,6 @@ mod tests {
             "--allocator",
             "--max-overhead",
             "--sampling",
-            "--recheck-every",
             "--recalibrate-every",
             "Examples:",
         ] {

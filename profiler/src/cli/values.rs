@@ -82,9 +82,8 @@ pub fn parse_overhead(text: &str) -> Result<Overhead, String> {
 /// `--sampling`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum SamplingArg {
-    Entry,
-    SlowPath,
     Windows,
+    Entry,
 }
 
 /// `--placement`.
@@ -162,7 +161,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     Ok(duration)
 }
 
-/// `--recheck-every` and `--recalibrate-every`: a duration, or never.
+/// `--recalibrate-every`: a duration, or never.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Every(pub Option<Duration>);
 
@@ -179,12 +178,15 @@ pub fn parse_format(text: &str) -> Result<Format, String> {
     })
 }
 
-/// `--windows LENGTH/EVERY`: a window's length and the mean time between
-/// two, the first under the second.
+/// `--windows auto|LENGTH/EVERY`: adaptive, or a window's length and the
+/// mean time between two, the first under the second.
 pub fn parse_windows(text: &str) -> Result<WindowTiming, String> {
+    if text == "auto" {
+        return Ok(WindowTiming::default());
+    }
     let (length, every) = text
         .split_once('/')
-        .ok_or("give a window's length and how often one opens, such as 100ms/4s")?;
+        .ok_or("give auto, or a window's length and how often one opens, such as 100ms/4s")?;
     let (length, every) = (parse_duration(length)?, parse_duration(every)?);
     if length >= every {
         return Err(format!(
@@ -193,7 +195,10 @@ pub fn parse_windows(text: &str) -> Result<WindowTiming, String> {
             humantime::format_duration(every)
         ));
     }
-    Ok(WindowTiming { length, every })
+    Ok(WindowTiming {
+        length,
+        every: Some(every),
+    })
 }
 
 pub fn parse_growth(text: &str) -> Result<GrowthTrigger, String> {
@@ -240,7 +245,8 @@ mod tests {
     fn window_timings() {
         let timing = parse_windows("50ms/2s").unwrap();
         assert_eq!(timing.length, Duration::from_millis(50));
-        assert_eq!(timing.every, Duration::from_secs(2));
+        assert_eq!(timing.every, Some(Duration::from_secs(2)));
+        assert_eq!(parse_windows("auto").unwrap(), WindowTiming::default());
         assert!(parse_windows("2s/1s").unwrap_err().contains("shorter"));
         assert!(parse_windows("100ms").unwrap_err().contains("100ms/4s"));
     }

@@ -99,12 +99,12 @@ fn a_windowed_sample_stands_for_its_cycle() {
     // probability; its thread allocated 40x its window's bytes that cycle.
     let mut event = sampled(1, 4096, &[0x10]);
     if let Event::Sampled { window, scale, .. } = &mut event {
-        *window = 4096 << profiler_common::WINDOW_SHIFT;
+        *window = 4096 << 5;
         *scale = Some(40.0);
     }
     heap.apply(event);
     heap.apply(returned(1, 0x1000));
-    let expected = 40.0 * sample_weight(4096 << profiler_common::WINDOW_SHIFT, 4096) * 4096.0;
+    let expected = 40.0 * sample_weight(4096 << 5, 4096) * 4096.0;
     assert!((heap.inuse_bytes() - expected).abs() < 1e-6);
 }
 

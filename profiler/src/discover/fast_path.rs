@@ -320,37 +320,30 @@ impl Allocator {
 }
 
 impl Allocator {
-    /// For trying the slow path against entry sampling: the entry points
-    /// the slow path stands in for, and the slow path alone.
-    pub fn trial_parts(&self) -> Option<(Allocator, Allocator)> {
+    /// For sampling in windows: the entry points the slow path stands in
+    /// for (`malloc`, `operator new`), which the windows attach.
+    pub fn windowed_part(&self) -> Option<Allocator> {
         let slow = self.on_slow_path()?;
         let kept: Vec<&str> = slow
             .entry_points
             .iter()
             .map(|e| e.symbol.as_str())
             .collect();
-        let part = |entry_points: Vec<EntryPoint>| Allocator {
-            kind: self.kind,
-            prefix: self.prefix.clone(),
-            entry_points,
-            fast_path: self.fast_path.clone(),
-            wrappers: Vec::new(),
-            own_sampling: None,
-            by_code: self.by_code.clone(),
-        };
         let served = self
             .entry_points
             .iter()
             .filter(|e| !kept.contains(&e.symbol.as_str()))
             .cloned()
             .collect();
-        let slow_entry = slow
-            .entry_points
-            .iter()
-            .filter(|e| e.shape == profiler_common::CallShape::SlowPath)
-            .cloned()
-            .collect();
-        Some((part(served), part(slow_entry)))
+        Some(Allocator {
+            kind: self.kind,
+            prefix: self.prefix.clone(),
+            entry_points: served,
+            fast_path: self.fast_path.clone(),
+            wrappers: Vec::new(),
+            own_sampling: None,
+            by_code: self.by_code.clone(),
+        })
     }
 }
 

@@ -32,7 +32,7 @@ impl KernelProbes {
             window: state.window,
             first: state.window_first,
             end: state.window_end,
-            base: state.last_allocated,
+            base: state.first_allocated,
         })
     }
 }

@@ -10,10 +10,7 @@ use crate::{
     error::{Error, Result},
     kernel::{ReturnHalf, Scope},
     proc::{all_pids, parse_maps, read_maps},
-    run::{
-        Sampling, Session, Targets, process::Tracked, trial::Trial, waits::watch_exit,
-        windows::WindowedCopy,
-    },
+    run::{Sampling, Session, Targets, process::Tracked, waits::watch_exit, windows::WindowedCopy},
 };
 
 impl Session<'_> {
@@ -100,8 +97,9 @@ impl Session<'_> {
         self.attach_usual(scope, file, allocator, instance)
     }
 
-    /// Attaches to one allocator copy through memprobe's own sampling: on
-    /// jemalloc's slow path (on trial) where it can, else at entry.
+    /// Attaches to one allocator copy through memprobe's own sampling: in
+    /// windows, with jemalloc's slow path for large requests, where it can;
+    /// else at entry.
     pub(super) fn attach_usual(
         &mut self,
         scope: Scope,
@@ -109,8 +107,11 @@ impl Session<'_> {
         allocator: &Allocator,
         instance: u16,
     ) -> Result<usize> {
-        let trial = self.on_slow_path(scope, path, allocator, instance);
-        let on_slow_path = trial.as_ref().ok().and_then(|_| allocator.on_slow_path());
+        let windowed = self.windowed_parts(scope, path, allocator, instance);
+        let on_slow_path = windowed
+            .as_ref()
+            .ok()
+            .and_then(|_| allocator.on_slow_path());
         let probed = on_slow_path.as_ref().unwrap_or(allocator);
         let before = self.probes.attached.len();
         let attached = self
@@ -125,19 +126,10 @@ impl Session<'_> {
         let Scope::Process(pid) = scope else {
             return Ok(attached);
         };
-        match trial {
-            Ok(parts) if self.options.sampling == Sampling::Windows => {
+        match windowed {
+            Ok(parts) => {
                 let copy = WindowedCopy::new(path, open_path, instance, parts.served, parts.config);
                 self.start_windows(pid, copy);
-            }
-            Ok(SlowPathParts { served, slow, .. }) => {
-                let slow_probes = (before..self.probes.attached.len())
-                    .filter(|&i| self.probes.attached[i].own_code.is_some())
-                    .collect();
-                let totals = self.totals(pid);
-                let trial =
-                    Trial::new(path, open_path, instance, served, slow, slow_probes, totals);
-                self.start_trial(pid, trial);
             }
             Err(reason) if allocator.kind == AllocatorKind::Jemalloc => {
                 let note = format!("{path}: at entry ({reason})");
@@ -153,11 +145,12 @@ impl Session<'_> {
         Ok(attached)
     }
 
-    /// `--all`: system-wide probes on every jemalloc file in use, and a
-    /// profile for every process that maps one. With `--sampling windows`
-    /// each process is probed on its own instead, as with `--pid`: its
-    /// windows open in it alone, a window's traps slow no other process,
-    /// and a process started since the last scan is probed at the next.
+    /// `--all`: a profile for every process that maps jemalloc. Sampled in
+    /// windows (the default), each process is probed on its own, as with
+    /// `--pid`: its windows open in it alone, a window's traps slow no
+    /// other process, and a process started since the last scan is probed
+    /// at the next. With `--sampling entry`, system-wide probes on every
+    /// jemalloc file in use.
     pub(super) fn scan_all(&mut self) -> Result<()> {
         let own = std::process::id();
         for pid in all_pids().into_iter().filter(|&p| p != own) {
@@ -364,18 +357,18 @@ fn signed_hex(value: i64) -> String {
 }
 
 impl Session<'_> {
-    /// `--sampling slow-path`: this jemalloc copy's parts for a trial of its
-    /// slow path against entry sampling (see `run::trial`), with the kernel
-    /// told where `pid`'s threads keep their counters; or why it is sampled
-    /// at entry (other allocators, unrecognised builds, system-wide probes,
-    /// a process not started yet).
-    fn on_slow_path(
+    /// `--sampling windows`: this jemalloc copy's parts for sampling in
+    /// windows (see `run::windows`), with the kernel told where `pid`'s
+    /// threads keep their counters; or why it is sampled at entry (other
+    /// allocators, unrecognised builds, system-wide probes, a process not
+    /// started yet).
+    fn windowed_parts(
         &mut self,
         scope: Scope,
         path: &str,
         allocator: &Allocator,
         instance: u16,
-    ) -> Result<SlowPathParts, &'static str> {
+    ) -> Result<WindowedParts, &'static str> {
         let Scope::Process(pid) = scope else {
             return Err("system-wide probes");
         };
@@ -386,7 +379,7 @@ impl Session<'_> {
             return Err("the kernel's BTF does not place a task's fs base");
         }
         let not_recognised = "its malloc fast path is not a jemalloc 5.3 build memprobe recognises";
-        let parts = allocator.trial_parts().ok_or(not_recognised)?;
+        let served = allocator.windowed_part().ok_or(not_recognised)?;
         let fast = allocator.fast_path.as_ref().ok_or(not_recognised)?.fast;
         let tls = match fast.tls {
             TlsOffset::Immediate(offset) => offset,
@@ -399,27 +392,21 @@ impl Session<'_> {
         let config = profiler_common::FastPathConfig {
             allocated: tls.wrapping_add(fast.allocated),
             large_above: fast.large_above,
-            large_only: u64::from(self.options.sampling == Sampling::Windows),
+            window_shift: 0,
             window: 0,
         };
         if !self.probes.set_fast_path(pid, instance, config) {
             return Err("the kernel's table of fast paths is full");
         }
-        let (served, slow) = parts;
-        Ok(SlowPathParts {
-            served,
-            slow,
-            config,
-        })
+        Ok(WindowedParts { served, config })
     }
 }
 
-/// A jemalloc copy split for sampling on its slow path: the entry points
-/// the slow path stands in for (`malloc`, `operator new`), the slow path's
-/// own, and its counters as the kernel was told them.
-struct SlowPathParts {
+/// A jemalloc copy split for sampling in windows: the entry points the
+/// windows attach (`malloc`, `operator new`), and its counters as the
+/// kernel was told them.
+struct WindowedParts {
     served: Allocator,
-    slow: Allocator,
     config: profiler_common::FastPathConfig,
 }
 

@@ -2,12 +2,15 @@
 //! one CPU for [`SUSTAINED`] in a row is made cheaper, step by step, and
 //! memprobe says why: a production process is never slowed beyond what the
 //! user allowed for longer than that.
-//! 1. Its frees are no longer probed: a snapshot is written (the last
+//! 1. Where narrowing its sampling windows to their least would bring it
+//!    under, they are narrowed, and its profile's `# malloc_sampling:`
+//!    says since when.
+//! 2. Else its frees are no longer probed: a snapshot is written (the last
 //!    exact in-use profile), and from then on its profile counts
 //!    allocations only, which each snapshot's `# tracking:` note says.
 //!    On a busy jemalloc process frees are nearly all the cost (its
-//!    allocations are sampled on the slow path, every free traps).
-//! 2. Still over for another [`SUSTAINED`], or with no frees to drop: its
+//!    allocations are sampled in windows, every free traps).
+//! 3. Still over for another [`SUSTAINED`], or with no frees to drop: its
 //!    profile is written and its probes detached.
 //!
 //! The cost is its probe hits times the per-hit costs measured on this
@@ -88,13 +91,39 @@ impl Session<'_> {
             })
             .collect();
         for (pid, share) in over {
+            if self.narrow_windows_enough(pid, share, budget) {
+                continue;
+            }
             if !self.drop_frees(pid, share, budget) {
                 self.detach_over_budget(pid, share, budget);
             }
         }
     }
 
-    /// The first step: `pid`'s frees unprobed, its profile written as it
+    /// The first step, where it is enough: `pid`'s windows narrowed to
+    /// their least. False where that would leave it over budget.
+    fn narrow_windows_enough(&mut self, pid: u32, share: f64, budget: f64) -> bool {
+        let Some(saves) = self.narrowing_saves(pid) else {
+            return false;
+        };
+        if share - saves * INDIRECT_ALLOWANCE > budget {
+            return false;
+        }
+        let reason = over_budget(share, budget);
+        self.narrow_windows(pid, &reason);
+        if let Some(t) = self.tracked.get_mut(&pid) {
+            t.budget = BudgetWindow::default();
+        }
+        self.clear_progress();
+        let _ = writeln!(
+            self.status,
+            "memprobe: pid {pid}: sampling windows narrowed to {:.1}% of the time, {reason}",
+            super::windows::MIN_DUTY * 100.0
+        );
+        true
+    }
+
+    /// The next step: `pid`'s frees unprobed, its profile written as it
     /// was and counting allocations only from now on. False where there is
     /// nothing to drop (dropped already, or no free probed).
     fn drop_frees(&mut self, pid: u32, share: f64, budget: f64) -> bool {

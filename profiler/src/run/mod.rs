@@ -18,7 +18,6 @@ mod recalibration;
 mod retention;
 mod snapshot;
 mod status;
-mod trial;
 mod waits;
 pub mod windows;
 mod writer;
@@ -347,7 +346,6 @@ impl Session<'_> {
         self.rescan()?;
         self.check_growth();
         self.enforce_budget();
-        self.advance_trials();
         self.watch_own_profilers();
         self.check_silent_allocators();
         self.publish();

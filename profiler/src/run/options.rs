@@ -12,17 +12,12 @@ use crate::{
 pub enum Sampling {
     /// At their entry: one trap per call.
     Entry,
-    /// At their entry, only in short windows at random times, weighed by
-    /// jemalloc's per-thread byte counter; jemalloc's slow path for
-    /// requests above 4 KiB. For `--pid` targets whose build is recognised;
-    /// the others are sampled at entry.
-    Windows,
-    /// On jemalloc's slow path, where their inlined fast path falls back
-    /// (large requests, a thread's byte threshold, refills): most calls do
-    /// not trap. For `--pid` targets whose build is recognised; the others
-    /// are sampled at entry.
+    /// At their entry while that is cheap, else only in short windows at
+    /// random times, weighed by jemalloc's per-thread byte counter;
+    /// jemalloc's slow path for requests above 4 KiB. For jemalloc copies
+    /// whose build is recognised; the others are sampled at entry.
     #[default]
-    SlowPath,
+    Windows,
 }
 
 /// Which processes to profile.
@@ -74,7 +69,7 @@ pub struct SessionOptions {
     /// Default: nowhere.
     pub listen: Option<std::net::SocketAddr>,
     /// `--sampling windows`: how long a window lasts and how often one
-    /// opens. Default: 100 ms every 4 s on average.
+    /// opens. Default: 100 ms, as often as their cost allows.
     pub windows: crate::run::windows::WindowTiming,
     /// Who may read the endpoints: TLS, a bearer token, client
     /// certificates. Default: none of them (then `listen` must be on
@@ -89,12 +84,8 @@ pub struct SessionOptions {
     /// may cost it for 10 s before it is written out and detached; `None`
     /// for no budget. Default: 10%.
     pub max_overhead: Option<f64>,
-    /// `--sampling`. Default: on jemalloc's slow path where it can be.
+    /// `--sampling`. Default: in windows where it can be.
     pub sampling: Sampling,
-    /// `--recheck-every`: how long a jemalloc copy stays on its slow path
-    /// before it is tried against entry sampling again; `None` for never.
-    /// Default: an hour.
-    pub recheck_every: Option<std::time::Duration>,
     /// `--recalibrate-every`: how often the per-hit costs are measured
     /// again while the run goes on (a VM's trap costs drift by a fifth over
     /// minutes); `None` for only at start. Default: two minutes.
@@ -141,8 +132,7 @@ impl Default for SessionOptions {
             formats: Format::ALL.to_vec(),
             java_perfmap: true,
             max_overhead: Some(0.10),
-            sampling: Sampling::SlowPath,
-            recheck_every: Some(std::time::Duration::from_secs(3600)),
+            sampling: Sampling::Windows,
             recalibrate_every: Some(std::time::Duration::from_secs(120)),
             allocators: crate::discover::AllocatorKind::ALL.to_vec(),
             debug_dir: None,

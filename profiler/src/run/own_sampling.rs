@@ -190,19 +190,15 @@ impl Session<'_> {
     }
 
     /// Detaches a copy's probes (on its profiler, or memprobe's usual ones
-    /// with their trial) and attaches the other kind, saying so.
+    /// with their windows) and attaches the other kind, saying so.
     fn change_sampling(&mut self, pid: u32, copy: WatchedCopy) {
         let mut slots = copy.slots.clone();
         let mut forgotten = 0;
         if let Some(t) = self.tracked.get_mut(&pid) {
             let prefix = format!("{}: ", copy.path);
             t.sampling_notes.retain(|n| !n.starts_with(&prefix));
-            if let Some(at) = t
-                .trials
-                .iter()
-                .position(|tr| tr.instance() == copy.instance)
-            {
-                slots.extend(t.trials.remove(at).slots());
+            if let Some(windows) = t.windows.as_mut() {
+                slots.extend(windows.remove_copy(copy.instance));
             }
             // jemalloc's samples free through probed paths; memprobe's own
             // mostly through the fast path, unseen once its free probes go.

@@ -8,7 +8,7 @@ use crate::{
     proc::{FileId, Mapping, command_name, namespace_pid, parse_maps},
     run::{
         budget::BudgetWindow, growth::GrowthWindow, own_sampling::WatchedCopy,
-        retention::KeptSnapshots, trial::Trial, windows::Windows,
+        retention::KeptSnapshots, windows::Windows,
     },
     stacks::ProcessStacks,
 };
@@ -62,9 +62,7 @@ pub(super) struct Tracked {
     pub snapshots: u64,
     pub skipped_snapshots: u64,
     pub growth: GrowthWindow,
-    /// jemalloc copies whose slow path is on trial (`--sampling slow-path`).
-    pub trials: Vec<Trial>,
-    /// How jemalloc copies not on trial are sampled, and why (the
+    /// How jemalloc copies not in windows are sampled, and why (the
     /// profile's note): at entry, or by jemalloc's own profiler.
     pub sampling_notes: Vec<String>,
     /// How allocator copies were found where no symbol named them.
@@ -72,7 +70,7 @@ pub(super) struct Tracked {
     /// Copies whose jemalloc has a profiler, watched in case it is switched
     /// on or off.
     pub watched: Vec<WatchedCopy>,
-    /// Its jemalloc copies sampled in windows (`--sampling windows`).
+    /// Its jemalloc copies sampled in windows (the default).
     pub windows: Option<Windows>,
     /// Its recent cost, for `--max-overhead`.
     pub budget: BudgetWindow,
@@ -107,7 +105,6 @@ impl Tracked {
             growth: GrowthWindow::default(),
             budget: BudgetWindow::default(),
             frees_dropped: None,
-            trials: Vec::new(),
             sampling_notes: Vec::new(),
             found_notes: Vec::new(),
             watched: Vec::new(),

@@ -112,8 +112,11 @@ impl Session<'_> {
         if !t.found_notes.is_empty() {
             head.push(("allocator".into(), t.found_notes.join("; ")));
         }
-        let trials = t.trials.iter().map(|trial| trial.note());
-        let notes: Vec<String> = trials.chain(t.sampling_notes.iter().cloned()).collect();
+        let windowed = t
+            .windows
+            .iter()
+            .flat_map(|w| w.notes(&self.options.windows));
+        let notes: Vec<String> = windowed.chain(t.sampling_notes.iter().cloned()).collect();
         if !notes.is_empty() {
             head.push(("malloc_sampling".into(), notes.join("; ")));
         }

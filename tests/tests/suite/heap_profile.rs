@@ -160,8 +160,8 @@ fn verbose_lists_every_entry_point_it_attached() {
     let out = output_dir("verbose");
     let fixture = Fixture::start(&binary, &[]);
     let pid = fixture.pid.to_string();
-    // At entry: on the slow path (the default) malloc and operator new
-    // give way to it (see slow_path.rs).
+    // At entry: in windows (the default) malloc and operator new are
+    // attached in each window, not at attach (see windows.rs).
     let flags = ["--verbose", "--sampling", "entry"];
     let stderr = profile_for_a_second(fixture.pid, &out, &flags);
     for symbol in [

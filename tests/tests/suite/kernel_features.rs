@@ -88,8 +88,8 @@ fn attach_failing_half_way_detaches_the_copys_probes_and_the_run_goes_on() {
         .arg(&library)
         .env(STATIC_TLS_TUNABLE.0, STATIC_TLS_TUNABLE.1);
     let mut fixture = Fixture::start_command(command);
-    // At entry: the slow path's trial swaps malloc's links between its
-    // slices, which would change the count of probe fds under the test.
+    // At entry: windows attach and detach malloc's links, which would
+    // change the count of probe fds under the test.
     let args = ["--sample-interval", "4096", "--sampling", "entry"];
     let memprobe = Memprobe::attach(&fixture, &out, &args);
     let before = probe_fds(memprobe.pid());

@@ -11,7 +11,6 @@ mod over_time;
 mod overhead;
 mod own_profiler;
 mod price;
-mod slow_path;
 mod stacks;
 mod stripped;
 mod stripped_by_code;

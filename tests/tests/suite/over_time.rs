@@ -142,7 +142,8 @@ fn an_overflowing_live_table_is_reported_and_memory_stays_bounded() {
     let memprobe = Memprobe::attach(
         &fixture,
         &out,
-        // At entry: the slow path samples at most once per thread's 64 KiB.
+        // At entry: windows would leave the in-use figures of a busy
+        // program to chance.
         &[
             "--sample-interval",
             "4096",

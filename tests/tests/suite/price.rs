@@ -124,7 +124,7 @@ fn a_process_over_its_budget_loses_its_frees_then_is_detached() {
     assert_eq!(tracking_note(&idle_heaps[0]), "", "{stderr}");
 }
 
-/// A busy jemalloc process at the defaults (slow-path sampling, a 10%
+/// A busy jemalloc process at the defaults (malloc in windows, a 10%
 /// budget) is profiled to the end of `--duration`: its frees, nearly all
 /// of what its probes cost, are dropped, and its profile says so. Shaped
 /// like a server: bursts of 1024 malloc+free pairs, 2 ms apart (some

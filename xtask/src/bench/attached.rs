@@ -1,6 +1,6 @@
 //! A malloc/free loop that is already running when probes attach to it
 //! (`--pid`): the two-trap and one-trap floors, memprobe at entry, and
-//! memprobe on jemalloc's slow path once its trial has kept it.
+//! memprobe at defaults (malloc in windows) once they have narrowed.
 use std::{
     io::{BufRead, BufReader},
     path::Path,
@@ -11,7 +11,7 @@ use std::{
 use anyhow::{Context, Result, bail};
 
 use super::{
-    LIBJEMALLOC, SLOW_PATH_KEPT,
+    LIBJEMALLOC,
     floor::{CountsHits, Floor, Place, memprobe_places},
     one_trap::OneTrap,
     said, start_memprobe, stop,
@@ -26,19 +26,19 @@ pub(super) struct AttachedLoops {
     entry: f64,
     /// At entry, with an idle process of the same binary profiled too.
     entry_shared: f64,
-    slow: f64,
+    windows: f64,
 }
 
-/// Seconds the loop allocates untimed while the slow path's trial (5 s on
-/// each side, in alternating slices) decides.
-pub(super) const TRIAL_WARMUP: &str = "20";
+/// Seconds the loop allocates untimed while memprobe's windows narrow to
+/// what its calls cost (judged after a second).
+pub(super) const WINDOWS_WARMUP: &str = "3";
 
 pub(super) fn attached_loops(
     memprobe: &Path,
     malloc_loop: &Path,
     profiles_dir: &str,
 ) -> Result<AttachedLoops> {
-    eprintln!("bench: loops attached with --pid: two-trap and one-trap floors, entry, slow path");
+    eprintln!("bench: loops attached with --pid: two-trap and one-trap floors, entry, defaults");
     let places = memprobe_places(memprobe, malloc_loop, LIBJEMALLOC)?;
     // A 3-s timed loop.
     let timed_loop = || {
@@ -67,10 +67,9 @@ pub(super) fn attached_loops(
         }
         .ns(timed_loop)
     })?;
-    let slow = Attached {
+    let windows = Attached {
         flags: &[],
-        warmup: Some(TRIAL_WARMUP),
-        said_first: Some(SLOW_PATH_KEPT),
+        warmup: Some(WINDOWS_WARMUP),
         ..attached
     }
     .ns(timed_loop)?;
@@ -80,7 +79,7 @@ pub(super) fn attached_loops(
         one_trap,
         entry,
         entry_shared,
-        slow,
+        windows,
     })
 }
 
@@ -224,8 +223,8 @@ pub(super) fn attached_table(none: f64, r: &AttachedLoops) -> String {
         r.entry_shared,
     ));
     table.push_str(&row(
-        "memprobe (default: on jemalloc's slow path), timed after its trial kept it (malloc traps on jemalloc's slow path only)",
-        r.slow,
+        "memprobe at defaults, timed once its windows narrowed (malloc traps in windows only, and on jemalloc's slow path above 4 KiB)",
+        r.windows,
     ));
     table
 }

@@ -133,11 +133,6 @@ fn said(stderr: &Stderr, text: &str) -> Option<Instant> {
         .map(|(at, _)| *at)
 }
 
-/// What memprobe says when a process's slow-path trial keeps the slow path.
-const SLOW_PATH_KEPT: &str = "stays on jemalloc's slow path";
-/// What it says when the trial sends it back to entry sampling.
-const FELL_BACK: &str = "back to entry sampling";
-
 fn stop(child: &mut Child) {
     // SAFETY: signalling our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };

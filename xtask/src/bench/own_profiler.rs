@@ -2,15 +2,12 @@
 //! fixture on tikv-jemallocator built with `profiling`, in its timed loop
 //! (a free and an allocation a pair, scattered over a pool), attached with
 //! `--pid`. memprobe takes jemalloc's samples there; with the profiler
-//! inactive it probes as usual (the slow path, after its trial).
+//! inactive it probes as usual (malloc in windows).
 use std::{path::Path, process::Command};
 
 use anyhow::Result;
 
-use super::{
-    SLOW_PATH_KEPT,
-    attached::{Attached, TRIAL_WARMUP, best_of_three, start_timed, wait_ns},
-};
+use super::attached::{Attached, WINDOWS_WARMUP, best_of_three, start_timed, wait_ns};
 
 /// What memprobe says when it takes jemalloc's own samples.
 const OWN_SAMPLES: &str = "jemalloc's own samples";
@@ -43,13 +40,13 @@ pub(super) fn own_profiler(memprobe: &Path, profiles_dir: &str) -> Result<OwnPro
             profiles_dir,
             flags: &["-v"],
             warmup: Some(warmup),
-            said_first: Some(said_first),
+            said_first,
         };
         attached.ns(|| command(conf))
     };
     // memprobe says it at attach, before the loop's delay ends.
-    let own = attached("prof:true", "1", OWN_SAMPLES)?;
-    let inactive = attached("prof:true,prof_active:false", TRIAL_WARMUP, SLOW_PATH_KEPT)?;
+    let own = attached("prof:true", "1", Some(OWN_SAMPLES))?;
+    let inactive = attached("prof:true,prof_active:false", WINDOWS_WARMUP, None)?;
     Ok(OwnProfiler {
         none,
         prof_none,
@@ -66,7 +63,7 @@ pub(super) fn own_profiler_table(r: &OwnProfiler) -> String {
          | no profiler, jemalloc's profiler off | {:.1} | - |\n\
          | no profiler, `_RJEM_MALLOC_CONF=prof:true` (jemalloc samples every 512 KiB) | {:.1} | - |\n\
          | memprobe, `prof:true`: jemalloc's own samples taken (a trap per sample and per free off the fast path) | {:.1} | {:.1} |\n\
-         | memprobe, `prof:true,prof_active:false`: memprobe's own sampling (the slow path, timed after its trial kept it; every free traps) | {:.0} | {:.0} |\n",
+         | memprobe, `prof:true,prof_active:false`: memprobe's own sampling (malloc in windows, timed once they narrowed; every free traps) | {:.0} | {:.0} |\n",
         r.none,
         r.prof_none,
         r.own,

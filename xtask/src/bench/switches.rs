@@ -21,7 +21,7 @@ pub(super) struct Switches(Vec<f64>);
 const ROUNDS: usize = 3;
 
 /// memprobe's configurations: (label, kernel features it is told to do
-/// without, flags). Entry sampling: no slow-path trial swaps probes.
+/// without, flags). Entry sampling: no window attaches probes.
 const CONFIGS: [(&str, &str, &[&str]); 3] = [
     (
         "memprobe `--sampling entry`: uprobe sessions and uprobe_multi links (Linux 6.13+)",

@@ -14,34 +14,69 @@ use crate::{
     kernel::{ThreadWindow, events::Event},
 };
 
-/// How long a window stays open, and the mean time between two.
+/// How long a window stays open, and the mean time between two: fixed
+/// (`--windows 100ms/4s`), or set by what the windows cost (the default).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WindowTiming {
     pub length: Duration,
-    pub every: Duration,
+    /// `None`: as often as [`WINDOWS_COST`] allows.
+    pub every: Option<Duration>,
 }
 
 impl Default for WindowTiming {
-    /// 100 ms every 4 s on average: 2.5% of the time.
     fn default() -> Self {
         Self {
             length: Duration::from_millis(100),
-            every: Duration::from_secs(4),
+            every: None,
         }
     }
 }
 
+/// What a process's windows may cost it, averaged over the run, as a
+/// share of one CPU: 1%. A program whose calls cost less than that when
+/// every one traps is probed at every call, as entry sampling would (a
+/// fixture, a quiet server); a busier one, in windows open that share of
+/// its cost at every call (a busy redis-server: some 3% of the time).
+pub const WINDOWS_COST: f64 = 0.01;
+
+/// The least share of time in windows, whatever they cost: 100 ms every
+/// 20 s, so that a profile still gets some windows in a minute.
+pub const MIN_DUTY: f64 = 0.005;
+
 impl WindowTiming {
-    /// The wait before the next window: uniform from half the mean to one
-    /// and a half times it, so that window times follow no period of the
-    /// program's shorter than that spread, while each window stands for a
-    /// stretch of the run of about the same length (a sample stands for
-    /// the bytes since the window before: exponential gaps, a few many
-    /// times the mean, made a few windows' samples weigh most of the run).
-    pub(super) fn gap(&self) -> Duration {
-        let mean = self.every.saturating_sub(self.length).as_secs_f64();
+    /// The share of time to spend in windows for a process whose windowed
+    /// probes cost `open_cost` of a CPU while open, to keep their average
+    /// at `target`: the fixed timing's share if one was given.
+    pub fn duty(&self, open_cost: f64, target: f64) -> f64 {
+        if let Some(every) = self.every {
+            return self.length.as_secs_f64() / every.as_secs_f64();
+        }
+        if open_cost <= target {
+            return 1.0;
+        }
+        (target / open_cost).clamp(MIN_DUTY, 1.0)
+    }
+
+    /// The wait before the next window at `duty`: uniform from half the
+    /// mean to one and a half times it, so that window times follow no
+    /// period of the program's shorter than that spread, while each window
+    /// stands for a stretch of the run of about the same length (a sample
+    /// stands for the bytes since the window before: exponential gaps, a
+    /// few many times the mean, made a few windows' samples weigh most of
+    /// the run).
+    pub(super) fn gap(&self, duty: f64) -> Duration {
+        let length = self.length.as_secs_f64();
+        let mean = (length / duty.max(MIN_DUTY) - length).max(0.0);
         Duration::from_secs_f64(mean * rand::random_range(0.5..1.5))
     }
+}
+
+/// How much denser than an entry probe a window open `duty` of the time
+/// samples, as a power of two: about as many samples as sampling every
+/// call would give.
+pub fn window_shift(duty: f64) -> u64 {
+    let shift = (1.0 / duty.max(f64::MIN_POSITIVE)).log2().round();
+    (shift.max(0.0) as u64).min(profiler_common::MAX_WINDOW_SHIFT)
 }
 
 /// One jemalloc copy of a process sampled in windows.
@@ -84,9 +119,25 @@ pub(in crate::run) struct Windows {
     pub(super) copies: Vec<WindowedCopy>,
     /// The window open now (its number), and since when.
     pub(super) open: Option<(u64, Instant)>,
+    /// Whether the open window stays open: calls cheap enough to probe
+    /// every one, whose samples are applied as they come.
+    pub(super) continuous: bool,
     pub(super) next_open: Instant,
     /// Windows opened so far.
     pub opened: u64,
+    /// The share of time windows are open now, and what they may cost on
+    /// average (lowered by the budget).
+    pub(super) duty: f64,
+    pub(super) target: f64,
+    /// When and why the budget narrowed them to their least.
+    pub(super) narrowed: Option<(std::time::SystemTime, String)>,
+    /// The windowed probes' estimated cost so far (seconds), when it was
+    /// last read, and its share of a CPU averaged over the last reading.
+    pub(super) priced: (f64, Instant),
+    pub recent_cost: f64,
+    /// Time spent in windows, and since when the process is sampled so.
+    pub(super) time_open: Duration,
+    pub(super) since: Instant,
     /// Events that came while a window was open, applied once it closes.
     pub(super) held: Vec<Event>,
     /// Per thread, jemalloc's counter at the end of its last window.
@@ -96,15 +147,28 @@ pub(in crate::run) struct Windows {
 /// Events held in one window at most: past this the window closes early.
 const MAX_HELD: usize = 1 << 16;
 
+/// How often a window that stays open is judged against its cost.
+pub(super) const CHECK_EVERY: Duration = Duration::from_secs(1);
+
 impl Windows {
-    pub fn new() -> Self {
+    pub fn new(timing: &WindowTiming) -> Self {
+        let now = Instant::now();
         Self {
             copies: Vec::new(),
             open: None,
+            continuous: false,
             // The first one at once: threads busy at the attach are seen
             // from then on.
-            next_open: Instant::now(),
+            next_open: now,
             opened: 0,
+            // Adaptive windows start open for good, until their cost says.
+            duty: timing.duty(0.0, WINDOWS_COST),
+            target: WINDOWS_COST,
+            narrowed: None,
+            priced: (0.0, now),
+            recent_cost: 0.0,
+            time_open: Duration::ZERO,
+            since: now,
             held: Vec::new(),
             ends: HashMap::new(),
         }
@@ -114,9 +178,29 @@ impl Windows {
         self.copies.push(copy);
     }
 
-    /// When this process's next window opens or its open one closes.
+    /// Stops sampling copy `instance` in windows; the probe indexes its
+    /// windows took, to detach.
+    pub fn remove_copy(&mut self, instance: u16) -> Vec<usize> {
+        let Some(at) = self.copies.iter().position(|c| c.instance == instance) else {
+            return Vec::new();
+        };
+        self.copies.remove(at).slots
+    }
+
+    /// Each copy's note for the profile: how it is sampled, and so far.
+    pub fn notes(&self, timing: &WindowTiming) -> Vec<String> {
+        let note = super::windows_note(timing, Some(self));
+        self.copies
+            .iter()
+            .map(|c| format!("{}: {note}", c.path))
+            .collect()
+    }
+
+    /// When this process's next window opens, its open one closes, or the
+    /// one that stays open is judged.
     pub(super) fn next_change(&self, timing: &WindowTiming) -> Instant {
         match self.open {
+            Some(_) if self.continuous => self.priced.1 + CHECK_EVERY,
             Some((_, since)) if self.held.len() >= MAX_HELD => since,
             Some((_, since)) => since + timing.length,
             None => self.next_open,
@@ -125,11 +209,31 @@ impl Windows {
 
     /// Holds `event` while a window is open; gives it back otherwise.
     pub fn hold(&mut self, event: Event) -> Option<Event> {
-        if self.open.is_none() {
+        if self.open.is_none() || self.continuous {
             return Some(event);
         }
         self.held.push(event);
         None
+    }
+
+    /// Takes the windowed probes' cost so far (`priced` seconds, read
+    /// now): their share of a CPU since the last reading.
+    pub(super) fn cost_since(&mut self, priced: f64, now: Instant) -> f64 {
+        let (before, then) = std::mem::replace(&mut self.priced, (priced, now));
+        let elapsed = now.duration_since(then).as_secs_f64();
+        if elapsed <= 0.0 {
+            return 0.0;
+        }
+        (priced - before).max(0.0) / elapsed
+    }
+
+    /// The share of the time since sampling began spent in windows.
+    pub fn share_open(&self) -> f64 {
+        let open = self.time_open
+            + self
+                .open
+                .map_or(Duration::ZERO, |(_, since)| since.elapsed());
+        open.as_secs_f64() / self.since.elapsed().as_secs_f64().max(1e-3)
     }
 
     /// The weight of each thread's samples in window `number`, from what
@@ -184,7 +288,7 @@ mod tests {
 
     #[test]
     fn a_window_stands_for_what_its_thread_allocated_since_the_last() {
-        let mut windows = Windows::new();
+        let mut windows = Windows::new(&WindowTiming::default());
         // Thread 7 first seen on the slow path at 1,000 bytes, its first
         // window from 41,000 to 42,000: 41,000 bytes in all for 1,000 seen.
         let scales = windows.weigh(1, &[(7, record(1, 41_000, 42_000, 1_000))]);
@@ -203,19 +307,42 @@ mod tests {
 
     #[test]
     fn a_thread_never_seen_on_the_slow_path_stands_for_its_window_alone() {
-        let mut windows = Windows::new();
+        let mut windows = Windows::new(&WindowTiming::default());
         let scales = windows.weigh(1, &[(3, record(1, 5_000, 6_000, 0))]);
         assert_eq!(scales[&3], 1.0);
     }
 
     #[test]
     fn windows_follow_no_period() {
-        let timing = WindowTiming::default();
-        let gaps: Vec<f64> = (0..2000).map(|_| timing.gap().as_secs_f64()).collect();
+        let timing = WindowTiming {
+            length: Duration::from_millis(100),
+            every: Some(Duration::from_secs(4)),
+        };
+        let duty = timing.duty(0.5, WINDOWS_COST);
+        assert!((duty - 0.025).abs() < 1e-9);
+        let gaps: Vec<f64> = (0..2000).map(|_| timing.gap(duty).as_secs_f64()).collect();
         let mean = gaps.iter().sum::<f64>() / gaps.len() as f64;
         // Uniform over 1.95 s to 5.85 s (the time between two less a window).
         assert!((mean - 3.9).abs() < 0.1, "{mean}");
         assert!(gaps.iter().all(|&g| (1.95..=5.85).contains(&g)));
         assert!(gaps.iter().any(|&g| g < 2.2) && gaps.iter().any(|&g| g > 5.6));
+    }
+
+    #[test]
+    fn windows_open_as_long_as_their_cost_allows() {
+        let timing = WindowTiming::default();
+        // Cheap calls: every one probed.
+        assert_eq!(timing.duty(0.004, WINDOWS_COST), 1.0);
+        assert_eq!(window_shift(1.0), 0);
+        // Calls that cost 40% of a CPU when all trap: open 2.5% of the
+        // time, sampled 2^5 times denser.
+        let duty = timing.duty(0.4, WINDOWS_COST);
+        assert!((duty - 0.025).abs() < 1e-9, "{duty}");
+        assert_eq!(window_shift(duty), 5);
+        // Dearer still: never less than MIN_DUTY, nor denser than allowed.
+        assert_eq!(timing.duty(30.0, WINDOWS_COST), MIN_DUTY);
+        assert_eq!(window_shift(MIN_DUTY), profiler_common::MAX_WINDOW_SHIFT);
+        // A budget that allows nothing narrows them to the least.
+        assert_eq!(timing.duty(0.02, 0.0), MIN_DUTY);
     }
 }

@@ -1,9 +1,12 @@
-//! `--sampling windows`: jemalloc's `malloc` and `operator new` probed only
-//! in short windows opened at random times, so that no call traps outside
-//! them and nothing in the program's own cycle can line up with the
-//! samples. Its slow path stays probed for the requests above 4 KiB
-//! (every one reaches it: a big buffer is never left to chance), and its
-//! other entry points and its frees stay probed as always.
+//! `--sampling windows` (the default for jemalloc): its `malloc` and
+//! `operator new` are probed at every call while that costs the process
+//! little ([`WINDOWS_COST`]), and in short windows opened at random times
+//! once it would cost more, open for as small a share of the time as
+//! keeps their cost there. No call traps outside a window, and nothing in
+//! the program's own cycle can line up with the samples. Its slow path
+//! stays probed for the requests above 4 KiB (every one reaches it: a big
+//! buffer is never left to chance), and its other entry points and its
+//! frees stay probed as always.
 //!
 //! Inside a window every call traps, so the program runs slower there than
 //! outside: a window sees fewer calls than its share of time. Its samples
@@ -19,7 +22,7 @@ use std::time::Instant;
 
 use aya::maps::{MapData, RingBuf};
 
-pub use account::WindowTiming;
+pub use account::{MIN_DUTY, WINDOWS_COST, WindowTiming};
 pub(super) use account::{WindowedCopy, Windows};
 
 use crate::{
@@ -28,24 +31,23 @@ use crate::{
 };
 
 impl Session<'_> {
-    /// Samples `copy` of `pid` in windows from now on; the profile says so.
+    /// Samples `copy` of `pid` in windows from now on.
     pub(super) fn start_windows(&mut self, pid: u32, copy: WindowedCopy) {
         let timing = self.options.windows;
-        let note = format!(
-            "{}: malloc and operator new in windows of {} every {} on average (weighed by \
-             jemalloc's per-thread byte counter), requests above 4 KiB on its slow path",
-            copy.path,
-            humantime::format_duration(timing.length),
-            humantime::format_duration(timing.every)
-        );
         if self.options.verbose {
-            let _ = writeln!(self.status, "memprobe: pid {pid}: {note}");
+            let _ = writeln!(
+                self.status,
+                "memprobe: pid {pid}: {}: {}",
+                copy.path,
+                windows_note(&timing, None)
+            );
         }
         let Some(t) = self.tracked.get_mut(&pid) else {
             return;
         };
-        t.sampling_notes.push(note);
-        t.windows.get_or_insert_with(Windows::new).add(copy);
+        t.windows
+            .get_or_insert_with(|| Windows::new(&timing))
+            .add(copy);
     }
 
     /// A copy whose window could not open: its `malloc` and `operator new`
@@ -70,8 +72,6 @@ impl Session<'_> {
             }
         );
         if let Some(t) = self.tracked.get_mut(&pid) {
-            let prefix = format!("{}: malloc and operator new in windows", copy.path);
-            t.sampling_notes.retain(|n| !n.starts_with(&prefix));
             t.sampling_notes.push(format!(
                 "{}: at entry (a window could not open: {why})",
                 copy.path
@@ -79,7 +79,7 @@ impl Session<'_> {
         }
     }
 
-    /// When any process's window opens or closes next.
+    /// When any process's window opens, closes or is judged next.
     pub(super) fn next_window_change(&self) -> Option<Instant> {
         let timing = &self.options.windows;
         self.tracked
@@ -91,24 +91,127 @@ impl Session<'_> {
             .min()
     }
 
-    /// Opens and closes the windows that are due.
+    /// Opens, closes and judges the windows that are due.
     pub(super) fn change_windows(&mut self, ring: &mut RingBuf<MapData>) {
         let now = Instant::now();
         let timing = self.options.windows;
-        let due: Vec<(u32, bool)> = self
+        let due: Vec<(u32, bool, bool)> = self
             .tracked
             .values()
             .filter(|t| !t.exited)
             .filter_map(|t| Some((t.pid, t.windows.as_ref()?)))
             .filter(|(_, w)| !w.copies.is_empty() && w.next_change(&timing) <= now)
-            .map(|(pid, w)| (pid, w.open.is_some()))
+            .map(|(pid, w)| (pid, w.open.is_some(), w.continuous))
             .collect();
-        for (pid, open) in due {
-            if open {
-                self.close_window(pid, Some(&mut *ring));
-            } else {
-                self.open_window(pid);
+        for (pid, open, continuous) in due {
+            match (open, continuous) {
+                (true, true) => self.judge_continuous(pid, ring),
+                (true, false) => {
+                    self.close_window(pid, Some(&mut *ring));
+                    self.after_window(pid);
+                }
+                (false, _) => self.open_window(pid),
             }
+        }
+    }
+
+    /// The estimated seconds `pid`'s windowed probes have cost so far.
+    fn windowed_seconds(&self, pid: u32) -> f64 {
+        let Some(windows) = self.tracked.get(&pid).and_then(|t| t.windows.as_ref()) else {
+            return 0.0;
+        };
+        let hits = self.probes.probe_hits();
+        windows
+            .copies
+            .iter()
+            .flat_map(|c| c.slots.iter())
+            .filter_map(|&i| Some((hits.get(i)?, self.probes.attached.get(i)?)))
+            .map(|(&n, probe)| n as f64 * self.cost_model.per_hit(probe, false).as_secs_f64())
+            .sum()
+    }
+
+    /// A window that stays open, judged once a second: while its calls
+    /// stay cheap it stays open; once dearer, it closes and windows follow.
+    fn judge_continuous(&mut self, pid: u32, ring: &mut RingBuf<MapData>) {
+        let priced = self.windowed_seconds(pid);
+        let timing = self.options.windows;
+        let Some(windows) = self.tracked.get_mut(&pid).and_then(|t| t.windows.as_mut()) else {
+            return;
+        };
+        let cost = windows.cost_since(priced, Instant::now());
+        windows.recent_cost = cost;
+        let duty = timing.duty(cost, windows.target);
+        if duty < 1.0 {
+            windows.duty = duty;
+            self.close_window(pid, Some(ring));
+            self.schedule_next(pid);
+            self.say_verbose(&format!(
+                "pid {pid}: malloc in windows {:.1}% of the time from now (at every call it \
+                 cost {:.1}% of a CPU)",
+                duty * 100.0,
+                cost * 100.0
+            ));
+        }
+    }
+
+    /// After a window closed: what it cost sets how long until the next,
+    /// or, cheap enough, the next opens at once and stays open.
+    fn after_window(&mut self, pid: u32) {
+        let priced = self.windowed_seconds(pid);
+        let timing = self.options.windows;
+        let Some(windows) = self.tracked.get_mut(&pid).and_then(|t| t.windows.as_mut()) else {
+            return;
+        };
+        let cost = windows.cost_since(priced, Instant::now());
+        windows.duty = timing.duty(cost, windows.target);
+        windows.recent_cost = cost * windows.duty;
+        if windows.duty >= 1.0 {
+            self.open_window(pid);
+            self.say_verbose(&format!(
+                "pid {pid}: malloc at every call again (in its last window it cost {:.1}% of \
+                 a CPU)",
+                cost * 100.0
+            ));
+        } else {
+            self.schedule_next(pid);
+        }
+    }
+
+    fn say_verbose(&mut self, line: &str) {
+        if self.options.verbose {
+            self.clear_progress();
+            let _ = writeln!(self.status, "memprobe: {line}");
+        }
+    }
+
+    fn schedule_next(&mut self, pid: u32) {
+        let timing = self.options.windows;
+        if let Some(windows) = self.tracked.get_mut(&pid).and_then(|t| t.windows.as_mut()) {
+            windows.next_open = Instant::now() + timing.gap(windows.duty);
+        }
+    }
+
+    /// What narrowing `pid`'s windows to their least would save, as a
+    /// share of a CPU (their recent cost, less what [`MIN_DUTY`] keeps);
+    /// `None` where they are at their least already, or fixed.
+    pub(super) fn narrowing_saves(&self, pid: u32) -> Option<f64> {
+        if self.options.windows.every.is_some() {
+            return None;
+        }
+        let windows = self.tracked.get(&pid)?.windows.as_ref()?;
+        if windows.copies.is_empty() || windows.narrowed.is_some() {
+            return None;
+        }
+        Some(windows.recent_cost * (1.0 - MIN_DUTY / windows.duty.max(MIN_DUTY)))
+    }
+
+    /// Lowers what `pid`'s windows may cost to nothing (the budget's first
+    /// step), for `why`: from their next judgement they open [`MIN_DUTY`]
+    /// of the time.
+    pub(super) fn narrow_windows(&mut self, pid: u32, why: &str) {
+        if let Some(windows) = self.tracked.get_mut(&pid).and_then(|t| t.windows.as_mut()) {
+            windows.target = 0.0;
+            windows.narrowed = Some((std::time::SystemTime::now(), why.to_owned()));
         }
     }
 
@@ -117,9 +220,11 @@ impl Session<'_> {
             return;
         };
         let number = windows.opened + 1;
+        let continuous = windows.duty >= 1.0;
         let mut failed = Vec::new();
         for (k, copy) in windows.copies.iter_mut().enumerate() {
             copy.config.window = number;
+            copy.config.window_shift = account::window_shift(windows.duty);
             let told = self.probes.set_fast_path(pid, copy.instance, copy.config);
             let file = (copy.path.as_str(), copy.open_path.as_path());
             let attached = told
@@ -146,22 +251,28 @@ impl Session<'_> {
         }
         windows.opened = number;
         windows.open = Some((number, Instant::now()));
+        windows.continuous = continuous;
         if let Some(t) = self.tracked.get_mut(&pid) {
             t.windows = Some(windows);
+        }
+        // Its cost is read from here.
+        let priced = self.windowed_seconds(pid);
+        if let Some(windows) = self.tracked.get_mut(&pid).and_then(|t| t.windows.as_mut()) {
+            windows.cost_since(priced, Instant::now());
         }
     }
 
     /// At the end of the run, one last window in every process sampled in
-    /// windows (the one open, or a new one), closed with the ring drained:
-    /// what each thread allocated since its previous window is in the last
-    /// profile, not left out.
+    /// short windows (the one open, or a new one), closed with the ring
+    /// drained: what each thread allocated since its previous window is in
+    /// the last profile, not left out.
     pub(super) async fn last_windows(&mut self, ring: &mut RingBuf<MapData>) {
         let pids: Vec<(u32, bool)> = self
             .tracked
             .values()
             .filter(|t| !t.exited)
             .filter_map(|t| Some((t.pid, t.windows.as_ref()?)))
-            .filter(|(_, w)| !w.copies.is_empty())
+            .filter(|(_, w)| !w.copies.is_empty() && !w.continuous)
             .map(|(pid, w)| (pid, w.open.is_some()))
             .collect();
         if pids.is_empty() {
@@ -178,16 +289,17 @@ impl Session<'_> {
         }
     }
 
-    /// Closes `pid`'s window if one is open (before a snapshot: what it
-    /// held is then in it).
+    /// Closes `pid`'s short window if one is open (before a snapshot: what
+    /// it held is then in it); one that stays open holds nothing.
     pub(super) fn close_open_window(&mut self, pid: u32) {
         let open = self
             .tracked
             .get(&pid)
             .and_then(|t| t.windows.as_ref())
-            .is_some_and(|w| w.open.is_some());
+            .is_some_and(|w| w.open.is_some() && !w.continuous);
         if open {
             self.close_window(pid, None);
+            self.schedule_next(pid);
         }
     }
 
@@ -216,9 +328,11 @@ impl Session<'_> {
         let Some(windows) = t.windows.as_mut() else {
             return;
         };
-        let Some((number, _)) = windows.open.take() else {
+        let Some((number, opened)) = windows.open.take() else {
             return;
         };
+        windows.time_open += opened.elapsed();
+        windows.continuous = false;
         let mut tids: Vec<u32> = crate::proc::thread_ids(pid);
         tids.extend(windows.held.iter().map(|e| e.header().tid));
         tids.sort_unstable();
@@ -228,7 +342,6 @@ impl Session<'_> {
             .filter_map(|tid| Some((tid, self.probes.thread_window(pid, tid)?)))
             .collect();
         let scales = windows.weigh(number, &records);
-        windows.next_open = Instant::now() + self.options.windows.gap();
         for mut event in std::mem::take(&mut windows.held) {
             if let Event::Sampled {
                 header,
@@ -242,4 +355,40 @@ impl Session<'_> {
             t.heap.apply(event);
         }
     }
+}
+
+/// How a copy's `malloc` and `operator new` are sampled, for the profile
+/// (with the share of time in windows so far) and `--verbose`.
+pub(super) fn windows_note(timing: &WindowTiming, windows: Option<&Windows>) -> String {
+    let how = match timing.every {
+        Some(every) => format!(
+            "in windows of {} every {} on average",
+            humantime::format_duration(timing.length),
+            humantime::format_duration(every)
+        ),
+        None => format!(
+            "at every call while that costs under {:.0}% of a CPU, else in windows of {} at \
+             random times",
+            WINDOWS_COST * 100.0,
+            humantime::format_duration(timing.length)
+        ),
+    };
+    let so_far = windows.map_or(String::new(), |w| {
+        let narrowed = w.narrowed.as_ref().map_or(String::new(), |(at, why)| {
+            format!(
+                ", narrowed to {:.1}% since {} ({why})",
+                MIN_DUTY * 100.0,
+                humantime::format_rfc3339_seconds(*at)
+            )
+        });
+        format!(
+            "; in windows {:.1}% of the time so far{}{narrowed}",
+            w.share_open() * 100.0,
+            if w.continuous { ", every call now" } else { "" }
+        )
+    });
+    format!(
+        "malloc and operator new {how} (weighed by jemalloc's per-thread byte counter){so_far}, \
+         requests above 4 KiB on its slow path"
+    )
 }

@@ -26,12 +26,11 @@ use table::cpu_per_request;
 pub(super) use table::redis_table;
 
 use super::{
-    FELL_BACK, SLOW_PATH_KEPT, Usage,
+    Usage,
     attached::ONE_TRAP,
     floor::{CountsHits, Floor, Place},
-    line_with,
     one_trap::OneTrap,
-    said, start_memprobe, stop, usage,
+    start_memprobe, stop, usage,
 };
 
 /// Where the profiled twin's memprobe serves /metrics, read for the time it
@@ -64,8 +63,6 @@ struct Half {
     rounds: Vec<Round>,
     /// memprobe's report of the time it added over the `with` runs.
     reported: Option<f64>,
-    /// What a slow-path mode's trial had decided before the measured runs.
-    trial: Option<&'static str>,
     /// memprobe's own CPU and peak RSS at the end of the half.
     own: Usage,
 }
@@ -152,10 +149,9 @@ struct Run {
 }
 
 /// The sampling modes compared: (label, memprobe's flags).
-const MODES: [(&str, &[&str]); 5] = [
+const MODES: [(&str, &[&str]); 4] = [
     ("memprobe, `--sampling entry`", &["--sampling", "entry"]),
-    ("memprobe, default (jemalloc's slow path)", &[]),
-    ("memprobe, `--sampling windows`", &["--sampling", "windows"]),
+    ("memprobe, default (malloc in windows)", &[]),
     (
         "memprobe, `--track allocations --sampling entry`",
         &["--track", "allocations", "--sampling", "entry"],
@@ -264,7 +260,6 @@ pub(super) fn redis_bench(
             let halves = crossover(twins, |pair, half| {
                 attached_half(memprobe, profiles_dir, pair, flags, half)
             })?;
-            report_trial(label, &halves);
             measured(&mut rows, label, halves);
         }
         Ok(RedisResult {
@@ -382,13 +377,13 @@ fn sleeps(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
-/// Most warm-up runs while the slow path's trial decides.
-const MAX_WARMUP: usize = 8;
+/// Warm-up runs under load before the timed ones: time for the windows
+/// to narrow to what the calls cost.
+const WARMUP_RUNS: usize = 2;
 
-/// memprobe attached to `pair[0]` in one mode: warm-up runs under load
-/// until the slow path's trial (if any) has decided, then the runs in
-/// turn, with memprobe's report of what it added over them read from its
-/// /metrics just before and after.
+/// memprobe attached to `pair[0]` in one mode: warm-up runs under load,
+/// then the runs in turn, with memprobe's report of what it added over
+/// them read from its /metrics just before and after.
 fn attached_half(
     memprobe: &Path,
     profiles_dir: &str,
@@ -400,20 +395,10 @@ fn attached_half(
     let mut args = vec!["--pid", &pid, "-o", profiles_dir, "--listen", LISTEN];
     args.extend_from_slice(flags);
     let (mut probe, stderr) = start_memprobe(memprobe, &args)?;
-    // Entry and windows sampling have no trial to wait for.
-    let on_trial = !flags.contains(&"entry") && !flags.contains(&"windows");
-    let decided = || said(&stderr, SLOW_PATH_KEPT).or(said(&stderr, FELL_BACK));
-    let mut runs = 0;
-    while runs < MAX_WARMUP && (runs < 2 || on_trial && decided().is_none()) {
+    for _ in 0..WARMUP_RUNS {
         measure_run(pair[0])?;
-        runs += 1;
     }
-    let kept = said(&stderr, SLOW_PATH_KEPT).map(|_| "kept the slow path");
-    let fell_back = said(&stderr, FELL_BACK).map(|_| "fell back to entry sampling");
-    half.trial = on_trial.then(|| kept.or(fell_back).unwrap_or("had not decided"));
-    if let (Some(decision), Some(line)) = (half.trial, line_with(&stderr, FELL_BACK)) {
-        eprintln!("bench:   after {runs} warm-up runs the trial {decision}: {line}");
-    }
+    drop(stderr);
     let added = || {
         // /metrics is refreshed every second; redis is idle meanwhile.
         std::thread::sleep(Duration::from_millis(1500));
@@ -426,14 +411,6 @@ fn attached_half(
     half.own = usage(probe.id());
     stop(&mut probe);
     Ok(())
-}
-
-/// Says on stderr what a slow-path mode's trials decided.
-fn report_trial(label: &str, halves: &[Half; 2]) {
-    let decisions: Vec<&str> = halves.iter().filter_map(|half| half.trial).collect();
-    if !decisions.is_empty() {
-        eprintln!("bench: {label}: the trials {}", decisions.join(", then "));
-    }
 }
 
 /// `memprobe_added_seconds_total` of `pid`, read from memprobe's /metrics.
@@ -457,9 +434,7 @@ fn requests_per_second(server: Server) -> Result<f64> {
         .args(["-n", &load.requests().to_string()])
         .args(["-d", &load.value_bytes.to_string()])
         .args(["-P", &load.pipeline.to_string()])
-        // Random keys, as real clients' are: with one fixed key every
-        // request allocates the same sizes, a cycle the slow path's trial
-        // rightly refuses (see README).
+        // Random keys, as real clients' are.
         .args(["-r", "1000000", "-q"])
         .output()?;
     let text = String::from_utf8_lossy(&output.stdout);

@@ -39,14 +39,8 @@ fn table_row(row: &Row) -> String {
     let mean = |value: fn(&Runs) -> f64, runs: fn(&Half) -> Runs| {
         (value(&runs(a)) + value(&runs(b))) / 2.0
     };
-    let trials: Vec<&str> = row.halves.iter().filter_map(|h| h.trial).collect();
-    let undecided = if trials.iter().all(|&t| t == "kept the slow path") {
-        String::new()
-    } else {
-        format!(" (its trials: {})", trials.join("; "))
-    };
     format!(
-        "| {}{undecided} | {:.0} ({:.1}%) | {:.2} ({:.2}) | {cpu} | {:.0} ({:.0}) | {} | {} |\n",
+        "| {} | {:.0} ({:.1}%) | {:.2} ({:.2}) | {cpu} | {:.0} ({:.0}) | {} | {} |\n",
         row.label,
         mean(Runs::rate, Half::with),
         100.0 * rate,
