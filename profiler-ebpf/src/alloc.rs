@@ -146,7 +146,7 @@ pub(crate) fn record_allocation(
         )
     };
     let sizes = (size, align, window);
-    if copy && !frame_pointers_suffice(id) {
+    if copy && (thread.past_entry || !frame_pointers_suffice(id)) {
         let queued = EVENTS.query(BPF_RB_AVAIL_DATA as u64);
         if queued <= busy_bytes && send_with_stack::<STACK_COPY_BYTES>(ctx, thread, sizes) {
             return true;

@@ -111,9 +111,15 @@ pub(crate) fn probe_cookie<C: EbpfContext>(ctx: &C) -> u64 {
 }
 
 /// This thread's sampling state, created on its first allocation.
+#[derive(Clone, Copy)]
 pub(crate) struct Thread {
     pub(crate) id: u64,
     pub(crate) state: *mut ThreadState,
+    /// Whether the probe is past the entry of the call the program made
+    /// (jemalloc's slow path, inside `malloc` or `operator new`): the
+    /// program's last frame is then not at the stack's top, and frame
+    /// pointers, which a call's entry leaves for its caller, miss it.
+    pub(crate) past_entry: bool,
 }
 
 impl Thread {
@@ -126,7 +132,11 @@ impl Thread {
             return None;
         }
         if let Some(state) = THREADS.get_ptr_mut(id) {
-            return Some(Self { id, state });
+            return Some(Self {
+                id,
+                state,
+                past_entry: false,
+            });
         }
         let fresh = ThreadState {
             bytes_until_sample: draw_countdown(),
@@ -141,7 +151,11 @@ impl Thread {
         };
         let _ = THREADS.insert(id, fresh, 0);
         let state = THREADS.get_ptr_mut(id)?;
-        Some(Self { id, state })
+        Some(Self {
+            id,
+            state,
+            past_entry: false,
+        })
     }
 
     /// Remembers where `rsp` will be when the call in flight returns.

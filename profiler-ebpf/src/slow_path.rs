@@ -24,6 +24,10 @@ const POINTER: PendingCall = PendingCall {
 /// Returns whether the call's return half is needed.
 #[inline(always)]
 pub(crate) fn on_slow_path(ctx: &ProbeContext, thread: &Thread) -> bool {
+    let thread = &Thread {
+        past_entry: true,
+        ..*thread
+    };
     let size = Args::of(ctx).arg(0);
     let Some((config, allocated)) = counters(ctx, thread) else {
         return on_allocation(ctx, thread, size, 0, POINTER);
