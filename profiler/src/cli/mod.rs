@@ -33,8 +33,9 @@ Examples:
   exit with its exit code:
     sudo memprobe --output /tmp/prof -- ./server --port 8080
 
-  A busy database, never slowed by more than 5% of a CPU for over 10 s
-  (beyond that memprobe writes its profile and detaches from it):
+  A busy database whose probes never cost it more than 5% of its own CPU
+  time for over 10 s (beyond that memprobe stops tracking its frees, then
+  detaches from it):
     sudo memprobe --pid 1234 --max-overhead 5 --duration 30m
 
   Every malloc sampled where it is called (a trap per call), not on
@@ -159,19 +160,22 @@ pub struct Cli {
     #[arg(long, value_name = "WHAT", value_enum, default_value_t = TrackArg::All)]
     pub track: TrackArg,
 
-    /// The most a process's probes may cost it, in percent of one CPU
-    /// (estimated from its probe hits and the per-hit costs timed on this
-    /// host at start, with an allowance for what the traps evict from a
-    /// busy process's caches): a process above it for 10 s first loses its
-    /// free probes (its profile then counts allocations only, and says
-    /// since when), and if still above it 10 s later is written out and
+    /// The most a process's probes may cost it, in percent of the CPU time
+    /// it uses itself (estimated from its probe hits and the per-hit costs
+    /// timed on this host, with an allowance for what the traps evict from
+    /// a busy process's caches; probes costing under 1% of one CPU are
+    /// always within it): a process above it for 10 s first has its
+    /// sampling windows narrowed where that is enough, else loses its free
+    /// probes (its profile then counts allocations only, and says since
+    /// when), and if still above it 10 s later is written out and
     /// detached; memprobe says so each time. `none` for no limit. Not with
-    /// --all, whose probes are shared by every process.
+    /// --all's system-wide probes (`--sampling entry`).
     #[arg(long, value_name = "PCT", default_value = "10", value_parser = parse_overhead)]
     pub max_overhead: Overhead,
 
     /// How jemalloc's malloc and operator new are sampled: `windows` (at
-    /// every call while that costs the process under 1% of a CPU; once
+    /// every call while that costs the process under 1% of the CPU time it
+    /// uses itself, or 0.1% of one CPU; once
     /// dearer, only in 100 ms windows opened at random times, for as small
     /// a share of the time as keeps them at that cost, each sample weighed
     /// by its thread's bytes from jemalloc's own counter; requests above

@@ -175,6 +175,25 @@ pub fn main_thread_switches(pid: u32) -> Option<u64> {
     context_switches(&status)
 }
 
+/// The CPU time `pid` has used so far, all its threads, user and system
+/// (probe traps included: they run in its threads), in seconds.
+pub fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(proc_path(pid, "stat")).ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    cpu_ticks(&stat).map(|t| t as f64 / ticks.max(1) as f64)
+}
+
+/// utime + stime from a `stat` line: fields 14 and 15, counted after the
+/// command's closing parenthesis (a command may hold spaces and ')').
+fn cpu_ticks(stat: &str) -> Option<u64> {
+    let (_, rest) = stat.rsplit_once(')')?;
+    let mut fields = rest.split_whitespace().skip(11);
+    let utime: u64 = fields.next()?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    Some(utime + stime)
+}
+
 /// The sum of `voluntary_ctxt_switches` and `nonvoluntary_ctxt_switches`
 /// in a task's `status` text.
 fn context_switches(status: &str) -> Option<u64> {
@@ -198,6 +217,13 @@ pub fn all_pids() -> Vec<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cpu_ticks_are_read_past_a_command_with_spaces_and_parentheses() {
+        let stat = "4242 (a b) c) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 37 0 0 20 0 3";
+        assert_eq!(cpu_ticks(stat), Some(287));
+        assert!(cpu_seconds(std::process::id()).is_some());
+    }
 
     #[test]
     fn an_exited_process_has_no_maps() {

@@ -1,7 +1,11 @@
 //! `--max-overhead PCT`: a process whose probes cost it more than PCT% of
-//! one CPU for [`SUSTAINED`] in a row is made cheaper, step by step, and
-//! memprobe says why: a production process is never slowed beyond what the
-//! user allowed for longer than that.
+//! the CPU time it uses itself for [`SUSTAINED`] in a row is made cheaper,
+//! step by step, and memprobe says why: a production process is never
+//! slowed beyond what the user allowed for longer than that. (A share of
+//! its own CPU time, not of one CPU: 10% of one CPU is a quarter of a
+//! percent of a database using 40, and a tenfold slowdown of a process
+//! using a tenth of one. Probes that cost under [`NEGLIGIBLE`] of one CPU
+//! are never over: a process that sleeps uses next to nothing itself.)
 //! 1. Where narrowing its sampling windows to their least would bring it
 //!    under, they are narrowed, and its profile's `# malloc_sampling:`
 //!    says since when.
@@ -28,6 +32,10 @@ use crate::run::{
 /// How long a process may stay over its budget.
 pub const SUSTAINED: Duration = Duration::from_secs(10);
 
+/// Probes costing a process less than this share of one CPU are within
+/// any budget.
+pub const NEGLIGIBLE: f64 = 0.01;
+
 /// What the budget counts per unit of estimated cost. The calibration times
 /// traps in a tight loop; in a busy server each trap also costs what the
 /// kernel's work evicts from the server's caches, which no tight loop
@@ -41,24 +49,53 @@ pub const INDIRECT_ALLOWANCE: f64 = 1.5;
 /// One process's recent cost, for the budget.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct BudgetWindow {
-    /// Added seconds so far, and when they were read.
-    last: Option<(f64, Instant)>,
+    /// Added seconds and CPU seconds so far, and when they were read.
+    last: Option<(Spent, Instant)>,
     /// Since when the process has been over budget without a break.
     over_since: Option<Instant>,
+    /// What its probes cost over the last reading, a share of one CPU
+    /// (their estimated time, no allowance).
+    pub cost: f64,
+}
+
+/// What a process has spent so far, in seconds: the time its probes added
+/// (estimated), and its CPU time (probes included, as the kernel counts).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Spent {
+    pub added: f64,
+    pub cpu: f64,
+}
+
+impl Spent {
+    /// What the probes cost since `before`, allowance included, as a share
+    /// of the CPU time the process used itself meanwhile (at least a
+    /// quarter of what it used: an estimate above the time the traps took
+    /// must not make it look idle); 0 under [`NEGLIGIBLE`] of one CPU.
+    fn share_since(&self, before: &Spent, elapsed: f64) -> f64 {
+        let added = (self.added - before.added).max(0.0) * INDIRECT_ALLOWANCE;
+        if added / elapsed < NEGLIGIBLE {
+            return 0.0;
+        }
+        let used = (self.cpu - before.cpu).max(0.0);
+        let own = (used - added / INDIRECT_ALLOWANCE).max(used / 4.0);
+        added / own.max(1e-3 * elapsed)
+    }
 }
 
 impl BudgetWindow {
-    /// Takes the process's estimated added seconds so far; returns its
-    /// share of one CPU since the last reading, allowance included, once
-    /// that has been over `budget` (a fraction of one CPU) for [`SUSTAINED`].
-    pub fn observe(&mut self, now: Instant, added_seconds: f64, budget: f64) -> Option<f64> {
-        let previous = self.last.replace((added_seconds, now));
+    /// Takes what the process has spent so far; returns its probes' cost
+    /// since the last reading, allowance included, as a share of the CPU
+    /// time it used itself, once that has been over `budget` for
+    /// [`SUSTAINED`].
+    pub fn observe(&mut self, now: Instant, spent: Spent, budget: f64) -> Option<f64> {
+        let previous = self.last.replace((spent, now));
         let (before, then) = previous?;
         let elapsed = now.duration_since(then).as_secs_f64();
         if elapsed <= 0.0 {
             return None;
         }
-        let share = (added_seconds - before) / elapsed * INDIRECT_ALLOWANCE;
+        self.cost = (spent.added - before.added).max(0.0) / elapsed;
+        let share = spent.share_since(&before, elapsed);
         if share <= budget {
             self.over_since = None;
             return None;
@@ -86,8 +123,11 @@ impl Session<'_> {
             .values_mut()
             .filter(|t| !t.exited)
             .filter_map(|t| {
-                let seconds = added.get(&t.pid).map_or(0.0, |&(_, seconds)| seconds);
-                Some((t.pid, t.budget.observe(now, seconds, budget)?))
+                let spent = Spent {
+                    added: added.get(&t.pid).map_or(0.0, |&(_, seconds)| seconds),
+                    cpu: crate::proc::cpu_seconds(t.pid)?,
+                };
+                Some((t.pid, t.budget.observe(now, spent, budget)?))
             })
             .collect();
         for (pid, share) in over {
@@ -106,7 +146,11 @@ impl Session<'_> {
         let Some(saves) = self.narrowing_saves(pid) else {
             return false;
         };
-        if share - saves * INDIRECT_ALLOWANCE > budget {
+        let cost = self.tracked.get(&pid).map_or(0.0, |t| t.budget.cost);
+        // The share that would be left: the rest of its probes' cost, for
+        // about the same CPU time of its own.
+        let left = share * (1.0 - saves / cost.max(1e-9)).clamp(0.0, 1.0);
+        if left > budget {
             return false;
         }
         let reason = over_budget(share, budget);
@@ -185,8 +229,9 @@ impl Session<'_> {
 /// Why a process is over its budget, for its profile and stderr.
 fn over_budget(share: f64, budget: f64) -> String {
     format!(
-        "over budget: its probes cost {:.0}% of a CPU for {} s ({:.0}% estimated from their \
-         measured costs, {:.0}% more allowed for the caches they disturb), above --max-overhead {:.0}%",
+        "over budget: its probes cost it {:.0}% of the CPU time it used itself for {} s ({:.0}% \
+         estimated from their measured costs, {:.0}% more allowed for the caches they disturb), \
+         above --max-overhead {:.0}%",
         share * 100.0,
         SUSTAINED.as_secs(),
         share / INDIRECT_ALLOWANCE * 100.0,
@@ -199,47 +244,72 @@ fn over_budget(share: f64, budget: f64) -> String {
 mod tests {
     use super::*;
 
+    /// After `n` seconds of a process using `cpu` of a CPU, `added` of it
+    /// the probes' estimated time.
+    fn spent(n: f64, added: f64, cpu: f64) -> Spent {
+        Spent {
+            added: added * n,
+            cpu: cpu * n,
+        }
+    }
+
     #[test]
     fn over_budget_only_when_sustained() {
         let start = Instant::now();
         let mut window = BudgetWindow::default();
         let second = |n: u64| start + Duration::from_secs(n);
-        assert_eq!(window.observe(second(0), 0.0, 0.1), None);
-        // 50% of a CPU each second: over a 10% budget, said at 10 s.
+        assert_eq!(window.observe(second(0), spent(0.0, 0.5, 1.0), 0.1), None);
+        // Traps take half of the one CPU it uses: over a 10% budget, said
+        // at 10 s.
         for n in 1..10 {
-            assert_eq!(window.observe(second(n), 0.5 * n as f64, 0.1), None, "{n}");
+            let observed = window.observe(second(n), spent(n as f64, 0.5, 1.0), 0.1);
+            assert_eq!(observed, None, "{n}");
         }
-        let share = window.observe(second(10), 5.0, 0.1).expect("over for 10 s");
-        assert!((share - 0.5 * INDIRECT_ALLOWANCE).abs() < 1e-9);
+        let share = window
+            .observe(second(10), spent(10.0, 0.5, 1.0), 0.1)
+            .expect("over for 10 s");
+        // 0.75 s counted (the allowance) for 0.5 s of its own.
+        assert!((share - 1.5).abs() < 1e-9, "{share}");
         // A quiet second starts the count again.
         let mut window = BudgetWindow::default();
-        window.observe(second(0), 0.0, 0.1);
-        for n in 1..6 {
-            window.observe(second(n), 0.5 * n as f64, 0.1);
+        let mut at = Spent::default();
+        window.observe(second(0), at, 0.1);
+        for n in 1..16 {
+            let quiet = n == 6;
+            at.added += if quiet { 0.0 } else { 0.5 };
+            at.cpu += 1.0;
+            let observed = window.observe(second(n), at, 0.1);
+            assert_eq!(observed, None, "{n}");
         }
-        window.observe(second(6), 2.5, 0.1);
-        for n in 7..16 {
-            let added = 2.5 + 0.5 * (n - 6) as f64;
-            assert_eq!(window.observe(second(n), added, 0.1), None, "{n}");
-        }
-        assert!(window.observe(second(16), 7.5, 0.1).is_some());
+        at.added += 0.5;
+        at.cpu += 1.0;
+        assert!(window.observe(second(16), at, 0.1).is_some());
     }
 
     #[test]
-    fn the_allowance_counts_against_the_budget() {
+    fn the_budget_is_a_share_of_what_the_process_uses_itself() {
         let start = Instant::now();
         let second = |n: u64| start + Duration::from_secs(n);
-        let over = |estimated: f64| {
+        let over = |added: f64, cpu: f64| {
             let mut window = BudgetWindow::default();
             (0..=10).any(|n| {
                 window
-                    .observe(second(n), estimated * n as f64, 0.1)
+                    .observe(second(n), spent(n as f64, added, cpu), 0.1)
                     .is_some()
             })
         };
-        // Estimated at 7% of a CPU: above a 10% budget once traps' effect
-        // on the caches is allowed for; 6% stays under it.
-        assert!(over(0.07));
-        assert!(!over(0.06));
+        // A database using 40 CPUs, its probes 2 of them: 3 counted
+        // against its 38, 8%: within a 10% budget.
+        assert!(!over(2.0, 40.0));
+        // A process using a tenth of a CPU, its probes 2% of one: 3%
+        // counted against its own 8%, over.
+        assert!(over(0.02, 0.1));
+        // A process that sleeps: probes at 0.5% of a CPU are negligible.
+        assert!(!over(0.005, 0.006));
+        // The allowance counts: probes estimated at 6.5% of the one CPU
+        // it uses, 9.75% counted against its own 93.5%: 10.4%, over; 6%
+        // stays under.
+        assert!(over(0.065, 1.0));
+        assert!(!over(0.06, 1.0));
     }
 }

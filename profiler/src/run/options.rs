@@ -80,9 +80,9 @@ pub struct SessionOptions {
     /// and to name their frames. Default: none (`/usr/lib/debug` in each
     /// process's root is always searched).
     pub debug_dir: Option<PathBuf>,
-    /// `--max-overhead`: the share of one CPU (0.1 = 10%) a process's probes
-    /// may cost it for 10 s before it is written out and detached; `None`
-    /// for no budget. Default: 10%.
+    /// `--max-overhead`: the share of the CPU time a process uses itself
+    /// (0.1 = 10%) its probes may cost it for 10 s before they are made
+    /// cheaper; `None` for no budget. Default: 10%.
     pub max_overhead: Option<f64>,
     /// `--sampling`. Default: in windows where it can be.
     pub sampling: Sampling,

@@ -1,8 +1,8 @@
 //! The price of profiling: the time memprobe reports adding, from per-hit
 //! costs it measures on this host at start, agrees with what a target
 //! actually gains; and `--max-overhead` steps a process that stays above
-//! it down, dropping its frees and then detaching it, writing its profile
-//! at each step.
+//! it down, narrowing its windows, dropping its frees and then detaching
+//! it, writing its profile at each step.
 use std::{
     process::{Command, Stdio},
     time::{Duration, Instant},
@@ -170,6 +170,43 @@ fn a_busy_process_at_defaults_is_profiled_to_the_end_of_its_duration() {
     let tracking = tracking_note(last);
     assert!(tracking.starts_with("allocations only since"), "{tracking}");
     assert!(tracking.contains("above --max-overhead 10%"), "{tracking}");
+}
+
+/// The budget's first step: a busy program with no free probed (`--track
+/// allocations`) whose windows (fixed here at half the time) cost it more
+/// than a 20% budget has them narrowed, which is enough: it is not
+/// detached, and that is said on stderr and in its profile. (What is left
+/// is jemalloc's slow path, some 20,000 traps a second in this loop, with
+/// no work between its calls: a tighter budget would detach it.)
+#[test]
+fn windows_are_narrowed_before_anything_else() {
+    let _guard = exclusive();
+    let out = output_dir("budget_narrows_windows");
+    let env = [("FIXTURE_SECONDS", "28")];
+    let mut fixture = Fixture::start(&aliasing_fixture(), &env);
+    let flags = [
+        "--track",
+        "allocations",
+        "--windows",
+        "500ms/1s",
+        "--max-overhead",
+        "20",
+        "-v",
+    ];
+    let memprobe = Memprobe::attach(&fixture, &out, &flags);
+    fixture.run_workload();
+    let stderr = memprobe.stop();
+    assert!(fixture.finish().success());
+    assert!(
+        stderr.contains("sampling windows narrowed to 0.5% of the time, over budget"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("detached, over budget"), "{stderr}");
+    let heaps = heap_files(&out);
+    assert_eq!(heaps.len(), 1, "{stderr}");
+    let note = malloc_sampling_note(&heaps[0]);
+    assert!(note.contains("narrowed to 0.5% since"), "{note}");
+    assert!(note.contains("above --max-overhead 20%"), "{note}");
 }
 
 /// Nanoseconds per malloc+free pair the loop prints last.
