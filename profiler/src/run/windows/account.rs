@@ -33,11 +33,16 @@ impl Default for WindowTiming {
 }
 
 /// What a process's windows may cost it, averaged over the run, as a
-/// share of one CPU: 1%. A program whose calls cost less than that when
-/// every one traps is probed at every call, as entry sampling would (a
-/// fixture, a quiet server); a busier one, in windows open that share of
-/// its cost at every call (a busy redis-server: some 3% of the time).
+/// share of the CPU time it uses itself: 1%. A program whose calls cost
+/// less than that when every one traps is probed at every call, as entry
+/// sampling would; a busier one, in windows open that share of what every
+/// call would cost (a busy redis-server: some 3% of the time).
 pub const WINDOWS_COST: f64 = 0.01;
+
+/// Below this share of one CPU (0.1%: some 1,000 traps a second) calls are
+/// probed at every call whatever the process uses itself: a quiet
+/// program, a short one, an allocation burst.
+pub const ALWAYS_OPEN_BELOW: f64 = 0.001;
 
 /// The least share of time in windows, whatever they cost: 100 ms every
 /// 20 s, so that a profile still gets some windows in a minute.
@@ -46,15 +51,16 @@ pub const MIN_DUTY: f64 = 0.005;
 impl WindowTiming {
     /// The share of time to spend in windows for a process whose windowed
     /// probes cost `open_cost` of a CPU while open, to keep their average
-    /// at `target`: the fixed timing's share if one was given.
-    pub fn duty(&self, open_cost: f64, target: f64) -> f64 {
+    /// at `allowed` (a share of a CPU): the fixed timing's share if one was
+    /// given.
+    pub fn duty(&self, open_cost: f64, allowed: f64) -> f64 {
         if let Some(every) = self.every {
             return self.length.as_secs_f64() / every.as_secs_f64();
         }
-        if open_cost <= target {
+        if open_cost <= allowed.max(ALWAYS_OPEN_BELOW) {
             return 1.0;
         }
-        (target / open_cost).clamp(MIN_DUTY, 1.0)
+        (allowed / open_cost).clamp(MIN_DUTY, 1.0)
     }
 
     /// The wait before the next window at `duty`: uniform from half the
@@ -122,6 +128,8 @@ pub(in crate::run) struct Windows {
     /// Whether the open window stays open: calls cheap enough to probe
     /// every one, whose samples are applied as they come.
     pub(super) continuous: bool,
+    /// Judgements in a row that found it over its cost.
+    pub(super) over: u32,
     pub(super) next_open: Instant,
     /// Windows opened so far.
     pub opened: u64,
@@ -131,10 +139,19 @@ pub(in crate::run) struct Windows {
     pub(super) target: f64,
     /// When and why the budget narrowed them to their least.
     pub(super) narrowed: Option<(std::time::SystemTime, String)>,
-    /// The windowed probes' estimated cost so far (seconds), when it was
-    /// last read, and its share of a CPU averaged over the last reading.
+    /// The windowed probes' estimated cost so far (seconds) and when it
+    /// was last read; the same at the last window's close; and their share
+    /// of a CPU averaged over the last cycle (the last window and the gap
+    /// before it; the last second, for one that stays open).
     pub(super) priced: (f64, Instant),
+    pub(super) at_last_close: (f64, Instant),
     pub recent_cost: f64,
+    /// The process's CPU seconds and its windows' cost (seconds) when last
+    /// read, and its own CPU use (a share of a CPU, its windows' traps not
+    /// counted) between the last two readings: what the windows' cost is
+    /// held to a share of.
+    pub(super) cpu: (f64, f64, Instant),
+    pub(super) own_cpu: f64,
     /// Time spent in windows, and since when the process is sampled so.
     pub(super) time_open: Duration,
     pub(super) since: Instant,
@@ -147,8 +164,17 @@ pub(in crate::run) struct Windows {
 /// Events held in one window at most: past this the window closes early.
 const MAX_HELD: usize = 1 << 16;
 
+/// The least span over which a process's own CPU use is read.
+const MIN_SPAN: f64 = 0.5;
+
 /// How often a window that stays open is judged against its cost.
 pub(super) const CHECK_EVERY: Duration = Duration::from_secs(1);
+
+/// Judgements in a row over its cost before a window that stays open
+/// closes: an allocation burst shorter than that is seen at every call
+/// (in windows, what a burst allocates between two is seen only through
+/// the next window of the same thread, and it may have none).
+pub(super) const NARROW_AFTER: u32 = 3;
 
 impl Windows {
     pub fn new(timing: &WindowTiming) -> Self {
@@ -157,16 +183,20 @@ impl Windows {
             copies: Vec::new(),
             open: None,
             continuous: false,
+            over: 0,
             // The first one at once: threads busy at the attach are seen
             // from then on.
             next_open: now,
             opened: 0,
             // Adaptive windows start open for good, until their cost says.
-            duty: timing.duty(0.0, WINDOWS_COST),
+            duty: timing.duty(0.0, 0.0),
             target: WINDOWS_COST,
             narrowed: None,
             priced: (0.0, now),
+            at_last_close: (0.0, now),
             recent_cost: 0.0,
+            cpu: (0.0, 0.0, now),
+            own_cpu: 0.0,
             time_open: Duration::ZERO,
             since: now,
             held: Vec::new(),
@@ -225,6 +255,43 @@ impl Windows {
             return 0.0;
         }
         (priced - before).max(0.0) / elapsed
+    }
+
+    /// Takes the process's CPU seconds so far and the windows' cost so far
+    /// (`priced`, seconds), read now: its own CPU use since the last
+    /// reading, a share of a CPU, kept as `own_cpu`. Readings less than
+    /// [`MIN_SPAN`] apart are left for a longer span (CPU time is counted
+    /// in 10 ms ticks). (At least a quarter of what it used: an estimate of
+    /// the traps' cost above the time they took must not make it look
+    /// idle.)
+    pub(super) fn own_cpu_since(&mut self, cpu: f64, priced: f64, now: Instant) {
+        let (before, priced_before, then) = self.cpu;
+        let elapsed = now.duration_since(then).as_secs_f64();
+        if before > 0.0 && elapsed < MIN_SPAN {
+            return;
+        }
+        self.cpu = (cpu, priced, now);
+        if before == 0.0 {
+            return;
+        }
+        let used = (cpu - before).max(0.0);
+        let windowed = (priced - priced_before).max(0.0);
+        self.own_cpu = (used - windowed).max(used / 4.0) / elapsed;
+    }
+
+    /// What the windows may cost on average, a share of a CPU: their
+    /// target share of what the process uses itself.
+    pub(super) fn allowed(&self) -> f64 {
+        self.target * self.own_cpu
+    }
+
+    /// The share of time to open them for windows that cost `open_cost`
+    /// of a CPU while open: `timing`'s, and their least once narrowed.
+    pub(super) fn next_duty(&self, timing: &WindowTiming, open_cost: f64) -> f64 {
+        match (self.narrowed.is_some(), timing.every) {
+            (true, Some(_)) => MIN_DUTY,
+            _ => timing.duty(open_cost, self.allowed()),
+        }
     }
 
     /// The share of the time since sampling began spent in windows.
@@ -331,18 +398,40 @@ mod tests {
     #[test]
     fn windows_open_as_long_as_their_cost_allows() {
         let timing = WindowTiming::default();
+        // A process using one CPU may spend 1% of a CPU in windows.
+        let allowed = WINDOWS_COST * 1.0;
         // Cheap calls: every one probed.
-        assert_eq!(timing.duty(0.004, WINDOWS_COST), 1.0);
+        assert_eq!(timing.duty(0.004, allowed), 1.0);
         assert_eq!(window_shift(1.0), 0);
         // Calls that cost 40% of a CPU when all trap: open 2.5% of the
         // time, sampled 2^5 times denser.
-        let duty = timing.duty(0.4, WINDOWS_COST);
+        let duty = timing.duty(0.4, allowed);
         assert!((duty - 0.025).abs() < 1e-9, "{duty}");
         assert_eq!(window_shift(duty), 5);
         // Dearer still: never less than MIN_DUTY, nor denser than allowed.
-        assert_eq!(timing.duty(30.0, WINDOWS_COST), MIN_DUTY);
+        assert_eq!(timing.duty(30.0, allowed), MIN_DUTY);
         assert_eq!(window_shift(MIN_DUTY), profiler_common::MAX_WINDOW_SHIFT);
-        // A budget that allows nothing narrows them to the least.
+        // A budget that allows nothing narrows them to the least, unless
+        // they cost next to nothing.
         assert_eq!(timing.duty(0.02, 0.0), MIN_DUTY);
+        assert_eq!(timing.duty(0.0005, 0.0), 1.0);
+    }
+
+    #[test]
+    fn their_cost_is_held_to_a_share_of_what_the_process_uses() {
+        let mut windows = Windows::new(&WindowTiming::default());
+        let start = windows.cpu.2;
+        let at = |ms: u64| start + Duration::from_millis(ms);
+        windows.own_cpu_since(10.0, 0.0, at(1000));
+        // 0.5 s of CPU in 2 s, 0.1 s of it the windows' traps.
+        windows.own_cpu_since(10.5, 0.1, at(3000));
+        assert!((windows.own_cpu - 0.2).abs() < 1e-9, "{}", windows.own_cpu);
+        assert!((windows.allowed() - 0.002).abs() < 1e-9);
+        // Too soon after: left for a longer span.
+        windows.own_cpu_since(10.51, 0.1, at(3100));
+        assert_eq!(windows.cpu.0, 10.5);
+        // Traps estimated above what it used: a quarter of that, not 0.
+        windows.own_cpu_since(10.9, 1.1, at(5000));
+        assert!((windows.own_cpu - 0.05).abs() < 1e-9, "{}", windows.own_cpu);
     }
 }

@@ -45,9 +45,59 @@ impl Session<'_> {
         let Some(t) = self.tracked.get_mut(&pid) else {
             return;
         };
-        t.windows
-            .get_or_insert_with(|| Windows::new(&timing))
-            .add(copy);
+        let windows = t.windows.get_or_insert_with(|| Windows::new(&timing));
+        let Some((number, _)) = windows.open else {
+            let first = windows.opened == 0;
+            windows.add(copy);
+            // The first window opens before the attach is announced: a
+            // program that starts allocating when told memprobe is there
+            // is seen from its first call.
+            if first {
+                self.open_window(pid);
+            }
+            return;
+        };
+        // A library loaded while a window is open (one that stays open, or
+        // a short one) joins it at once.
+        let shift = account::window_shift(windows.duty);
+        let mut copy = copy;
+        match self.attach_in_window(pid, &mut copy, number, shift) {
+            Ok(()) => {
+                if let Some(w) = self.tracked.get_mut(&pid).and_then(|t| t.windows.as_mut()) {
+                    w.add(copy);
+                }
+            }
+            Err(why) => self.fall_back_to_entry(pid, &copy, &why),
+        }
+    }
+
+    /// Attaches `copy`'s windowed probes for window `number`, its calls
+    /// counted 2^`shift` times.
+    fn attach_in_window(
+        &mut self,
+        pid: u32,
+        copy: &mut WindowedCopy,
+        number: u64,
+        shift: u64,
+    ) -> Result<(), String> {
+        copy.config.window = number;
+        copy.config.window_shift = shift;
+        if !self.probes.set_fast_path(pid, copy.instance, copy.config) {
+            return Err("the kernel's table of fast paths is full".into());
+        }
+        let file = (copy.path.as_str(), copy.open_path.as_path());
+        let slots = self
+            .probes
+            .attach_window(
+                Scope::Process(pid),
+                file,
+                &copy.served,
+                copy.instance,
+                &copy.slots,
+            )
+            .map_err(|e| crate::error::chain(&e))?;
+        copy.slots = slots;
+        Ok(())
     }
 
     /// A copy whose window could not open: its `malloc` and `operator new`
@@ -130,26 +180,47 @@ impl Session<'_> {
             .sum()
     }
 
+    /// Reads what `pid`'s windows cost and what it uses itself; the
+    /// windows' share of a CPU since the last reading (a window's cost
+    /// when read at its close).
+    fn read_costs(&mut self, pid: u32) -> f64 {
+        let priced = self.windowed_seconds(pid);
+        let cpu = crate::proc::cpu_seconds(pid);
+        let now = Instant::now();
+        let Some(windows) = self.tracked.get_mut(&pid).and_then(|t| t.windows.as_mut()) else {
+            return 0.0;
+        };
+        if let Some(cpu) = cpu {
+            windows.own_cpu_since(cpu, priced, now);
+        }
+        windows.cost_since(priced, now)
+    }
+
     /// A window that stays open, judged once a second: while its calls
     /// stay cheap it stays open; once dearer, it closes and windows follow.
     fn judge_continuous(&mut self, pid: u32, ring: &mut RingBuf<MapData>) {
-        let priced = self.windowed_seconds(pid);
+        let cost = self.read_costs(pid);
         let timing = self.options.windows;
         let Some(windows) = self.tracked.get_mut(&pid).and_then(|t| t.windows.as_mut()) else {
             return;
         };
-        let cost = windows.cost_since(priced, Instant::now());
         windows.recent_cost = cost;
-        let duty = timing.duty(cost, windows.target);
-        if duty < 1.0 {
+        let duty = windows.next_duty(&timing, cost);
+        windows.over = if duty < 1.0 { windows.over + 1 } else { 0 };
+        if windows.over >= account::NARROW_AFTER {
+            windows.over = 0;
+            windows.at_last_close = windows.priced;
             windows.duty = duty;
             self.close_window(pid, Some(ring));
             self.schedule_next(pid);
+            let own = self.tracked.get(&pid).and_then(|t| t.windows.as_ref());
+            let own = own.map_or(0.0, |w| w.own_cpu);
             self.say_verbose(&format!(
                 "pid {pid}: malloc in windows {:.1}% of the time from now (at every call it \
-                 cost {:.1}% of a CPU)",
+                 cost {:.1}% of a CPU; the process used {:.0}% of one itself)",
                 duty * 100.0,
-                cost * 100.0
+                cost * 100.0,
+                own * 100.0
             ));
         }
     }
@@ -157,14 +228,18 @@ impl Session<'_> {
     /// After a window closed: what it cost sets how long until the next,
     /// or, cheap enough, the next opens at once and stays open.
     fn after_window(&mut self, pid: u32) {
-        let priced = self.windowed_seconds(pid);
+        let cost = self.read_costs(pid);
         let timing = self.options.windows;
         let Some(windows) = self.tracked.get_mut(&pid).and_then(|t| t.windows.as_mut()) else {
             return;
         };
-        let cost = windows.cost_since(priced, Instant::now());
-        windows.duty = timing.duty(cost, windows.target);
-        windows.recent_cost = cost * windows.duty;
+        windows.duty = windows.next_duty(&timing, cost);
+        let (priced, now) = windows.priced;
+        let (before, then) = std::mem::replace(&mut windows.at_last_close, (priced, now));
+        let cycle = now.duration_since(then).as_secs_f64();
+        if cycle > 0.0 {
+            windows.recent_cost = (priced - before).max(0.0) / cycle;
+        }
         if windows.duty >= 1.0 {
             self.open_window(pid);
             self.say_verbose(&format!(
@@ -193,11 +268,8 @@ impl Session<'_> {
 
     /// What narrowing `pid`'s windows to their least would save, as a
     /// share of a CPU (their recent cost, less what [`MIN_DUTY`] keeps);
-    /// `None` where they are at their least already, or fixed.
+    /// `None` where they are at their least already.
     pub(super) fn narrowing_saves(&self, pid: u32) -> Option<f64> {
-        if self.options.windows.every.is_some() {
-            return None;
-        }
         let windows = self.tracked.get(&pid)?.windows.as_ref()?;
         if windows.copies.is_empty() || windows.narrowed.is_some() {
             return None;
@@ -207,7 +279,7 @@ impl Session<'_> {
 
     /// Lowers what `pid`'s windows may cost to nothing (the budget's first
     /// step), for `why`: from their next judgement they open [`MIN_DUTY`]
-    /// of the time.
+    /// of the time (fixed ones too).
     pub(super) fn narrow_windows(&mut self, pid: u32, why: &str) {
         if let Some(windows) = self.tracked.get_mut(&pid).and_then(|t| t.windows.as_mut()) {
             windows.target = 0.0;
@@ -221,27 +293,11 @@ impl Session<'_> {
         };
         let number = windows.opened + 1;
         let continuous = windows.duty >= 1.0;
+        let shift = account::window_shift(windows.duty);
         let mut failed = Vec::new();
         for (k, copy) in windows.copies.iter_mut().enumerate() {
-            copy.config.window = number;
-            copy.config.window_shift = account::window_shift(windows.duty);
-            let told = self.probes.set_fast_path(pid, copy.instance, copy.config);
-            let file = (copy.path.as_str(), copy.open_path.as_path());
-            let attached = told
-                .then(|| {
-                    self.probes.attach_window(
-                        Scope::Process(pid),
-                        file,
-                        &copy.served,
-                        copy.instance,
-                        &copy.slots,
-                    )
-                })
-                .map(|result| result.map_err(|e| crate::error::chain(&e)))
-                .unwrap_or_else(|| Err("the kernel's table of fast paths is full".into()));
-            match attached {
-                Ok(slots) => copy.slots = slots,
-                Err(why) => failed.push((k, why)),
+            if let Err(why) = self.attach_in_window(pid, copy, number, shift) {
+                failed.push((k, why));
             }
         }
         // A copy whose window cannot open is sampled at entry from now on.
@@ -256,10 +312,7 @@ impl Session<'_> {
             t.windows = Some(windows);
         }
         // Its cost is read from here.
-        let priced = self.windowed_seconds(pid);
-        if let Some(windows) = self.tracked.get_mut(&pid).and_then(|t| t.windows.as_mut()) {
-            windows.cost_since(priced, Instant::now());
-        }
+        self.read_costs(pid);
     }
 
     /// At the end of the run, one last window in every process sampled in
@@ -367,8 +420,8 @@ pub(super) fn windows_note(timing: &WindowTiming, windows: Option<&Windows>) -> 
             humantime::format_duration(every)
         ),
         None => format!(
-            "at every call while that costs under {:.0}% of a CPU, else in windows of {} at \
-             random times",
+            "at every call while that costs under {:.0}% of the CPU time the process uses, \
+             else in windows of {} at random times",
             WINDOWS_COST * 100.0,
             humantime::format_duration(timing.length)
         ),
