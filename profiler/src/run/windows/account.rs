@@ -77,12 +77,21 @@ impl WindowTiming {
     }
 }
 
+/// The densest a window samples, whatever the interval: a sample per
+/// 4 KiB allocated on average. Every call traps in a window; a sample per
+/// call or so on top (a 4 KiB interval made 32 times denser) filled the
+/// ring buffer of a loop allocating a million times a second.
+pub const DENSEST_INTERVAL: u64 = 4096;
+
 /// How much denser than an entry probe a window open `duty` of the time
-/// samples, as a power of two: about as many samples as sampling every
-/// call would give.
-pub fn window_shift(duty: f64) -> u64 {
+/// samples at `interval`, as a power of two: about as many samples as
+/// sampling every call would give, never denser than [`DENSEST_INTERVAL`].
+pub fn window_shift(duty: f64, interval: u64) -> u64 {
     let shift = (1.0 / duty.max(f64::MIN_POSITIVE)).log2().round();
-    (shift.max(0.0) as u64).min(profiler_common::MAX_WINDOW_SHIFT)
+    let densest = (interval / DENSEST_INTERVAL).max(1).ilog2() as u64;
+    (shift.max(0.0) as u64)
+        .min(profiler_common::MAX_WINDOW_SHIFT)
+        .min(densest)
 }
 
 /// One jemalloc copy of a process sampled in windows.
@@ -130,6 +139,9 @@ pub(in crate::run) struct Windows {
     pub(super) continuous: bool,
     /// Judgements in a row that found it over its cost.
     pub(super) over: u32,
+    /// Since when its short windows have found calls cheap enough to
+    /// probe every one.
+    cheap_since: Option<Instant>,
     pub(super) next_open: Instant,
     /// Windows opened so far.
     pub opened: u64,
@@ -176,6 +188,11 @@ pub(super) const CHECK_EVERY: Duration = Duration::from_secs(1);
 /// the next window of the same thread, and it may have none).
 pub(super) const NARROW_AFTER: u32 = 3;
 
+/// How long short windows must find calls cheap before every call is
+/// probed again: a pause in a busy program's work (a server between two
+/// bursts of requests) is no reason to trap at every call when it resumes.
+pub(super) const WIDEN_AFTER: Duration = Duration::from_secs(30);
+
 impl Windows {
     pub fn new(timing: &WindowTiming) -> Self {
         let now = Instant::now();
@@ -184,6 +201,7 @@ impl Windows {
             open: None,
             continuous: false,
             over: 0,
+            cheap_since: None,
             // The first one at once: threads busy at the attach are seen
             // from then on.
             next_open: now,
@@ -283,6 +301,24 @@ impl Windows {
     /// target share of what the process uses itself.
     pub(super) fn allowed(&self) -> f64 {
         self.target * self.own_cpu
+    }
+
+    /// Takes the share of time in windows their last one asked for
+    /// (`wanted`, from [`Self::next_duty`]), at `now`: the share from now
+    /// on. Narrower at once; every call again only once windows have
+    /// asked for it for [`WIDEN_AFTER`].
+    pub(super) fn settle_duty(&mut self, wanted: f64, now: Instant) -> f64 {
+        if wanted < 1.0 {
+            self.cheap_since = None;
+            self.duty = wanted;
+            return wanted;
+        }
+        let since = *self.cheap_since.get_or_insert(now);
+        if now.duration_since(since) >= WIDEN_AFTER {
+            self.cheap_since = None;
+            self.duty = 1.0;
+        }
+        self.duty
     }
 
     /// The share of time to open them for windows that cost `open_cost`
@@ -402,19 +438,40 @@ mod tests {
         let allowed = WINDOWS_COST * 1.0;
         // Cheap calls: every one probed.
         assert_eq!(timing.duty(0.004, allowed), 1.0);
-        assert_eq!(window_shift(1.0), 0);
+        let interval = 512 * 1024;
+        assert_eq!(window_shift(1.0, interval), 0);
         // Calls that cost 40% of a CPU when all trap: open 2.5% of the
         // time, sampled 2^5 times denser.
         let duty = timing.duty(0.4, allowed);
         assert!((duty - 0.025).abs() < 1e-9, "{duty}");
-        assert_eq!(window_shift(duty), 5);
+        assert_eq!(window_shift(duty, interval), 5);
+        // At a 4 KiB interval, no denser than that.
+        assert_eq!(window_shift(duty, 4096), 0);
+        assert_eq!(window_shift(duty, 32 * 1024), 3);
         // Dearer still: never less than MIN_DUTY, nor denser than allowed.
         assert_eq!(timing.duty(30.0, allowed), MIN_DUTY);
-        assert_eq!(window_shift(MIN_DUTY), profiler_common::MAX_WINDOW_SHIFT);
+        let shift = window_shift(MIN_DUTY, interval);
+        assert_eq!(shift, profiler_common::MAX_WINDOW_SHIFT);
         // A budget that allows nothing narrows them to the least, unless
         // they cost next to nothing.
         assert_eq!(timing.duty(0.02, 0.0), MIN_DUTY);
         assert_eq!(timing.duty(0.0005, 0.0), 1.0);
+    }
+
+    #[test]
+    fn a_pause_does_not_bring_back_every_call_at_once() {
+        let mut windows = Windows::new(&WindowTiming::default());
+        let start = Instant::now();
+        let at = |s: u64| start + Duration::from_secs(s);
+        assert_eq!(windows.settle_duty(0.03, at(0)), 0.03);
+        // A window in a pause: cheap, but the share stays.
+        assert_eq!(windows.settle_duty(1.0, at(4)), 0.03);
+        // Busy again: the cheap stretch starts over.
+        assert_eq!(windows.settle_duty(0.05, at(8)), 0.05);
+        assert_eq!(windows.settle_duty(1.0, at(12)), 0.05);
+        assert_eq!(windows.settle_duty(1.0, at(30)), 0.05);
+        // Cheap for WIDEN_AFTER: every call.
+        assert_eq!(windows.settle_duty(1.0, at(42)), 1.0);
     }
 
     #[test]

@@ -59,7 +59,7 @@ impl Session<'_> {
         };
         // A library loaded while a window is open (one that stays open, or
         // a short one) joins it at once.
-        let shift = account::window_shift(windows.duty);
+        let shift = account::window_shift(windows.duty, self.options.sample_interval);
         let mut copy = copy;
         match self.attach_in_window(pid, &mut copy, number, shift) {
             Ok(()) => {
@@ -226,14 +226,16 @@ impl Session<'_> {
     }
 
     /// After a window closed: what it cost sets how long until the next,
-    /// or, cheap enough, the next opens at once and stays open.
+    /// or, cheap enough for long enough, the next opens at once and stays
+    /// open.
     fn after_window(&mut self, pid: u32) {
         let cost = self.read_costs(pid);
         let timing = self.options.windows;
         let Some(windows) = self.tracked.get_mut(&pid).and_then(|t| t.windows.as_mut()) else {
             return;
         };
-        windows.duty = windows.next_duty(&timing, cost);
+        let wanted = windows.next_duty(&timing, cost);
+        windows.settle_duty(wanted, Instant::now());
         let (priced, now) = windows.priced;
         let (before, then) = std::mem::replace(&mut windows.at_last_close, (priced, now));
         let cycle = now.duration_since(then).as_secs_f64();
@@ -293,7 +295,7 @@ impl Session<'_> {
         };
         let number = windows.opened + 1;
         let continuous = windows.duty >= 1.0;
-        let shift = account::window_shift(windows.duty);
+        let shift = account::window_shift(windows.duty, self.options.sample_interval);
         let mut failed = Vec::new();
         for (k, copy) in windows.copies.iter_mut().enumerate() {
             if let Err(why) = self.attach_in_window(pid, copy, number, shift) {
