@@ -165,7 +165,8 @@ pub struct Cli {
     /// timed on this host, with an allowance for what the traps evict from
     /// a busy process's caches; probes costing under 1% of one CPU are
     /// always within it): a process above it for 10 s first has its
-    /// sampling windows narrowed where that is enough, else loses its free
+    /// sampling windows narrowed where they make a good part of the cost
+    /// (and is judged again), else loses its free
     /// probes (its profile then counts allocations only, and says since
     /// when), and if still above it 10 s later is written out and
     /// detached; memprobe says so each time. `none` for no limit. Not with

@@ -6,9 +6,9 @@
 //! percent of a database using 40, and a tenfold slowdown of a process
 //! using a tenth of one. Probes that cost under [`NEGLIGIBLE`] of one CPU
 //! are never over: a process that sleeps uses next to nothing itself.)
-//! 1. Where narrowing its sampling windows to their least would bring it
-//!    under, they are narrowed, and its profile's `# malloc_sampling:`
-//!    says since when.
+//! 1. Where its sampling windows make a good part of the cost, they are
+//!    narrowed to their least, and its profile's `# malloc_sampling:`
+//!    says since when; it is judged again at its new cost.
 //! 2. Else its frees are no longer probed: a snapshot is written (the last
 //!    exact in-use profile), and from then on its profile counts
 //!    allocations only, which each snapshot's `# tracking:` note says.
@@ -35,6 +35,10 @@ pub const SUSTAINED: Duration = Duration::from_secs(10);
 /// Probes costing a process less than this share of one CPU are within
 /// any budget.
 pub const NEGLIGIBLE: f64 = 0.01;
+
+/// The share of a process's probe cost its windows must make for
+/// narrowing them to be the budget's first step.
+const NARROWING_WORTH: f64 = 1.0 / 3.0;
 
 /// What the budget counts per unit of estimated cost. The calibration times
 /// traps in a tight loop; in a busy server each trap also costs what the
@@ -131,7 +135,7 @@ impl Session<'_> {
             })
             .collect();
         for (pid, share) in over {
-            if self.narrow_windows_enough(pid, share, budget) {
+            if self.narrow_windows_if_worth(pid, share, budget) {
                 continue;
             }
             if !self.drop_frees(pid, share, budget) {
@@ -140,17 +144,17 @@ impl Session<'_> {
         }
     }
 
-    /// The first step, where it is enough: `pid`'s windows narrowed to
-    /// their least. False where that would leave it over budget.
-    fn narrow_windows_enough(&mut self, pid: u32, share: f64, budget: f64) -> bool {
+    /// The first step, where the windows are a good part of the cost:
+    /// `pid`'s windows narrowed to their least. False where they are not.
+    fn narrow_windows_if_worth(&mut self, pid: u32, share: f64, budget: f64) -> bool {
         let Some(saves) = self.narrowing_saves(pid) else {
             return false;
         };
+        // Worth a step of its own where the windows are a good part of the
+        // cost (judged again afterwards, at the new cost); a busy process
+        // whose frees cost most goes to the next step at once.
         let cost = self.tracked.get(&pid).map_or(0.0, |t| t.budget.cost);
-        // The share that would be left: the rest of its probes' cost, for
-        // about the same CPU time of its own.
-        let left = share * (1.0 - saves / cost.max(1e-9)).clamp(0.0, 1.0);
-        if left > budget {
+        if saves < cost * NARROWING_WORTH {
             return false;
         }
         let reason = over_budget(share, budget);
