@@ -153,6 +153,9 @@ pub enum Part {
     /// redis-server under redis-benchmark's own load alone (3-byte values,
     /// not pipelined), in the most rounds.
     RedisDefaultLoad,
+    /// redis-server under the other loads: other requests, value sizes and
+    /// pipelining.
+    RedisOtherLoads,
     /// Offline reports of a large profile.
     Offline,
 }
@@ -186,6 +189,7 @@ pub fn bench(only: Option<Part>) -> Result<()> {
     let loads: &[Load] = match only {
         None | Some(Part::Redis) => &redis::LOADS,
         Some(Part::RedisDefaultLoad) => &redis::LOADS[..1],
+        Some(Part::RedisOtherLoads) => &redis::LOADS[1..],
         Some(_) => &[],
     };
     if !loads.is_empty() {
@@ -198,8 +202,8 @@ pub fn bench(only: Option<Part>) -> Result<()> {
         };
         for &load in loads {
             eprintln!(
-                "bench: redis-server under redis-benchmark, {}-byte values, pipelining {}",
-                load.value_bytes, load.pipeline
+                "bench: redis-server under redis-benchmark {}, {}-byte values, pipelining {}",
+                load.tests, load.value_bytes, load.pipeline
             );
             let redis = redis_bench(&memprobe, &profiles_dir, &places, load)?;
             table.push_str(&redis_table(&redis));

@@ -148,17 +148,29 @@ struct Run {
     sleeps: u64,
 }
 
-/// The sampling modes compared: (label, memprobe's flags).
-const MODES: [(&str, &[&str]); 4] = [
-    ("memprobe, `--sampling entry`", &["--sampling", "entry"]),
-    ("memprobe, default (malloc in windows)", &[]),
+/// The sampling modes compared: (label, memprobe's flags, warm-up runs
+/// under load before the timed ones).
+const MODES: [(&str, &[&str], usize); 5] = [
+    (
+        "memprobe, `--sampling entry`",
+        &["--sampling", "entry"],
+        WARMUP_RUNS,
+    ),
+    ("memprobe, default (malloc in windows)", &[], WARMUP_RUNS),
+    (
+        "memprobe, default, timed from its attach on (its first minute and more)",
+        &[],
+        0,
+    ),
     (
         "memprobe, `--track allocations --sampling entry`",
         &["--track", "allocations", "--sampling", "entry"],
+        WARMUP_RUNS,
     ),
     (
         "memprobe, `--track allocations`",
         &["--track", "allocations"],
+        WARMUP_RUNS,
     ),
 ];
 
@@ -168,7 +180,9 @@ const FLOOR: &str =
 /// What redis-benchmark sends.
 #[derive(Clone, Copy)]
 pub(super) struct Load {
-    /// The size of the values SET.
+    /// redis-benchmark's tests run (`-t`): `set,get`, `lpush`, `hset`.
+    pub tests: &'static str,
+    /// The size of the values written.
     pub value_bytes: u32,
     /// Requests each client sends before it waits for replies (`-P`): 1, a
     /// server that sleeps between requests; 16, one kept busy, as a
@@ -187,23 +201,40 @@ impl Load {
 }
 
 /// The loads redis-server is measured under. First redis-benchmark's own
-/// (3-byte values, not pipelined), in more rounds than the rest: the load
-/// the README's goals are stated for. Then 256-byte values, whose SETs
-/// repeat one cycle of sizes that jemalloc's threshold aliases with (see
-/// README), and 3-byte values pipelined, which keep the server busy: where
-/// the traps' indirect costs show.
-pub(super) const LOADS: [Load; 3] = [
+/// (SET and GET of 3-byte values, not pipelined), in more rounds than the
+/// rest: the load the README's goals are stated for. Then other shapes a
+/// server's requests take, each request allocating the same sizes: SETs
+/// of 512-byte values, LPUSHes onto one list, HSETs of 4 KiB values (above
+/// jemalloc's fast path: its slow path sees each); and 3-byte values
+/// pipelined, which keep the server busy: where the traps' indirect costs
+/// show.
+pub(super) const LOADS: [Load; 5] = [
     Load {
+        tests: "set,get",
         value_bytes: 3,
         pipeline: 1,
         rounds: 4,
     },
     Load {
-        value_bytes: 256,
+        tests: "set,get",
+        value_bytes: 512,
         pipeline: 1,
         rounds: 1,
     },
     Load {
+        tests: "lpush",
+        value_bytes: 3,
+        pipeline: 1,
+        rounds: 1,
+    },
+    Load {
+        tests: "hset",
+        value_bytes: 4096,
+        pipeline: 1,
+        rounds: 1,
+    },
+    Load {
+        tests: "set,get",
         value_bytes: 3,
         pipeline: 16,
         rounds: 1,
@@ -256,9 +287,9 @@ pub(super) fn redis_bench(
         measured(&mut rows, FLOOR, halves);
         let halves = floor_halves(twins, |pid| OneTrap::attach(pid, &places[1]))?;
         measured(&mut rows, ONE_TRAP, halves);
-        for (label, flags) in MODES {
+        for (label, flags, warmup) in MODES {
             let halves = crossover(twins, |pair, half| {
-                attached_half(memprobe, profiles_dir, pair, flags, half)
+                attached_half(memprobe, profiles_dir, pair, (flags, warmup), half)
             })?;
             measured(&mut rows, label, halves);
         }
@@ -381,21 +412,21 @@ fn sleeps(pid: u32) -> u64 {
 /// to narrow to what the calls cost.
 const WARMUP_RUNS: usize = 2;
 
-/// memprobe attached to `pair[0]` in one mode: warm-up runs under load,
+/// memprobe attached to `pair[0]` in one mode: `warmup` runs under load,
 /// then the runs in turn, with memprobe's report of what it added over
 /// them read from its /metrics just before and after.
 fn attached_half(
     memprobe: &Path,
     profiles_dir: &str,
     pair: [Server; 2],
-    flags: &[&str],
+    (flags, warmup): (&[&str], usize),
     half: &mut Half,
 ) -> Result<()> {
     let pid = pair[0].pid.to_string();
     let mut args = vec!["--pid", &pid, "-o", profiles_dir, "--listen", LISTEN];
     args.extend_from_slice(flags);
     let (mut probe, stderr) = start_memprobe(memprobe, &args)?;
-    for _ in 0..WARMUP_RUNS {
+    for _ in 0..warmup {
         measure_run(pair[0])?;
     }
     drop(stderr);
@@ -425,12 +456,12 @@ fn scraped_added_seconds(pid: u32) -> Option<f64> {
     line.rsplit(' ').next()?.parse().ok()
 }
 
-/// One redis-benchmark run's mean requests per second over SET and GET.
+/// One redis-benchmark run's mean requests per second over its tests.
 fn requests_per_second(server: Server) -> Result<f64> {
     let load = server.load;
     let output = Command::new("taskset")
         .args(["-c", "1", "redis-benchmark", "-h", "127.0.0.1"])
-        .args(["-p", server.port, "-t", "set,get"])
+        .args(["-p", server.port, "-t", load.tests])
         .args(["-n", &load.requests().to_string()])
         .args(["-d", &load.value_bytes.to_string()])
         .args(["-P", &load.pipeline.to_string()])
