@@ -1,6 +1,6 @@
-//! What a process's windows keep: their timing, the copies they attach,
-//! the events held while one is open, and each thread's account of bytes
-//! by which its samples are weighed.
+//! What a process's windows keep: the copies they attach, the events held
+//! while one is open, what they cost and the process uses, and each
+//! thread's account of bytes by which its samples are weighed.
 use std::{
     collections::HashMap,
     path::{Path, PathBuf},
@@ -9,90 +9,11 @@ use std::{
 
 use profiler_common::FastPathConfig;
 
+use super::timing::{MIN_DUTY, WINDOWS_COST, WindowTiming};
 use crate::{
     discover::Allocator,
     kernel::{ThreadWindow, events::Event},
 };
-
-/// How long a window stays open, and the mean time between two: fixed
-/// (`--windows 100ms/4s`), or set by what the windows cost (the default).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct WindowTiming {
-    pub length: Duration,
-    /// `None`: as often as [`WINDOWS_COST`] allows.
-    pub every: Option<Duration>,
-}
-
-impl Default for WindowTiming {
-    fn default() -> Self {
-        Self {
-            length: Duration::from_millis(100),
-            every: None,
-        }
-    }
-}
-
-/// What a process's windows may cost it, averaged over the run, as a
-/// share of the CPU time it uses itself: 1%. A program whose calls cost
-/// less than that when every one traps is probed at every call, as entry
-/// sampling would; a busier one, in windows open that share of what every
-/// call would cost (a busy redis-server: some 3% of the time).
-pub const WINDOWS_COST: f64 = 0.01;
-
-/// Below this share of one CPU (0.1%: some 1,000 traps a second) calls are
-/// probed at every call whatever the process uses itself: a quiet
-/// program, a short one, an allocation burst.
-pub const ALWAYS_OPEN_BELOW: f64 = 0.001;
-
-/// The least share of time in windows, whatever they cost: 100 ms every
-/// 20 s, so that a profile still gets some windows in a minute.
-pub const MIN_DUTY: f64 = 0.005;
-
-impl WindowTiming {
-    /// The share of time to spend in windows for a process whose windowed
-    /// probes cost `open_cost` of a CPU while open, to keep their average
-    /// at `allowed` (a share of a CPU): the fixed timing's share if one was
-    /// given.
-    pub fn duty(&self, open_cost: f64, allowed: f64) -> f64 {
-        if let Some(every) = self.every {
-            return self.length.as_secs_f64() / every.as_secs_f64();
-        }
-        if open_cost <= allowed.max(ALWAYS_OPEN_BELOW) {
-            return 1.0;
-        }
-        (allowed / open_cost).clamp(MIN_DUTY, 1.0)
-    }
-
-    /// The wait before the next window at `duty`: uniform from half the
-    /// mean to one and a half times it, so that window times follow no
-    /// period of the program's shorter than that spread, while each window
-    /// stands for a stretch of the run of about the same length (a sample
-    /// stands for the bytes since the window before: exponential gaps, a
-    /// few many times the mean, made a few windows' samples weigh most of
-    /// the run).
-    pub(super) fn gap(&self, duty: f64) -> Duration {
-        let length = self.length.as_secs_f64();
-        let mean = (length / duty.max(MIN_DUTY) - length).max(0.0);
-        Duration::from_secs_f64(mean * rand::random_range(0.5..1.5))
-    }
-}
-
-/// The densest a window samples, whatever the interval: a sample per
-/// 4 KiB allocated on average. Every call traps in a window; a sample per
-/// call or so on top (a 4 KiB interval made 32 times denser) filled the
-/// ring buffer of a loop allocating a million times a second.
-pub const DENSEST_INTERVAL: u64 = 4096;
-
-/// How much denser than an entry probe a window open `duty` of the time
-/// samples at `interval`, as a power of two: about as many samples as
-/// sampling every call would give, never denser than [`DENSEST_INTERVAL`].
-pub fn window_shift(duty: f64, interval: u64) -> u64 {
-    let shift = (1.0 / duty.max(f64::MIN_POSITIVE)).log2().round();
-    let densest = (interval / DENSEST_INTERVAL).max(1).ilog2() as u64;
-    (shift.max(0.0) as u64)
-        .min(profiler_common::MAX_WINDOW_SHIFT)
-        .min(densest)
-}
 
 /// One jemalloc copy of a process sampled in windows.
 #[derive(Debug)]
@@ -413,49 +334,6 @@ mod tests {
         let mut windows = Windows::new(&WindowTiming::default());
         let scales = windows.weigh(1, &[(3, record(1, 5_000, 6_000, 0))]);
         assert_eq!(scales[&3], 1.0);
-    }
-
-    #[test]
-    fn windows_follow_no_period() {
-        let timing = WindowTiming {
-            length: Duration::from_millis(100),
-            every: Some(Duration::from_secs(4)),
-        };
-        let duty = timing.duty(0.5, WINDOWS_COST);
-        assert!((duty - 0.025).abs() < 1e-9);
-        let gaps: Vec<f64> = (0..2000).map(|_| timing.gap(duty).as_secs_f64()).collect();
-        let mean = gaps.iter().sum::<f64>() / gaps.len() as f64;
-        // Uniform over 1.95 s to 5.85 s (the time between two less a window).
-        assert!((mean - 3.9).abs() < 0.1, "{mean}");
-        assert!(gaps.iter().all(|&g| (1.95..=5.85).contains(&g)));
-        assert!(gaps.iter().any(|&g| g < 2.2) && gaps.iter().any(|&g| g > 5.6));
-    }
-
-    #[test]
-    fn windows_open_as_long_as_their_cost_allows() {
-        let timing = WindowTiming::default();
-        // A process using one CPU may spend 1% of a CPU in windows.
-        let allowed = WINDOWS_COST * 1.0;
-        // Cheap calls: every one probed.
-        assert_eq!(timing.duty(0.004, allowed), 1.0);
-        let interval = 512 * 1024;
-        assert_eq!(window_shift(1.0, interval), 0);
-        // Calls that cost 40% of a CPU when all trap: open 2.5% of the
-        // time, sampled 2^5 times denser.
-        let duty = timing.duty(0.4, allowed);
-        assert!((duty - 0.025).abs() < 1e-9, "{duty}");
-        assert_eq!(window_shift(duty, interval), 5);
-        // At a 4 KiB interval, no denser than that.
-        assert_eq!(window_shift(duty, 4096), 0);
-        assert_eq!(window_shift(duty, 32 * 1024), 3);
-        // Dearer still: never less than MIN_DUTY, nor denser than allowed.
-        assert_eq!(timing.duty(30.0, allowed), MIN_DUTY);
-        let shift = window_shift(MIN_DUTY, interval);
-        assert_eq!(shift, profiler_common::MAX_WINDOW_SHIFT);
-        // A budget that allows nothing narrows them to the least, unless
-        // they cost next to nothing.
-        assert_eq!(timing.duty(0.02, 0.0), MIN_DUTY);
-        assert_eq!(timing.duty(0.0005, 0.0), 1.0);
     }
 
     #[test]

@@ -17,13 +17,14 @@
 //! end of this one, over the bytes it allocated within this one. The
 //! window's events are held until it closes and those weights are known.
 mod account;
+mod timing;
 
 use std::time::Instant;
 
 use aya::maps::{MapData, RingBuf};
 
-pub use account::{MIN_DUTY, WINDOWS_COST, WindowTiming};
 pub(super) use account::{WindowedCopy, Windows};
+pub use timing::{MIN_DUTY, WINDOWS_COST, WindowTiming};
 
 use crate::{
     kernel::{Scope, ThreadWindow, events::Event},
@@ -59,7 +60,7 @@ impl Session<'_> {
         };
         // A library loaded while a window is open (one that stays open, or
         // a short one) joins it at once.
-        let shift = account::window_shift(windows.duty, self.options.sample_interval);
+        let shift = timing::window_shift(windows.duty, self.options.sample_interval);
         let mut copy = copy;
         match self.attach_in_window(pid, &mut copy, number, shift) {
             Ok(()) => {
@@ -295,7 +296,7 @@ impl Session<'_> {
         };
         let number = windows.opened + 1;
         let continuous = windows.duty >= 1.0;
-        let shift = account::window_shift(windows.duty, self.options.sample_interval);
+        let shift = timing::window_shift(windows.duty, self.options.sample_interval);
         let mut failed = Vec::new();
         for (k, copy) in windows.copies.iter_mut().enumerate() {
             if let Err(why) = self.attach_in_window(pid, copy, number, shift) {
