@@ -55,9 +55,6 @@ pub(in crate::run) struct Windows {
     pub(super) copies: Vec<WindowedCopy>,
     /// The window open now (its number), and since when.
     pub(super) open: Option<(u64, Instant)>,
-    /// Whether the open window stays open: calls cheap enough to probe
-    /// every one, whose samples are applied as they come.
-    pub(super) continuous: bool,
     /// Judgements in a row that found it over its cost.
     pub(super) over: u32,
     /// Since when its short windows have found calls cheap enough to
@@ -66,11 +63,10 @@ pub(in crate::run) struct Windows {
     pub(super) next_open: Instant,
     /// Windows opened so far.
     pub opened: u64,
-    /// The share of time windows are open now, and what they may cost on
-    /// average (lowered by the budget).
+    /// The share of time windows are open now (1: the open one stays open).
     pub(super) duty: f64,
-    pub(super) target: f64,
-    /// When and why the budget narrowed them to their least.
+    /// When and why the budget narrowed them to their least (they may then
+    /// cost nothing beyond [`MIN_DUTY`]).
     pub(super) narrowed: Option<(std::time::SystemTime, String)>,
     /// The windowed probes' estimated cost so far (seconds) and when it
     /// was last read; the same at the last window's close; and their share
@@ -120,7 +116,6 @@ impl Windows {
         Self {
             copies: Vec::new(),
             open: None,
-            continuous: false,
             over: 0,
             cheap_since: None,
             // The first one at once: threads busy at the attach are seen
@@ -129,7 +124,6 @@ impl Windows {
             opened: 0,
             // Adaptive windows start open for good, until their cost says.
             duty: timing.duty(0.0, 0.0),
-            target: WINDOWS_COST,
             narrowed: None,
             priced: (0.0, now),
             at_last_close: (0.0, now),
@@ -165,11 +159,17 @@ impl Windows {
             .collect()
     }
 
+    /// Whether the open window stays open: calls cheap enough to probe
+    /// every one, whose samples are applied as they come.
+    pub(super) fn continuous(&self) -> bool {
+        self.open.is_some() && self.duty >= 1.0
+    }
+
     /// When this process's next window opens, its open one closes, or the
     /// one that stays open is judged.
     pub(super) fn next_change(&self, timing: &WindowTiming) -> Instant {
         match self.open {
-            Some(_) if self.continuous => self.priced.1 + CHECK_EVERY,
+            Some(_) if self.continuous() => self.priced.1 + CHECK_EVERY,
             Some((_, since)) if self.held.len() >= MAX_HELD => since,
             Some((_, since)) => since + timing.length,
             None => self.next_open,
@@ -178,7 +178,7 @@ impl Windows {
 
     /// Holds `event` while a window is open; gives it back otherwise.
     pub fn hold(&mut self, event: Event) -> Option<Event> {
-        if self.open.is_none() || self.continuous {
+        if self.open.is_none() || self.continuous() {
             return Some(event);
         }
         self.held.push(event);
@@ -218,10 +218,14 @@ impl Windows {
         self.own_cpu = (used - windowed).max(used / 4.0) / elapsed;
     }
 
-    /// What the windows may cost on average, a share of a CPU: their
-    /// target share of what the process uses itself.
+    /// What the windows may cost on average, a share of a CPU:
+    /// [`WINDOWS_COST`] of what the process uses itself, nothing once the
+    /// budget narrowed them.
     pub(super) fn allowed(&self) -> f64 {
-        self.target * self.own_cpu
+        match self.narrowed {
+            Some(_) => 0.0,
+            None => WINDOWS_COST * self.own_cpu,
+        }
     }
 
     /// Takes the share of time in windows their last one asked for

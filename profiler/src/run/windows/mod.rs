@@ -152,7 +152,7 @@ impl Session<'_> {
             .filter(|t| !t.exited)
             .filter_map(|t| Some((t.pid, t.windows.as_ref()?)))
             .filter(|(_, w)| !w.copies.is_empty() && w.next_change(&timing) <= now)
-            .map(|(pid, w)| (pid, w.open.is_some(), w.continuous))
+            .map(|(pid, w)| (pid, w.open.is_some(), w.continuous()))
             .collect();
         for (pid, open, continuous) in due {
             match (open, continuous) {
@@ -211,8 +211,12 @@ impl Session<'_> {
         if windows.over >= account::NARROW_AFTER {
             windows.over = 0;
             windows.at_last_close = windows.priced;
-            windows.duty = duty;
+            // Closed while it stays open: what the ring still holds of it
+            // is applied as it comes, as before.
             self.close_window(pid, Some(ring));
+            if let Some(w) = self.tracked.get_mut(&pid).and_then(|t| t.windows.as_mut()) {
+                w.duty = duty;
+            }
             self.schedule_next(pid);
             let own = self.tracked.get(&pid).and_then(|t| t.windows.as_ref());
             let own = own.map_or(0.0, |w| w.own_cpu);
@@ -285,7 +289,6 @@ impl Session<'_> {
     /// of the time (fixed ones too).
     pub(super) fn narrow_windows(&mut self, pid: u32, why: &str) {
         if let Some(windows) = self.tracked.get_mut(&pid).and_then(|t| t.windows.as_mut()) {
-            windows.target = 0.0;
             windows.narrowed = Some((std::time::SystemTime::now(), why.to_owned()));
         }
     }
@@ -295,7 +298,6 @@ impl Session<'_> {
             return;
         };
         let number = windows.opened + 1;
-        let continuous = windows.duty >= 1.0;
         let shift = timing::window_shift(windows.duty, self.options.sample_interval);
         let mut failed = Vec::new();
         for (k, copy) in windows.copies.iter_mut().enumerate() {
@@ -310,7 +312,6 @@ impl Session<'_> {
         }
         windows.opened = number;
         windows.open = Some((number, Instant::now()));
-        windows.continuous = continuous;
         if let Some(t) = self.tracked.get_mut(&pid) {
             t.windows = Some(windows);
         }
@@ -328,7 +329,7 @@ impl Session<'_> {
             .values()
             .filter(|t| !t.exited)
             .filter_map(|t| Some((t.pid, t.windows.as_ref()?)))
-            .filter(|(_, w)| !w.copies.is_empty() && !w.continuous)
+            .filter(|(_, w)| !w.copies.is_empty() && !w.continuous())
             .map(|(pid, w)| (pid, w.open.is_some()))
             .collect();
         if pids.is_empty() {
@@ -352,7 +353,7 @@ impl Session<'_> {
             .tracked
             .get(&pid)
             .and_then(|t| t.windows.as_ref())
-            .is_some_and(|w| w.open.is_some() && !w.continuous);
+            .is_some_and(|w| w.open.is_some() && !w.continuous());
         if open {
             self.close_window(pid, None);
             self.schedule_next(pid);
@@ -388,7 +389,6 @@ impl Session<'_> {
             return;
         };
         windows.time_open += opened.elapsed();
-        windows.continuous = false;
         let mut tids: Vec<u32> = crate::proc::thread_ids(pid);
         tids.extend(windows.held.iter().map(|e| e.header().tid));
         tids.sort_unstable();
@@ -440,7 +440,11 @@ pub(super) fn windows_note(timing: &WindowTiming, windows: Option<&Windows>) -> 
         format!(
             "; in windows {:.1}% of the time so far{}{narrowed}",
             w.share_open() * 100.0,
-            if w.continuous { ", every call now" } else { "" }
+            if w.continuous() {
+                ", every call now"
+            } else {
+                ""
+            }
         )
     });
     format!(
