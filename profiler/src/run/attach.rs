@@ -167,6 +167,11 @@ impl Session<'_> {
                     None => self.track(pid, maps),
                 }
                 let attached = self.attach_found(pid, found);
+                // A process that exited while it was being probed (a
+                // compiler, a short script) is no failure of the run's.
+                if attached.is_err() && read_maps(pid).is_err() {
+                    continue;
+                }
                 self.survive_late_failure(attached)?;
                 continue;
             }
