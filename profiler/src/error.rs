@@ -51,9 +51,6 @@ pub enum Error {
         cause: io::Error,
     },
 
-    #[error("cannot parse {} as ELF: {message}", path.display())]
-    Elf { path: PathBuf, message: String },
-
     #[error("loading {what} into the kernel failed")]
     Load {
         /// The object, a map or a program.
@@ -68,12 +65,13 @@ pub enum Error {
     #[error("more than 65535 allocator copies to probe")]
     TooManyCopies,
 
-    #[error("attaching {entry_point} in {} of pid {pid} failed: {message}", path.display())]
+    #[error("attaching {entry_point} in {} of pid {pid} failed", path.display())]
     Attach {
         pid: u32,
         entry_point: String,
         path: PathBuf,
-        message: String,
+        #[source]
+        cause: Box<crate::kernel::LinkFailure>,
     },
 
     #[error("{cause}; the {detached} probes of this copy attached before it were detached")]

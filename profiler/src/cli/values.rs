@@ -60,21 +60,52 @@ impl AllocatorArg {
     }
 }
 
+/// A flag's value that does not parse, and what to give instead.
+#[derive(Debug, PartialEq, thiserror::Error)]
+pub enum ValueError {
+    #[error("{0:?} is not a percentage (e.g. 10) or none")]
+    NotPercentage(String),
+    #[error("{0:?}: the budget must be above 0%")]
+    NoBudget(String),
+    #[error("{0} (use a duration such as 30s, 10m or 1h)")]
+    NotDuration(#[from] humantime::DurationError),
+    #[error("the duration must be longer than zero")]
+    ZeroDuration,
+    #[error("unknown format '{0}' (use heap, pb.gz, folded, svg or sym.heap)")]
+    UnknownFormat(String),
+    #[error("give auto, or a window's length and how often one opens, such as 100ms/4s")]
+    NotWindows,
+    #[error(
+        "a window ({}) must be shorter than the time between two ({})",
+        humantime::format_duration(*.length),
+        humantime::format_duration(*.every)
+    )]
+    WindowTooLong { length: Duration, every: Duration },
+    #[error("'{0}' is not a size (use bytes such as 4096, 64KiB or 1MiB)")]
+    NotSize(String),
+    #[error("unknown size unit '{0}' (use KiB, MiB or GiB)")]
+    UnknownUnit(String),
+    #[error("'{0}' is too large")]
+    TooLarge(String),
+    #[error("the size must be at least 1 byte")]
+    ZeroSize,
+}
+
 /// `--max-overhead`: a share of one CPU, or none.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Overhead(pub Option<f64>);
 
 /// `--max-overhead PCT`: a percentage above 0, or `none`.
-pub fn parse_overhead(text: &str) -> Result<Overhead, String> {
+pub fn parse_overhead(text: &str) -> Result<Overhead, ValueError> {
     if text == "none" {
         return Ok(Overhead(None));
     }
     let percent: f64 = text
         .trim_end_matches('%')
         .parse()
-        .map_err(|_| format!("{text:?} is not a percentage (e.g. 10) or none"))?;
+        .map_err(|_| ValueError::NotPercentage(text.into()))?;
     if !(percent > 0.0 && percent.is_finite()) {
-        return Err(format!("{text:?}: the budget must be above 0%"));
+        return Err(ValueError::NoBudget(text.into()));
     }
     Ok(Overhead(Some(percent / 100.0)))
 }
@@ -152,11 +183,10 @@ impl From<ConvertTo> for Format {
     }
 }
 
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let duration = humantime::parse_duration(text)
-        .map_err(|e| format!("{e} (use a duration such as 30s, 10m or 1h)"))?;
+pub fn parse_duration(text: &str) -> Result<Duration, ValueError> {
+    let duration = humantime::parse_duration(text)?;
     if duration.is_zero() {
-        return Err("the duration must be longer than zero".into());
+        return Err(ValueError::ZeroDuration);
     }
     Ok(duration)
 }
@@ -165,35 +195,27 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Every(pub Option<Duration>);
 
-pub fn parse_every(text: &str) -> Result<Every, String> {
+pub fn parse_every(text: &str) -> Result<Every, ValueError> {
     if text == "never" {
         return Ok(Every(None));
     }
     parse_duration(text).map(|every| Every(Some(every)))
 }
 
-pub fn parse_format(text: &str) -> Result<Format, String> {
-    Format::from_extension(text.trim()).ok_or_else(|| {
-        format!("unknown format '{text}' (use heap, pb.gz, folded, svg or sym.heap)")
-    })
+pub fn parse_format(text: &str) -> Result<Format, ValueError> {
+    Format::from_extension(text.trim()).ok_or_else(|| ValueError::UnknownFormat(text.into()))
 }
 
 /// `--windows auto|LENGTH/EVERY`: adaptive, or a window's length and the
 /// mean time between two, the first under the second.
-pub fn parse_windows(text: &str) -> Result<WindowTiming, String> {
+pub fn parse_windows(text: &str) -> Result<WindowTiming, ValueError> {
     if text == "auto" {
         return Ok(WindowTiming::default());
     }
-    let (length, every) = text
-        .split_once('/')
-        .ok_or("give auto, or a window's length and how often one opens, such as 100ms/4s")?;
+    let (length, every) = text.split_once('/').ok_or(ValueError::NotWindows)?;
     let (length, every) = (parse_duration(length)?, parse_duration(every)?);
     if length >= every {
-        return Err(format!(
-            "a window ({}) must be shorter than the time between two ({})",
-            humantime::format_duration(length),
-            humantime::format_duration(every)
-        ));
+        return Err(ValueError::WindowTooLong { length, every });
     }
     Ok(WindowTiming {
         length,
@@ -201,7 +223,7 @@ pub fn parse_windows(text: &str) -> Result<WindowTiming, String> {
     })
 }
 
-pub fn parse_growth(text: &str) -> Result<GrowthTrigger, String> {
+pub fn parse_growth(text: &str) -> Result<GrowthTrigger, ValueError> {
     let (size, window) = match text.split_once('/') {
         Some((size, window)) => (size, parse_duration(window)?),
         None => (text, Duration::from_secs(600)),
@@ -212,7 +234,7 @@ pub fn parse_growth(text: &str) -> Result<GrowthTrigger, String> {
     })
 }
 
-pub fn parse_size(text: &str) -> Result<u64, String> {
+pub fn parse_size(text: &str) -> Result<u64, ValueError> {
     let text = text.trim();
     let split = text
         .find(|c: char| !c.is_ascii_digit())
@@ -220,19 +242,19 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
     let (number, unit) = text.split_at(split);
     let number: u64 = number
         .parse()
-        .map_err(|_| format!("'{text}' is not a size (use bytes such as 4096, 64KiB or 1MiB)"))?;
+        .map_err(|_| ValueError::NotSize(text.into()))?;
     let multiplier: u64 = match unit.trim() {
         "" | "B" => 1,
         "K" | "KB" | "KiB" | "k" => 1 << 10,
         "M" | "MB" | "MiB" => 1 << 20,
         "G" | "GB" | "GiB" => 1 << 30,
-        other => return Err(format!("unknown size unit '{other}' (use KiB, MiB or GiB)")),
+        other => return Err(ValueError::UnknownUnit(other.into())),
     };
     let size = number
         .checked_mul(multiplier)
-        .ok_or_else(|| format!("'{text}' is too large"))?;
+        .ok_or_else(|| ValueError::TooLarge(text.into()))?;
     if size == 0 {
-        return Err("the size must be at least 1 byte".into());
+        return Err(ValueError::ZeroSize);
     }
     Ok(size)
 }
@@ -247,8 +269,9 @@ mod tests {
         assert_eq!(timing.length, Duration::from_millis(50));
         assert_eq!(timing.every, Some(Duration::from_secs(2)));
         assert_eq!(parse_windows("auto").unwrap(), WindowTiming::default());
-        assert!(parse_windows("2s/1s").unwrap_err().contains("shorter"));
-        assert!(parse_windows("100ms").unwrap_err().contains("100ms/4s"));
+        let error = |text| parse_windows(text).unwrap_err().to_string();
+        assert!(error("2s/1s").contains("shorter"));
+        assert!(error("100ms").contains("100ms/4s"));
     }
 
     #[test]

@@ -96,8 +96,8 @@ pub struct FunctionSymbols {
 }
 
 impl FunctionSymbols {
-    pub fn parse(data: &[u8]) -> Result<Self, String> {
-        let file = object::File::parse(data).map_err(|e| e.to_string())?;
+    pub fn parse(data: &[u8]) -> Result<Self, object::Error> {
+        let file = object::File::parse(data)?;
         let segments = Segment::all(&file);
         let mut functions = HashMap::new();
         add_functions(&mut functions, &segments, &file);
@@ -141,8 +141,8 @@ impl FunctionSymbols {
     /// Takes the function symbols of the file's separate debug file (its
     /// `.symtab`, which a stripped file lacks), placed by this file's
     /// segments: the debug file's own hold no code.
-    pub fn adopt_debug_symbols(&mut self, debug_data: &[u8]) -> Result<(), String> {
-        let debug = object::File::parse(debug_data).map_err(|e| e.to_string())?;
+    pub fn adopt_debug_symbols(&mut self, debug_data: &[u8]) -> Result<(), object::Error> {
+        let debug = object::File::parse(debug_data)?;
         let before = self.functions.len();
         add_functions(&mut self.functions, &self.segments, &debug);
         if self.functions.len() > before {

@@ -13,8 +13,8 @@ use crate::{
     discover::{Allocator, entry_points::EntryPoint, placement::Placement},
     error::{Error, Result},
     kernel::{
-        AttachedProbe, KernelProbes, PlacementMode, ProbeLinks, ReturnHalf, ReturnProbes, Scope,
-        features::KernelFeature, uprobe_multi,
+        AttachedProbe, KernelProbes, LinkFailure, PlacementMode, ProbeLinks, ReturnHalf,
+        ReturnProbes, Scope, uprobe_multi,
     },
     proc::FileId,
 };
@@ -58,12 +58,12 @@ impl<'a> Target<'a> {
         })
     }
 
-    fn error(&self, entry_point: &str, message: String) -> Error {
+    pub(super) fn error(&self, entry_point: &str, cause: LinkFailure) -> Error {
         Error::Attach {
             pid: self.pid,
             entry_point: entry_point.into(),
             path: self.path.into(),
-            message,
+            cause: Box::new(cause),
         }
     }
 }
@@ -73,7 +73,7 @@ pub(super) enum SessionLink {
     /// No sessions in this run: use a uretprobe.
     Unavailable,
     /// The attach failed.
-    Failed(String),
+    Failed(LinkFailure),
 }
 
 impl KernelProbes {
@@ -259,7 +259,7 @@ impl KernelProbes {
             cookie
         };
         let offset = entry.file_offset + placement.offset;
-        let error = |message: String| target.error(&entry.symbol, message);
+        let error = |cause: LinkFailure| target.error(&entry.symbol, cause);
         let mut links = ProbeLinks::default();
         let mut return_half = ReturnHalf::None;
         if let Some(program) = entry.shape.session_program()
@@ -274,15 +274,14 @@ impl KernelProbes {
                     ReturnHalf::Uretprobe
                 }
                 Err(SessionLink::Unavailable) => ReturnHalf::None,
-                Err(SessionLink::Failed(message)) => return Err(error(message)),
+                Err(SessionLink::Failed(cause)) => return Err(error(cause)),
             };
         }
         if return_half != ReturnHalf::Session {
             for program in plain_programs(entry.shape, return_half) {
-                if let Err(message) = self.attach_plain(program, target, offset, cookie, &mut links)
-                {
+                if let Err(cause) = self.attach_plain(program, target, offset, cookie, &mut links) {
                     self.detach_links(links);
-                    return Err(error(message));
+                    return Err(error(cause));
                 }
             }
         }
@@ -324,7 +323,7 @@ impl KernelProbes {
         offset: u64,
         cookie: u64,
         links: &mut ProbeLinks,
-    ) -> std::result::Result<(), String> {
+    ) -> std::result::Result<(), LinkFailure> {
         if let Some(entry_links) = &self.entry_links {
             let returns = program == programs::CALL_RETURN;
             let link = entry_links
@@ -335,7 +334,7 @@ impl KernelProbes {
                     target.pid,
                     returns,
                 )
-                .map_err(|e| format!("uprobe_multi link: {e}"))?;
+                .map_err(LinkFailure::Multi)?;
             links.multi.push(link);
             return Ok(());
         }
@@ -350,20 +349,21 @@ impl KernelProbes {
         target: &Target,
         offset: u64,
         cookie: u64,
-    ) -> std::result::Result<UProbeLinkId, String> {
+    ) -> std::result::Result<UProbeLinkId, LinkFailure> {
+        let name = program;
         let program: &mut UProbe = self
             .ebpf
-            .program_mut(program)
-            .ok_or_else(|| format!("program {program} missing"))?
+            .program_mut(name)
+            .ok_or_else(|| LinkFailure::MissingProgram(name.into()))?
             .try_into()
-            .map_err(|e| format!("{e}"))?;
+            .map_err(LinkFailure::program(name))?;
         let point = UProbeAttachPoint {
             location: UProbeAttachLocation::AbsoluteOffset(offset),
             cookie: Some(cookie),
         };
         program
             .attach(point, target.open_path, target.uprobe_scope)
-            .map_err(|e| format!("{e}"))
+            .map_err(LinkFailure::program(name))
     }
 
     /// Links `program` as a uprobe session. The kernel says whether it has
@@ -393,16 +393,13 @@ impl KernelProbes {
             }
             Err(e) if uprobe_multi::kernel_lacks(&e) && !self.sessions_linked => {
                 if self.return_probes == ReturnProbes::Sessions {
-                    return Err(SessionLink::Failed(format!(
-                        "{}: the kernel refused the link ({e}); use --return-probes uretprobes",
-                        KernelFeature::UprobeSessions
-                    )));
+                    return Err(SessionLink::Failed(LinkFailure::SessionsRefused(e)));
                 }
                 self.sessions = None;
                 self.sessions_unavailable = Some(NO_SESSIONS.into());
                 Err(SessionLink::Unavailable)
             }
-            Err(e) => Err(SessionLink::Failed(format!("uprobe session: {e}"))),
+            Err(e) => Err(SessionLink::Failed(LinkFailure::Session(e))),
         }
     }
 

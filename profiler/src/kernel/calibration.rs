@@ -5,11 +5,14 @@ use std::path::Path;
 
 use profiler_common::{cookie, programs};
 
-use crate::kernel::{
-    KernelProbes, OBJECT, ProbeLinks, Scope,
-    attach::Target,
-    features::{self, KernelFeature},
-    uprobe_multi::{LinkKind, MultiPrograms},
+use crate::{
+    error::Result,
+    kernel::{
+        KernelProbes, OBJECT, ProbeLinks, Scope,
+        attach::Target,
+        features::{self, KernelFeature},
+        uprobe_multi::{LinkKind, MultiPrograms},
+    },
 };
 
 /// Probes attached for timing them (see
@@ -70,17 +73,17 @@ impl KernelProbes {
         path: &Path,
         offset: u64,
         pid: u32,
-    ) -> std::result::Result<CalibrationProbes, String> {
+    ) -> Result<CalibrationProbes> {
         let name = path.to_string_lossy();
-        let target = Target::new(Scope::Process(pid), &name, path).map_err(|e| e.to_string())?;
+        let target = Target::new(Scope::Process(pid), &name, path)?;
         let cookie = calibration_cookie();
         let mut links = ProbeLinks::default();
         for &(program, delta) in programs {
-            if let Err(message) =
+            if let Err(cause) =
                 self.attach_plain(program, &target, offset + delta, cookie, &mut links)
             {
                 self.detach_links(links);
-                return Err(message);
+                return Err(target.error(program, cause));
             }
         }
         Ok(CalibrationProbes(links))

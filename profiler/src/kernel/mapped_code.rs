@@ -6,25 +6,25 @@
 use aya::{Ebpf, programs::TracePoint};
 use profiler_common::{maps, programs};
 
-use crate::kernel::KernelProbes;
+use crate::kernel::{KernelProbes, LinkFailure};
 
 /// Loads and attaches both programs, for the whole run; why not, on a
 /// kernel or host without syscall tracepoints or tracefs (rescans still
 /// find new libraries, within a second).
-pub(super) fn attach(ebpf: &mut Ebpf) -> Result<(), String> {
+pub(super) fn attach(ebpf: &mut Ebpf) -> Result<(), LinkFailure> {
     for (name, event) in [
         (programs::MMAP_ENTER, "sys_enter_mmap"),
         (programs::MMAP_EXIT, "sys_exit_mmap"),
     ] {
         let program: &mut TracePoint = ebpf
             .program_mut(name)
-            .ok_or("missing from the object")?
+            .ok_or_else(|| LinkFailure::MissingProgram(name.into()))?
             .try_into()
-            .map_err(|e| format!("{e}"))?;
-        program.load().map_err(|e| format!("loading {name}: {e}"))?;
+            .map_err(LinkFailure::program(name))?;
+        program.load().map_err(LinkFailure::program(name))?;
         program
             .attach("syscalls", event)
-            .map_err(|e| format!("syscalls/{event}: {e}"))?;
+            .map_err(|cause| LinkFailure::Tracepoint { event, cause })?;
     }
     Ok(())
 }

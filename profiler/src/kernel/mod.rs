@@ -4,9 +4,11 @@
 mod allocations_only;
 mod attach;
 mod calibration;
+mod link_failure;
 mod mapped_code;
 mod windows;
 pub use calibration::CalibrationProbes;
+pub use link_failure::LinkFailure;
 pub mod btf;
 pub mod events;
 pub mod features;
@@ -192,7 +194,7 @@ pub struct KernelProbes {
     frees_dropped: std::collections::HashSet<u32>,
     /// Why the kernel cannot tell of newly mapped code (`--verbose`):
     /// then rescans alone find `dlopen`ed libraries.
-    pub mapped_code_unavailable: Option<String>,
+    pub mapped_code_unavailable: Option<LinkFailure>,
 }
 
 /// `thread.fsbase` in `struct task_struct`, from the kernel's BTF; 0 when

@@ -307,7 +307,8 @@ impl Session<'_> {
             let _ = writeln!(
                 self.status,
                 "memprobe: libraries loaded later are found by rescans, within a second (the \
-                 kernel cannot tell of newly mapped code: {reason})"
+                 kernel cannot tell of newly mapped code: {})",
+                crate::error::chain(reason)
             );
         }
         for p in &self.probes.attached[from..] {

@@ -163,7 +163,10 @@ pub async fn run(options: SessionOptions, status: &mut dyn Write) -> Result<Summ
     };
     if session.options.verbose {
         let line = match calibration_error {
-            Some(error) => format!("probe costs not measured ({error}): estimates use defaults"),
+            Some(error) => format!(
+                "probe costs not measured ({}): estimates use defaults",
+                crate::error::chain(&error)
+            ),
             None => format!(
                 "probe costs: {}; on endbr64 (CET builds' first instruction) {:.1} µs",
                 session.cost_model,

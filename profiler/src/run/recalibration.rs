@@ -5,7 +5,11 @@
 //! time.
 use std::time::Instant;
 
-use crate::run::{Session, Targets, calibrate::Remeasurement, cost::CostModel};
+use crate::run::{
+    Session, Targets,
+    calibrate::{CalibrationError, Remeasurement},
+    cost::CostModel,
+};
 
 /// When the next measurement starts, or the one under way.
 #[derive(Default)]
@@ -49,13 +53,16 @@ impl Session<'_> {
     }
 
     /// The new costs, or the old ones kept; said with `--verbose`.
-    fn take_costs(&mut self, measured: Result<CostModel, String>) {
+    fn take_costs(&mut self, measured: Result<CostModel, CalibrationError>) {
         let line = match measured {
             Ok(model) => {
                 self.cost_model = model;
                 format!("probe costs measured again: {model}")
             }
-            Err(error) => format!("probe costs not measured again ({error}): kept"),
+            Err(error) => format!(
+                "probe costs not measured again ({}): kept",
+                crate::error::chain(&error)
+            ),
         };
         if self.options.verbose {
             let _ = writeln!(self.status, "memprobe: {line}");

@@ -8,7 +8,10 @@ use std::{
     time::Duration,
 };
 
-use crate::{collect::clock_ns, run::calibrate::KINDS};
+use crate::{
+    collect::clock_ns,
+    run::calibrate::{CalibrationError, KINDS},
+};
 
 /// Set in the copy's environment: it serves timings instead of profiling.
 const TARGET_ENV: &str = "MEMPROBE_CALIBRATION_TARGET";
@@ -226,15 +229,15 @@ pub(super) struct Target {
 }
 
 impl Target {
-    pub(super) fn start(executable: &Path) -> Result<Self, String> {
+    pub(super) fn start(executable: &Path) -> Result<Self, CalibrationError> {
         let mut child = Command::new(executable)
             .env(TARGET_ENV, "1")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
-            .map_err(|e| format!("starting {}: {e}", executable.display()))?;
-        let stdout = child.stdout.take().ok_or("no stdout")?;
+            .map_err(|e| CalibrationError::Start(executable.into(), e))?;
+        let stdout = child.stdout.take().ok_or(CalibrationError::Stopped)?;
         let mut target = Self {
             child,
             lines: BufReader::new(stdout).lines(),
@@ -243,32 +246,41 @@ impl Target {
         Ok(target)
     }
 
-    fn read_line(&mut self) -> Result<String, String> {
+    fn read_line(&mut self) -> Result<String, CalibrationError> {
         match self.lines.next() {
             Some(Ok(line)) => Ok(line),
-            _ => Err("the calibration copy stopped".into()),
+            _ => Err(CalibrationError::Stopped),
         }
     }
 
     /// Nanoseconds per call of one run of `calls` calls of the target's
     /// copy `copy`, with pointers `stride` bytes apart (0: a null argument).
-    pub(super) fn time(&mut self, calls: u64, stride: u64, copy: usize) -> Result<f64, String> {
+    pub(super) fn time(
+        &mut self,
+        calls: u64,
+        stride: u64,
+        copy: usize,
+    ) -> Result<f64, CalibrationError> {
         self.ask(&format!("{calls} {stride} {copy}"))
     }
 
     /// CPU nanoseconds per round trip of `trips` pipe round trips of the
     /// copy's main thread (`on_main`) or of another of its threads.
-    pub(super) fn time_switches(&mut self, trips: u64, on_main: bool) -> Result<f64, String> {
+    pub(super) fn time_switches(
+        &mut self,
+        trips: u64,
+        on_main: bool,
+    ) -> Result<f64, CalibrationError> {
         self.ask(&format!("switch {trips} {}", u8::from(on_main)))
     }
 
-    fn ask(&mut self, request: &str) -> Result<f64, String> {
-        let stdin = self.child.stdin.as_mut().ok_or("no stdin")?;
-        writeln!(stdin, "{request}").map_err(|e| e.to_string())?;
+    fn ask(&mut self, request: &str) -> Result<f64, CalibrationError> {
+        let stdin = self.child.stdin.as_mut().ok_or(CalibrationError::Stopped)?;
+        writeln!(stdin, "{request}").map_err(CalibrationError::Ask)?;
         let line = self.read_line()?;
         line.trim()
             .parse()
-            .map_err(|_| format!("bad timing {line:?}"))
+            .map_err(|_| CalibrationError::BadTiming(line))
     }
 }
 
@@ -281,17 +293,14 @@ impl Drop for Target {
 
 /// Where the target function's copies are in memprobe's executable: its
 /// path and the file offset of the first copy's first instruction.
-pub(super) fn target_location() -> Result<(PathBuf, u64), String> {
+pub(super) fn target_location() -> Result<(PathBuf, u64), CalibrationError> {
     let address = memprobe_calibration_targets as *const () as u64;
-    let maps = std::fs::read_to_string("/proc/self/maps").map_err(|e| e.to_string())?;
+    let maps = std::fs::read_to_string("/proc/self/maps").map_err(CalibrationError::OwnMaps)?;
     let mapping = crate::proc::parse_maps(&maps)
         .into_iter()
         .find(|m| m.range().contains(address))
-        .ok_or("the target function is in no mapping")?;
-    let path = mapping
-        .path
-        .clone()
-        .ok_or("the target's mapping has no file")?;
+        .ok_or(CalibrationError::NotMapped)?;
+    let path = mapping.path.clone().ok_or(CalibrationError::NotMapped)?;
     Ok((
         PathBuf::from(path),
         address - mapping.start + mapping.offset,

@@ -30,8 +30,11 @@
 //! round does not count long), and a kind's cost is its median round: one
 //! unlucky round, or a kind timed while the host was slower, does not set
 //! the price.
+mod error;
+
 use std::{path::Path, time::Duration};
 
+pub use error::CalibrationError;
 use profiler_common::programs;
 
 use crate::{
@@ -118,7 +121,7 @@ const FORCED_RETURN: usize = 5;
 
 /// Measures the per-hit costs of this host's probes with `probes`' own
 /// programs; nothing stays attached.
-pub fn measure(probes: &mut KernelProbes) -> Result<CostModel, String> {
+pub fn measure(probes: &mut KernelProbes) -> Result<CostModel, CalibrationError> {
     let (executable, offset) = target_location()?;
     let mut target = Target::start(&executable)?;
     let pid = target.child.id();
@@ -145,14 +148,14 @@ pub fn measure(probes: &mut KernelProbes) -> Result<CostModel, String> {
 pub struct Remeasurement {
     attached: Vec<CalibrationProbes>,
     forcing: bool,
-    timing: std::thread::JoinHandle<Result<Timings, String>>,
+    timing: std::thread::JoinHandle<Result<Timings, CalibrationError>>,
 }
 
 impl Remeasurement {
     /// Starts a copy and attaches each kind's probes to it. Dropped
     /// unfinished, its probes go with `probes`, and the copy exits once
     /// its timing thread ends (at the latest, with memprobe).
-    pub fn start(probes: &mut KernelProbes) -> Result<Self, String> {
+    pub fn start(probes: &mut KernelProbes) -> Result<Self, CalibrationError> {
         let (executable, offset) = target_location()?;
         let mut target = Target::start(&executable)?;
         let pid = target.child.id();
@@ -172,10 +175,10 @@ impl Remeasurement {
 
     /// Detaches its probes (once the timing ended) and prices what it
     /// timed.
-    pub fn finish(self, probes: &mut KernelProbes) -> Result<CostModel, String> {
+    pub fn finish(self, probes: &mut KernelProbes) -> Result<CostModel, CalibrationError> {
         let timings = self.timing.join();
         detach_kinds(probes, self.attached);
-        let timings = timings.map_err(|_| "the timing thread panicked".to_string())?;
+        let timings = timings.map_err(|_| CalibrationError::Panicked)?;
         Ok(timings?.model(self.forcing))
     }
 }
@@ -193,7 +196,7 @@ struct Timings {
 }
 
 impl Timings {
-    fn take(target: &mut Target, events: usize) -> Result<Self, String> {
+    fn take(target: &mut Target, events: usize) -> Result<Self, CalibrationError> {
         let baseline = target.time(BASELINE_CALLS, 0, BASELINE_COPY)?;
         let pointers_baseline = target.time(BASELINE_CALLS, FREE_STRIDE, BASELINE_COPY)?;
         let (rounds, switches) = time_rounds(target, events > 0)?;
@@ -243,7 +246,7 @@ fn attach_kinds(
     executable: &Path,
     offset: u64,
     pid: u32,
-) -> Result<(Vec<CalibrationProbes>, bool), String> {
+) -> Result<(Vec<CalibrationProbes>, bool), CalibrationError> {
     let mut attached = Vec::with_capacity(KINDS.len());
     let mut forcing = false;
     for (copy, kind) in KINDS.iter().enumerate() {
@@ -259,7 +262,7 @@ fn attach_kinds(
             }
             Err(error) => {
                 detach_kinds(probes, attached);
-                return Err(error);
+                return Err(CalibrationError::Attach(Box::new(error)));
             }
         }
     }
@@ -282,7 +285,7 @@ fn detach_kinds(probes: &mut KernelProbes, attached: Vec<CalibrationProbes>) {
 /// trip of the main thread took in each round over one of another thread.
 type Rounds = ([[f64; ROUNDS]; KINDS.len()], [f64; ROUNDS]);
 
-fn time_rounds(target: &mut Target, switches: bool) -> Result<Rounds, String> {
+fn time_rounds(target: &mut Target, switches: bool) -> Result<Rounds, CalibrationError> {
     let mut rounds = [[0.0; ROUNDS]; KINDS.len()];
     let mut added = [0.0; ROUNDS];
     for round in 0..ROUNDS {

@@ -80,11 +80,11 @@ impl Session<'_> {
         copy: &mut WindowedCopy,
         number: u64,
         shift: u64,
-    ) -> Result<(), String> {
+    ) -> Result<(), WindowRefused> {
         copy.config.window = number;
         copy.config.window_shift = shift;
         if !self.probes.set_fast_path(pid, copy.instance, copy.config) {
-            return Err("the kernel's table of fast paths is full".into());
+            return Err(WindowRefused::FastPathsFull);
         }
         let file = (copy.path.as_str(), copy.open_path.as_path());
         let slots = self
@@ -96,14 +96,15 @@ impl Session<'_> {
                 copy.instance,
                 &copy.slots,
             )
-            .map_err(|e| crate::error::chain(&e))?;
+            .map_err(|e| WindowRefused::Attach(Box::new(e)))?;
         copy.slots = slots;
         Ok(())
     }
 
     /// A copy whose window could not open: its `malloc` and `operator new`
     /// probed at every call from now on, and said.
-    fn fall_back_to_entry(&mut self, pid: u32, copy: &WindowedCopy, why: &str) {
+    fn fall_back_to_entry(&mut self, pid: u32, copy: &WindowedCopy, why: &WindowRefused) {
+        let why = crate::error::chain(why);
         let file = (copy.path.as_str(), copy.open_path.as_path());
         let attached = self.probes.attach_again(
             Scope::Process(pid),
@@ -411,6 +412,15 @@ impl Session<'_> {
             t.heap.apply(event);
         }
     }
+}
+
+/// Why a copy's window could not open.
+#[derive(Debug, thiserror::Error)]
+enum WindowRefused {
+    #[error("the kernel's table of fast paths is full")]
+    FastPathsFull,
+    #[error("its probes could not be attached")]
+    Attach(#[source] Box<crate::error::Error>),
 }
 
 /// How a copy's `malloc` and `operator new` are sampled, for the profile

@@ -1,0 +1,47 @@
+//! Why one of memprobe's programs was not linked at a place in a file.
+use std::io;
+
+use aya::programs::ProgramError;
+
+use crate::kernel::features::KernelFeature;
+
+#[derive(Debug, thiserror::Error)]
+pub enum LinkFailure {
+    #[error("program {0} is missing from the eBPF object")]
+    MissingProgram(String),
+
+    #[error("program {name}")]
+    Program {
+        name: String,
+        #[source]
+        cause: ProgramError,
+    },
+
+    #[error("uprobe_multi link")]
+    Multi(#[source] io::Error),
+
+    #[error("uprobe session")]
+    Session(#[source] io::Error),
+
+    #[error(
+        "{}: the kernel refused the link; use --return-probes uretprobes",
+        KernelFeature::UprobeSessions
+    )]
+    SessionsRefused(#[source] io::Error),
+
+    #[error("tracepoint syscalls/{event}")]
+    Tracepoint {
+        event: &'static str,
+        #[source]
+        cause: ProgramError,
+    },
+}
+
+impl LinkFailure {
+    pub(super) fn program(name: &str) -> impl FnOnce(ProgramError) -> Self + '_ {
+        move |cause| Self::Program {
+            name: name.into(),
+            cause,
+        }
+    }
+}
