@@ -34,7 +34,7 @@ pub mod maps {
     /// on its slow path ([`crate::FastPathKey`] -> [`crate::FastPathConfig`]).
     pub const FAST_PATHS: &str = "FAST_PATHS";
     /// Processes (tgid -> u8) whose newly mapped code is told at once
-    /// ([`crate::event_kind::MAPPED_CODE`]).
+    /// ([`EventKind::MappedCode`]).
     pub const WATCHED: &str = "WATCHED";
     /// Threads of watched processes inside an `mmap` of a file's code
     /// (pid_tgid -> u8), told of when it returns.
@@ -154,33 +154,58 @@ pub use call_shape::CallShape;
 /// `perf_event_max_stack` is 127).
 pub const MAX_STACK_DEPTH: usize = 127;
 
-/// Event kinds, the first field of every ring-buffer record.
-pub mod event_kind {
-    pub const ALLOC: u32 = 1;
-    pub const ALLOC_RETURN: u32 = 2;
-    pub const FREE: u32 = 3;
-    pub const RESIZE: u32 = 4;
-    /// An [`AllocStackEvent`](crate::AllocStackEvent).
-    pub const ALLOC_WITH_STACK: u32 = 5;
-    /// An [`AllocStackEvent`](crate::AllocStackEvent) with
-    /// [`SMALL_STACK_COPY_BYTES`](crate::SMALL_STACK_COPY_BYTES) of stack.
-    pub const ALLOC_WITH_SMALL_STACK: u32 = 6;
-    /// A [`FreeEvent`](crate::FreeEvent): a sampled pointer passed to
-    /// `realloc` or `rallocx`, freed unless the call fails ([`RESTORED`]).
-    pub const FREE_IN_RESIZE: u32 = 7;
-    /// A [`FreeEvent`](crate::FreeEvent): the `realloc` or `rallocx` that
-    /// freed this thread's sampled pointer failed; the pointer is live again.
-    pub const RESTORED: u32 = 8;
-    /// An [`EventHeader`](crate::EventHeader) alone: a watched process
-    /// mapped a file's code (a `dlopen`ed library), at `time_ns`.
-    pub const MAPPED_CODE: u32 = 9;
+/// What a ring-buffer record is: its header's `kind`.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventKind {
+    /// An [`AllocEvent`]: a sampled call, no stack copied.
+    Alloc = 1,
+    /// An [`AllocReturnEvent`]: the pointer a sampled call returned.
+    AllocReturn = 2,
+    /// A [`FreeEvent`]: a sampled pointer was freed.
+    Free = 3,
+    /// A [`ResizeEvent`]: a sampled pointer grew or shrank in place.
+    Resize = 4,
+    /// An [`AllocStackEvent`].
+    AllocWithStack = 5,
+    /// An [`AllocStackEvent`] with [`SMALL_STACK_COPY_BYTES`] of stack.
+    AllocWithSmallStack = 6,
+    /// A [`FreeEvent`]: a sampled pointer passed to `realloc` or
+    /// `rallocx`, freed unless the call fails ([`EventKind::Restored`]).
+    FreeInResize = 7,
+    /// A [`FreeEvent`]: the `realloc` or `rallocx` that freed this
+    /// thread's sampled pointer failed; the pointer is live again.
+    Restored = 8,
+    /// An [`EventHeader`] alone: a watched process mapped a file's code (a
+    /// `dlopen`ed library), at `time_ns`.
+    MappedCode = 9,
+}
+
+impl EventKind {
+    pub const ALL: [EventKind; 9] = [
+        EventKind::Alloc,
+        EventKind::AllocReturn,
+        EventKind::Free,
+        EventKind::Resize,
+        EventKind::AllocWithStack,
+        EventKind::AllocWithSmallStack,
+        EventKind::FreeInResize,
+        EventKind::Restored,
+        EventKind::MappedCode,
+    ];
+
+    /// The kind a header's `kind` field names; `None` for one this build
+    /// does not know.
+    pub fn from_raw(raw: u32) -> Option<Self> {
+        Self::ALL.into_iter().find(|kind| *kind as u32 == raw)
+    }
 }
 
 /// Common head of every ring-buffer record.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct EventHeader {
-    /// One of [`event_kind`].
+    /// An [`EventKind`], as its number.
     pub kind: u32,
     /// Thread id as the kernel sees it (host pid namespace).
     pub tid: u32,
@@ -223,8 +248,8 @@ pub struct AllocEvent {
 }
 
 /// A sampled allocation call with a copy of its user stack, for DWARF
-/// unwinding in userspace (kind [`event_kind::ALLOC_WITH_STACK`], or
-/// [`event_kind::ALLOC_WITH_SMALL_STACK`] with a small copy).
+/// unwinding in userspace (kind [`EventKind::AllocWithStack`], or
+/// [`EventKind::AllocWithSmallStack`] with a small copy).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct AllocStackEvent<const N: usize = STACK_COPY_BYTES> {

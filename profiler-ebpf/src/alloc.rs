@@ -14,9 +14,9 @@ use aya_ebpf::{
     programs::ProbeContext,
 };
 use profiler_common::{
-    AllocEvent, AllocStackEvent, Counter, FP_CHECK_ONE_IN, MAX_STACK_DEPTH, MAX_WINDOW_SHIFT,
-    PendingCall, SMALL_STACK_COPY_BYTES, STACK_COPY_BYTES, STACK_COPY_PAGE, STACK_COPY_PAGES,
-    UserRegs, cookie, event_kind,
+    AllocEvent, AllocStackEvent, Counter, EventKind, FP_CHECK_ONE_IN, MAX_STACK_DEPTH,
+    MAX_WINDOW_SHIFT, PendingCall, SMALL_STACK_COPY_BYTES, STACK_COPY_BYTES, STACK_COPY_PAGE,
+    STACK_COPY_PAGES, UserRegs, cookie,
 };
 
 use crate::{
@@ -167,7 +167,7 @@ pub(crate) fn record_allocation(
         return false;
     };
     // SAFETY: `entry` is reserved ring-buffer memory for an `AllocEvent`.
-    unsafe { fill_alloc(ctx, thread, sizes, event_kind::ALLOC, entry.as_mut_ptr()) };
+    unsafe { fill_alloc(ctx, thread, sizes, EventKind::Alloc, entry.as_mut_ptr()) };
     entry.submit(0);
     true
 }
@@ -184,9 +184,9 @@ fn send_with_stack<const N: usize>(
         return false;
     };
     let kind = if N == STACK_COPY_BYTES {
-        event_kind::ALLOC_WITH_STACK
+        EventKind::AllocWithStack
     } else {
-        event_kind::ALLOC_WITH_SMALL_STACK
+        EventKind::AllocWithSmallStack
     };
     let event = entry.as_mut_ptr();
     // SAFETY: `event` points at reserved ring-buffer memory of the right
@@ -233,7 +233,7 @@ pub(crate) unsafe fn fill_alloc(
     ctx: &ProbeContext,
     thread: &Thread,
     (size, align, window): (u64, u64, u64),
-    kind: u32,
+    kind: EventKind,
     event: *mut AllocEvent,
 ) {
     let cookie = probe_cookie(ctx);

@@ -6,7 +6,7 @@
 use aya_ebpf::{
     helpers::bpf_get_current_pid_tgid, macros::tracepoint, programs::TracePointContext,
 };
-use profiler_common::{EventHeader, event_kind};
+use profiler_common::{EventHeader, EventKind};
 
 use crate::{
     maps::{EVENTS, MAPPING_CODE, WATCHED},
@@ -53,7 +53,7 @@ pub fn mmap_exit(ctx: TracePointContext) -> u32 {
     // SAFETY: the tracepoint's own field.
     let mapped = unsafe { ctx.read_at::<u64>(EXIT_RET) }.unwrap_or(u64::MAX);
     if mapped <= u64::MAX - MAX_ERRNO {
-        let _ = EVENTS.output::<EventHeader>(header(event_kind::MAPPED_CODE, id, 0), 0);
+        let _ = EVENTS.output::<EventHeader>(header(EventKind::MappedCode, id, 0), 0);
     }
     0
 }

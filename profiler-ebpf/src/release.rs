@@ -6,7 +6,7 @@ use aya_ebpf::{
     programs::ProbeContext,
 };
 use profiler_common::{
-    AllocReturnEvent, Counter, FreeEvent, LiveKey, PendingCall, ResizeEvent, cookie, event_kind,
+    AllocReturnEvent, Counter, EventKind, FreeEvent, LiveKey, PendingCall, ResizeEvent, cookie,
     pending_kind,
 };
 
@@ -28,7 +28,7 @@ pub(crate) fn live_key(id: u64, cookie: u64, ptr: u64) -> LiveKey {
 /// A free: costs one lookup unless the pointer was sampled.
 #[inline(always)]
 pub(crate) fn on_free(ctx: &ProbeContext, ptr: u64) {
-    free_if_sampled(ctx, ptr, event_kind::FREE);
+    free_if_sampled(ctx, ptr, EventKind::Free);
 }
 
 /// `realloc` or `rallocx` of `ptr` to `size`: the old pointer is freed
@@ -38,13 +38,13 @@ pub(crate) fn on_free(ctx: &ProbeContext, ptr: u64) {
 /// not 0: a null return then means failure, not a free).
 #[inline(always)]
 pub(crate) fn on_free_in_resize(ctx: &ProbeContext, ptr: u64, size: u64) -> bool {
-    free_if_sampled(ctx, ptr, event_kind::FREE_IN_RESIZE) && size != 0
+    free_if_sampled(ctx, ptr, EventKind::FreeInResize) && size != 0
 }
 
 /// Removes a sampled `ptr` from the set and reports it (as `kind`);
 /// whether it was sampled and reported.
 #[inline(always)]
-fn free_if_sampled(ctx: &ProbeContext, ptr: u64, kind: u32) -> bool {
+fn free_if_sampled(ctx: &ProbeContext, ptr: u64, kind: EventKind) -> bool {
     count(Counter::FreeCalls);
     if ptr == 0 || !sampled::may_hold(ptr) {
         return false;
@@ -97,7 +97,7 @@ fn restore(id: u64, probe_cookie: u64, ptr: u64) {
         return;
     }
     let event = FreeEvent {
-        header: header(event_kind::RESTORED, id, cookie::probe_index(probe_cookie)),
+        header: header(EventKind::Restored, id, cookie::probe_index(probe_cookie)),
         ptr,
     };
     if EVENTS.output::<FreeEvent>(event, 0).is_err() {
@@ -144,7 +144,7 @@ pub(crate) fn on_return<C: EbpfContext>(ctx: &C, returned: u64) {
     match pending.kind {
         pending_kind::RESIZE => {
             let event = ResizeEvent {
-                header: header(event_kind::RESIZE, id, probe),
+                header: header(EventKind::Resize, id, probe),
                 ptr: pending.addr,
                 new_size: returned,
             };
@@ -189,7 +189,7 @@ pub(crate) fn finish_allocation(id: u64, probe_cookie: u64, ptr: u64) {
     }
     let event = AllocReturnEvent {
         header: header(
-            event_kind::ALLOC_RETURN,
+            EventKind::AllocReturn,
             id,
             cookie::probe_index(probe_cookie),
         ),

@@ -9,7 +9,7 @@ use aya_ebpf::{
     programs::ProbeContext,
 };
 use profiler_common::{
-    Counter, EventHeader, FORWARD_WINDOW, Forwarder, ThreadState, cookie, sampling,
+    Counter, EventHeader, EventKind, FORWARD_WINDOW, Forwarder, ThreadState, cookie, sampling,
 };
 
 use crate::{
@@ -93,9 +93,9 @@ pub(crate) fn draw_countdown() -> i64 {
 }
 
 #[inline(always)]
-pub(crate) fn header(kind: u32, id: u64, probe: u32) -> EventHeader {
+pub(crate) fn header(kind: EventKind, id: u64, probe: u32) -> EventHeader {
     EventHeader {
-        kind,
+        kind: kind as u32,
         tid: id as u32,
         pid: (id >> 32) as u32,
         probe,

@@ -2,16 +2,16 @@
 //! still live, and per call stack the estimated objects and bytes in use and
 //! allocated. Bounded: the live table and the stack table have caps, and what
 //! did not fit is counted.
+mod input;
 pub mod sampling;
 pub mod size_class;
 use std::collections::HashMap;
 
-use profiler_common::event_kind;
+pub use input::{HeapEvent, Sample};
 
 use crate::{
     collect::sampling::{sample_weight, window_weight},
     collect::size_class::usable_size_of,
-    kernel::events::Event,
     profile::{HeapProfile, StackEstimate},
 };
 
@@ -101,7 +101,7 @@ pub struct ProcessHeap {
     live: HashMap<u64, LiveAllocation>,
     pending: HashMap<u32, PendingSample>,
     /// Per thread, the sampled allocation its last `realloc` or `rallocx`
-    /// freed: live again if that call failed (`Event::Restored`).
+    /// freed: live again if that call failed (`HeapEvent::Restored`).
     resized_away: HashMap<u32, (u64, LiveAllocation)>,
     pub samples: u64,
     pub drops: Drops,
@@ -124,76 +124,67 @@ impl ProcessHeap {
         }
     }
 
-    pub fn apply(&mut self, event: Event) {
+    pub fn apply(&mut self, event: HeapEvent) {
         match event {
-            Event::Sampled {
-                header,
-                size,
-                align,
-                frames,
-                stack_error,
-                allocator,
-                window,
-                interval,
-                copy,
-                scale,
-                ..
-            } => {
-                if stack_error {
-                    self.drops.stack_errors += 1;
-                }
-                let stack = self.stack_id(frames);
-                let usable = usable_size_of(allocator, size, align);
-                let interval = if interval > 0 {
-                    interval
-                } else {
-                    self.sample_interval
-                };
-                let weight = match (scale, window) {
-                    // Sampled as though `window` bytes, in its thread's window.
-                    (Some(scale), _) => sample_weight(window, interval) * scale,
-                    (None, 0) => sample_weight(size, interval),
-                    (None, _) => window_weight(usable, window, interval),
-                };
-                if self.options.allocations_only {
-                    self.count_allocation(stack, weight, usable);
-                    return;
-                }
-                // A call whose return never came is replaced by the next one.
-                self.pending.insert(
-                    header.tid,
-                    PendingSample {
-                        stack,
-                        weight,
-                        usable,
-                        copy,
-                    },
-                );
-            }
-            Event::Returned {
-                header,
+            HeapEvent::Sampled(sample) => self.sampled(sample),
+            HeapEvent::Returned {
+                tid,
+                time_ns,
                 ptr,
                 untracked,
-            } => self.returned(header.tid, header.time_ns, ptr, untracked),
-            Event::Freed { header, ptr } => {
+            } => self.returned(tid, time_ns, ptr, untracked),
+            HeapEvent::Freed {
+                tid,
+                ptr,
+                in_resize,
+            } => {
                 if let Some(old) = self.live.remove(&ptr) {
                     self.release(old);
-                    if header.kind == event_kind::FREE_IN_RESIZE {
-                        self.hold_resized_away(header.tid, ptr, old);
+                    if in_resize {
+                        self.hold_resized_away(tid, ptr, old);
                     }
                 }
             }
-            Event::Restored { header, ptr } => self.restore(header.tid, ptr),
-            Event::Resized { ptr, new_size, .. } => {
+            HeapEvent::Restored { tid, ptr } => self.restore(tid, ptr),
+            HeapEvent::Resized { ptr, new_size } => {
                 if let Some(live) = self.live.get_mut(&ptr) {
                     let stats = &mut self.stacks[live.stack as usize];
                     stats.inuse_bytes += live.weight * (new_size as f64 - live.usable as f64);
                     live.usable = new_size;
                 }
             }
-            // Not the heap's: the run probes the newly mapped code.
-            Event::MappedCode { .. } => {}
         }
+    }
+
+    /// A sampled call: weighed, and held for its pointer (counted at once
+    /// where frees are not followed).
+    fn sampled(&mut self, sample: Sample) {
+        if sample.stack_error {
+            self.drops.stack_errors += 1;
+        }
+        let stack = self.stack_id(sample.frames);
+        let usable = usable_size_of(sample.allocator, sample.size, sample.align);
+        let interval = sample.interval.unwrap_or(self.sample_interval);
+        let weight = match (sample.scale, sample.window) {
+            // Sampled as though `window` bytes, in its thread's window.
+            (Some(scale), window) => sample_weight(window, interval) * scale,
+            (None, 0) => sample_weight(sample.size, interval),
+            (None, window) => window_weight(usable, window, interval),
+        };
+        if self.options.allocations_only {
+            self.count_allocation(stack, weight, usable);
+            return;
+        }
+        // A call whose return never came is replaced by the next one.
+        self.pending.insert(
+            sample.tid,
+            PendingSample {
+                stack,
+                weight,
+                usable,
+                copy: sample.copy,
+            },
+        );
     }
 
     /// A sampled call's pointer: the allocation is live from now on.

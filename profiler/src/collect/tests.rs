@@ -1,42 +1,47 @@
 //! The collector's unit tests: samples, returns, frees and resizes in,
 //! estimates out.
-use profiler_common::EventHeader;
-
 use crate::discover::AllocatorKind;
 
 use super::*;
 
-fn header(tid: u32) -> EventHeader {
-    EventHeader {
+fn sample(tid: u32, size: u64, frames: &[u64]) -> Sample {
+    Sample {
         tid,
-        pid: 1,
-        ..Default::default()
-    }
-}
-
-fn sampled(tid: u32, size: u64, frames: &[u64]) -> Event {
-    Event::Sampled {
-        header: header(tid),
         size,
         align: 0,
         frames: frames.to_vec(),
         stack_error: false,
-        stack_copy: None,
-        window: 0,
         allocator: AllocatorKind::Jemalloc,
-        interval: 0,
+        window: 0,
+        interval: None,
         copy: 0,
         scale: None,
-        hijacked: None,
     }
 }
 
-fn returned(tid: u32, ptr: u64) -> Event {
-    Event::Returned {
-        header: header(tid),
+fn sampled(tid: u32, size: u64, frames: &[u64]) -> HeapEvent {
+    HeapEvent::Sampled(sample(tid, size, frames))
+}
+
+fn returned(tid: u32, ptr: u64) -> HeapEvent {
+    HeapEvent::Returned {
+        tid,
+        time_ns: 0,
         ptr,
         untracked: false,
     }
+}
+
+fn freed(tid: u32, ptr: u64) -> HeapEvent {
+    HeapEvent::Freed {
+        tid,
+        ptr,
+        in_resize: false,
+    }
+}
+
+fn restored(tid: u32, ptr: u64) -> HeapEvent {
+    HeapEvent::Restored { tid, ptr }
 }
 
 fn heap(max_live: usize) -> ProcessHeap {
@@ -85,10 +90,7 @@ fn frees_dropped_mid_run_keep_what_was_live_and_count_the_rest_at_the_call() {
     assert_eq!(heap.samples, 3);
     assert_eq!(heap.drops.unmatched_returns, 0);
     // A free still seen (a realloc's) releases what was live before.
-    heap.apply(Event::Freed {
-        header: header(1),
-        ptr: 0x1000,
-    });
+    heap.apply(freed(1, 0x1000));
     assert!((heap.inuse_bytes() - 2.0 * w * 4096.0).abs() < 1e-6);
 }
 
@@ -97,12 +99,11 @@ fn a_windowed_sample_stands_for_its_cycle() {
     let mut heap = heap(10);
     // Counted 32 times over in its window (4096 << 5), sampled with that
     // probability; its thread allocated 40x its window's bytes that cycle.
-    let mut event = sampled(1, 4096, &[0x10]);
-    if let Event::Sampled { window, scale, .. } = &mut event {
-        *window = 4096 << 5;
-        *scale = Some(40.0);
-    }
-    heap.apply(event);
+    heap.apply(HeapEvent::Sampled(Sample {
+        window: 4096 << 5,
+        scale: Some(40.0),
+        ..sample(1, 4096, &[0x10])
+    }));
     heap.apply(returned(1, 0x1000));
     let expected = 40.0 * sample_weight(4096 << 5, 4096) * 4096.0;
     assert!((heap.inuse_bytes() - expected).abs() < 1e-6);
@@ -115,10 +116,7 @@ fn allocation_then_free_leaves_only_the_allocated_side() {
     heap.apply(returned(7, 0xdead0));
     let w = sample_weight(4096, 4096);
     assert!((heap.inuse_bytes() - w * 4096.0).abs() < 1e-6);
-    heap.apply(Event::Freed {
-        header: header(7),
-        ptr: 0xdead0,
-    });
+    heap.apply(freed(7, 0xdead0));
     let profile = heap.snapshot(String::new());
     assert_eq!(profile.stacks.len(), 1);
     assert_eq!(profile.stacks[0].inuse_bytes, 0.0);
@@ -171,8 +169,7 @@ fn resize_in_place_changes_bytes_not_objects() {
     let mut heap = heap(10);
     heap.apply(sampled(1, 1 << 20, &[0x10]));
     heap.apply(returned(1, 0x1000));
-    heap.apply(Event::Resized {
-        header: header(1),
+    heap.apply(HeapEvent::Resized {
         ptr: 0x1000,
         new_size: 2 << 20,
     });
@@ -184,11 +181,10 @@ fn forgetting_a_copy_drops_only_its_live_samples() {
     let mut heap = heap(100);
     heap.apply(sampled(1, 4096, &[0x10]));
     heap.apply(returned(1, 0x1000));
-    let mut other = sampled(2, 4096, &[0x20]);
-    if let Event::Sampled { copy, .. } = &mut other {
-        *copy = 1;
-    }
-    heap.apply(other);
+    heap.apply(HeapEvent::Sampled(Sample {
+        copy: 1,
+        ..sample(2, 4096, &[0x20])
+    }));
     heap.apply(returned(2, 0x2000));
     let before = heap.inuse_bytes();
     assert_eq!(heap.forget_copy(1), 1);
@@ -197,17 +193,16 @@ fn forgetting_a_copy_drops_only_its_live_samples() {
     // What was allocated stays counted.
     assert!((heap.alloc_bytes() - before).abs() < 1e-6 * before);
     // Its pointer's free, if it came, finds nothing.
-    heap.apply(Event::Freed {
-        header: header(2),
-        ptr: 0x2000,
-    });
+    heap.apply(freed(2, 0x2000));
     assert!((heap.inuse_bytes() - before / 2.0).abs() < 1e-6 * before);
 }
 
-fn freed_in_resize(tid: u32, ptr: u64) -> Event {
-    let mut header = header(tid);
-    header.kind = profiler_common::event_kind::FREE_IN_RESIZE;
-    Event::Freed { header, ptr }
+fn freed_in_resize(tid: u32, ptr: u64) -> HeapEvent {
+    HeapEvent::Freed {
+        tid,
+        ptr,
+        in_resize: true,
+    }
 }
 
 #[test]
@@ -218,19 +213,13 @@ fn a_failed_resize_puts_its_pointer_back_as_it_was() {
     let before = heap.inuse_bytes();
     heap.apply(freed_in_resize(1, 0x1000));
     assert_eq!(heap.inuse_bytes(), 0.0);
-    heap.apply(Event::Restored {
-        header: header(1),
-        ptr: 0x1000,
-    });
+    heap.apply(restored(1, 0x1000));
     assert_eq!(heap.live_samples(), 1);
     assert!((heap.inuse_bytes() - before).abs() < 1e-6 * before);
     // Allocated once, not twice.
     assert!((heap.alloc_bytes() - before).abs() < 1e-6 * before);
     // Its later free finds it.
-    heap.apply(Event::Freed {
-        header: header(1),
-        ptr: 0x1000,
-    });
+    heap.apply(freed(1, 0x1000));
     assert_eq!(heap.live_samples(), 0);
 }
 
@@ -242,22 +231,13 @@ fn a_restore_needs_the_same_thread_and_pointer() {
     heap.apply(freed_in_resize(1, 0x1000));
     // Another thread's restore, or another pointer's, is not this one's.
     for (tid, ptr) in [(2, 0x1000), (1, 0x2000)] {
-        heap.apply(Event::Restored {
-            header: header(tid),
-            ptr,
-        });
+        heap.apply(restored(tid, ptr));
     }
     assert_eq!(heap.live_samples(), 0);
     // A plain free is not held for a restore.
     heap.apply(sampled(1, 4096, &[0x10]));
     heap.apply(returned(1, 0x3000));
-    heap.apply(Event::Freed {
-        header: header(1),
-        ptr: 0x3000,
-    });
-    heap.apply(Event::Restored {
-        header: header(1),
-        ptr: 0x3000,
-    });
+    heap.apply(freed(1, 0x3000));
+    heap.apply(restored(1, 0x3000));
     assert_eq!(heap.live_samples(), 0);
 }

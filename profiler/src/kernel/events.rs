@@ -1,54 +1,29 @@
 //! Decoding ring-buffer records into events.
 use std::mem::size_of;
 
-use crate::discover::AllocatorKind;
-
 use profiler_common::{
-    AllocEvent, AllocReturnEvent, AllocStackEvent, EventHeader, FreeEvent, MAX_STACK_DEPTH,
-    ResizeEvent, SMALL_STACK_COPY_BYTES, STACK_COPY_BYTES, UserRegs, event_kind,
+    AllocEvent, AllocReturnEvent, AllocStackEvent, EventHeader, EventKind, FreeEvent,
+    MAX_STACK_DEPTH, ResizeEvent, SMALL_STACK_COPY_BYTES, STACK_COPY_BYTES, UserRegs,
 };
 
+/// One ring-buffer record, decoded.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Event {
     /// A sampled allocation call (its pointer follows in `Returned`).
-    Sampled {
-        header: EventHeader,
-        size: u64,
-        align: u64,
-        /// Return addresses, innermost first, allocator frames removed.
-        frames: Vec<u64>,
-        stack_error: bool,
-        /// Registers and stack bytes for DWARF unwinding, when the kernel
-        /// could copy any.
-        stack_copy: Option<StackCopy>,
-        /// For a call sampled on jemalloc's slow path, the bytes of the
-        /// window it stands for (0: sampled by its own size).
-        window: u64,
-        /// The allocator of the probe that fired, which sizes the bytes
-        /// (set by the run from the probe index; jemalloc until then).
-        allocator: AllocatorKind,
-        /// The mean sampling interval it was drawn with, for a sample
-        /// jemalloc's own profiler took (set by the run); 0: memprobe's.
-        interval: u64,
-        /// The allocator copy of the probe (its instance; set by the run).
-        copy: u16,
-        /// For a call sampled in a sampling window (`--sampling windows`),
-        /// how many times its window's bytes its thread allocated over the
-        /// cycle the window stands for (set by the run); `None` elsewhere.
-        scale: Option<f64>,
-        /// Where the thread's last probed `realloc` kept its return address,
-        /// which a return half replaces with the kernel's trampoline.
-        hijacked: Option<HijackedReturn>,
-    },
+    Sampled(KernelSample),
     Returned {
         header: EventHeader,
         ptr: u64,
         untracked: bool,
     },
-    /// A sampled pointer was freed; by a `realloc` or `rallocx` when the
-    /// header's kind is `FREE_IN_RESIZE` (then `Restored` follows on the
-    /// same thread if the call fails).
-    Freed { header: EventHeader, ptr: u64 },
+    /// A sampled pointer was freed; by a `realloc` or `rallocx` where
+    /// `in_resize` (then `Restored` follows on the same thread if the call
+    /// fails).
+    Freed {
+        header: EventHeader,
+        ptr: u64,
+        in_resize: bool,
+    },
     /// The resize that freed the thread's sampled `ptr` failed.
     Restored { header: EventHeader, ptr: u64 },
     Resized {
@@ -60,10 +35,33 @@ pub enum Event {
     MappedCode { header: EventHeader },
 }
 
+/// A sampled allocation call as the kernel told it: its stack is still to
+/// be unwound (`stacks`), its probe's allocator and sampling to be looked
+/// up (`run`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct KernelSample {
+    pub header: EventHeader,
+    pub size: u64,
+    pub align: u64,
+    /// Return addresses, innermost first, allocator frames removed.
+    pub frames: Vec<u64>,
+    pub stack_error: bool,
+    /// Registers and stack bytes for DWARF unwinding, when the kernel
+    /// could copy any.
+    pub stack_copy: Option<StackCopy>,
+    /// The bytes it was counted as: in a sampling window, its size made
+    /// denser; on jemalloc's slow path, the window of bytes it closed (0:
+    /// sampled by its own size).
+    pub window: u64,
+    /// Where the thread's last probed `realloc` kept its return address,
+    /// which a return half replaces with the kernel's trampoline.
+    pub hijacked: Option<HijackedReturn>,
+}
+
 impl Event {
     pub fn header(&self) -> &EventHeader {
         match self {
-            Event::Sampled { header, .. }
+            Event::Sampled(KernelSample { header, .. })
             | Event::Returned { header, .. }
             | Event::Freed { header, .. }
             | Event::Restored { header, .. }
@@ -108,11 +106,11 @@ fn with_stack<const N: usize>(header: EventHeader, bytes: &[u8]) -> Option<Event
 /// Decodes one record; `None` for a record of unknown kind or short length.
 pub fn decode(bytes: &[u8]) -> Option<Event> {
     let header: EventHeader = read(bytes)?;
-    Some(match header.kind {
-        event_kind::ALLOC => sampled(header, &read(bytes)?, None),
-        event_kind::ALLOC_WITH_STACK => with_stack::<STACK_COPY_BYTES>(header, bytes)?,
-        event_kind::ALLOC_WITH_SMALL_STACK => with_stack::<SMALL_STACK_COPY_BYTES>(header, bytes)?,
-        event_kind::ALLOC_RETURN => {
+    Some(match EventKind::from_raw(header.kind)? {
+        EventKind::Alloc => sampled(header, &read(bytes)?, None),
+        EventKind::AllocWithStack => with_stack::<STACK_COPY_BYTES>(header, bytes)?,
+        EventKind::AllocWithSmallStack => with_stack::<SMALL_STACK_COPY_BYTES>(header, bytes)?,
+        EventKind::AllocReturn => {
             let event: AllocReturnEvent = read(bytes)?;
             Event::Returned {
                 header,
@@ -120,22 +118,23 @@ pub fn decode(bytes: &[u8]) -> Option<Event> {
                 untracked: event.untracked != 0,
             }
         }
-        event_kind::FREE | event_kind::FREE_IN_RESIZE => {
+        kind @ (EventKind::Free | EventKind::FreeInResize) => {
             let event: FreeEvent = read(bytes)?;
             Event::Freed {
                 header,
                 ptr: event.ptr,
+                in_resize: kind == EventKind::FreeInResize,
             }
         }
-        event_kind::RESTORED => {
+        EventKind::Restored => {
             let event: FreeEvent = read(bytes)?;
             Event::Restored {
                 header,
                 ptr: event.ptr,
             }
         }
-        event_kind::MAPPED_CODE => Event::MappedCode { header },
-        event_kind::RESIZE => {
+        EventKind::MappedCode => Event::MappedCode { header },
+        EventKind::Resize => {
             let event: ResizeEvent = read(bytes)?;
             Event::Resized {
                 header,
@@ -143,13 +142,12 @@ pub fn decode(bytes: &[u8]) -> Option<Event> {
                 new_size: event.new_size,
             }
         }
-        _ => return None,
     })
 }
 
 fn sampled(header: EventHeader, event: &AllocEvent, stack_copy: Option<StackCopy>) -> Event {
     let (frames, stack_error) = user_frames(event);
-    Event::Sampled {
+    Event::Sampled(KernelSample {
         header,
         size: event.size,
         window: event.window,
@@ -157,15 +155,11 @@ fn sampled(header: EventHeader, event: &AllocEvent, stack_copy: Option<StackCopy
         frames,
         stack_error,
         stack_copy,
-        allocator: AllocatorKind::Jemalloc,
-        interval: 0,
-        copy: 0,
-        scale: None,
         hijacked: (event.hijacked_slot != 0).then_some(HijackedReturn {
             slot: event.hijacked_slot,
             return_address: event.hijacked_return,
         }),
-    }
+    })
 }
 
 /// The caller's return address, then the frame-pointer walk above it.
@@ -205,7 +199,7 @@ mod tests {
         stack[..walked.len()].copy_from_slice(walked);
         AllocEvent {
             header: EventHeader {
-                kind: event_kind::ALLOC,
+                kind: EventKind::Alloc as u32,
                 ..Default::default()
             },
             size: 4096,
@@ -243,7 +237,7 @@ mod tests {
             )
         };
         match decode(bytes) {
-            Some(Event::Sampled { size, frames, .. }) => {
+            Some(Event::Sampled(KernelSample { size, frames, .. })) => {
                 assert_eq!(size, 4096);
                 assert_eq!(frames, [0x1111]);
             }
@@ -256,7 +250,7 @@ mod tests {
     #[test]
     fn a_small_stack_copy_decodes_with_the_bytes_it_holds() {
         let mut alloc = alloc_event(0x1111, &[0xa000]);
-        alloc.header.kind = event_kind::ALLOC_WITH_SMALL_STACK;
+        alloc.header.kind = EventKind::AllocWithSmallStack as u32;
         alloc.regs.sp = 0x7ff0_0000;
         let event = AllocStackEvent::<SMALL_STACK_COPY_BYTES> {
             alloc,
@@ -271,10 +265,10 @@ mod tests {
             )
         };
         match decode(bytes) {
-            Some(Event::Sampled {
+            Some(Event::Sampled(KernelSample {
                 stack_copy: Some(copy),
                 ..
-            }) => {
+            })) => {
                 assert_eq!(copy.bytes, [7; 100]);
                 assert_eq!(copy.regs.sp, 0x7ff0_0000);
             }
@@ -282,7 +276,7 @@ mod tests {
         }
         // A whole copy's kind needs a whole copy's length.
         let mut whole = bytes.to_vec();
-        whole[..4].copy_from_slice(&event_kind::ALLOC_WITH_STACK.to_ne_bytes());
+        whole[..4].copy_from_slice(&(EventKind::AllocWithStack as u32).to_ne_bytes());
         assert_eq!(decode(&whole), None);
     }
 }

@@ -6,9 +6,11 @@
 use aya::maps::{MapData, RingBuf};
 
 use crate::{
+    collect::{HeapEvent, Sample},
+    discover::AllocatorKind,
     kernel::{
         KernelOptions,
-        events::{Event, decode},
+        events::{Event, KernelSample, decode},
     },
     proc::read_maps,
     run::{Session, Targets, own_sampling},
@@ -47,7 +49,7 @@ impl Session<'_> {
         emptied
     }
 
-    fn handle(&mut self, mut event: Event) {
+    fn handle(&mut self, event: Event) {
         let pid = event.header().pid;
         // System-wide probes see processes before the next scan does;
         // memprobe's own allocations (glibc's, probed with `--all`) are
@@ -59,50 +61,101 @@ impl Session<'_> {
             let maps = read_maps(pid).unwrap_or_default();
             self.track(pid, maps);
         }
+        if !self.tracked.contains_key(&pid) {
+            return;
+        }
+        let event = match event {
+            Event::Sampled(sample) => self.finish_sample(pid, sample),
+            Event::Returned {
+                header,
+                ptr,
+                untracked,
+            } => {
+                self.forget_if_untracked(pid, header.probe, ptr);
+                HeapEvent::Returned {
+                    tid: header.tid,
+                    time_ns: header.time_ns,
+                    ptr,
+                    untracked,
+                }
+            }
+            Event::Freed {
+                header,
+                ptr,
+                in_resize,
+            } => HeapEvent::Freed {
+                tid: header.tid,
+                ptr,
+                in_resize,
+            },
+            Event::Restored { header, ptr } => HeapEvent::Restored {
+                tid: header.tid,
+                ptr,
+            },
+            Event::Resized { ptr, new_size, .. } => HeapEvent::Resized { ptr, new_size },
+            Event::MappedCode { .. } => return,
+        };
         let Some(t) = self.tracked.get_mut(&pid) else {
             return;
         };
-        if t.comes_from_unmapped_code(&event) || t.stacks.needs_trampoline(&event) {
-            t.set_maps(read_maps(pid).ok());
-        }
-        let fast_path = self.probes.frame_pointer_fast_path();
-        if let Some(trusted) = t.stacks.complete(&mut event, fast_path, &mut t.heap.drops) {
-            self.probes.trust_frame_pointers(pid, trusted);
-        }
-        if let Event::Sampled {
-            header,
-            allocator,
-            frames,
-            interval,
-            copy,
-            scale,
-            ..
-        } = &mut event
-            && let Some(probe) = self.probes.attached.get(header.probe as usize)
-        {
-            *allocator = probe.allocator;
-            *copy = probe.instance;
-            // Weighed when its window closes.
-            *scale = probe.windowed.then_some(1.0);
-            if probe.shape == profiler_common::CallShape::OwnSample {
-                *interval = own_sampling::own_interval(&t.watched, probe.instance);
-            }
-            if let Some(own_code) = &probe.own_code {
-                t.drop_allocator_frames(&probe.path, own_code, frames);
-            }
-        }
-        if let Event::Returned { header, ptr, .. } = &event
-            && t.frees_dropped.is_some()
-            && let Some(probe) = self.probes.attached.get(header.probe as usize)
-        {
-            self.probes.forget_sampled(pid, probe.instance, *ptr);
-        }
         let event = match &mut t.windows {
             Some(windows) => windows.hold(event),
             None => Some(event),
         };
         if let Some(event) = event {
             t.heap.apply(event);
+        }
+    }
+
+    /// A sample of `pid` made whole: its stack unwound, and what its probe
+    /// samples (the allocator, the copy, the interval) looked up.
+    fn finish_sample(&mut self, pid: u32, mut sample: KernelSample) -> HeapEvent {
+        let fast_path = self.probes.frame_pointer_fast_path();
+        let probe = self.probes.attached.get(sample.header.probe as usize);
+        let t = self.tracked.get_mut(&pid).expect("tracked");
+        if t.comes_from_unmapped_code(&sample.frames) || t.stacks.needs_trampoline(&sample) {
+            t.set_maps(read_maps(pid).ok());
+        }
+        let trusted = t.stacks.complete(&mut sample, fast_path, &mut t.heap.drops);
+        let mut finished = Sample {
+            tid: sample.header.tid,
+            size: sample.size,
+            align: sample.align,
+            frames: sample.frames,
+            stack_error: sample.stack_error,
+            allocator: AllocatorKind::Jemalloc,
+            window: sample.window,
+            interval: None,
+            copy: 0,
+            scale: None,
+        };
+        if let Some(probe) = probe {
+            finished.allocator = probe.allocator;
+            finished.copy = probe.instance;
+            // Weighed when its window closes.
+            finished.scale = probe.windowed.then_some(1.0);
+            if probe.shape == profiler_common::CallShape::OwnSample {
+                finished.interval = own_sampling::own_interval(&t.watched, probe.instance);
+            }
+            if let Some(own_code) = &probe.own_code {
+                t.drop_allocator_frames(&probe.path, own_code, &mut finished.frames);
+            }
+        }
+        if let Some(trusted) = trusted {
+            self.probes.trust_frame_pointers(pid, trusted);
+        }
+        HeapEvent::Sampled(finished)
+    }
+
+    /// A sampled pointer returned to a process whose frees are no longer
+    /// probed: the kernel's set forgets it (no free will take it out).
+    fn forget_if_untracked(&mut self, pid: u32, probe: u32, ptr: u64) {
+        let frees_dropped = self
+            .tracked
+            .get(&pid)
+            .is_some_and(|t| t.frees_dropped.is_some());
+        if frees_dropped && let Some(probe) = self.probes.attached.get(probe as usize) {
+            self.probes.forget_sampled(pid, probe.instance, ptr);
         }
     }
 }

@@ -266,12 +266,11 @@ pub(super) struct WatchedCopy {
 
 /// The mean interval of the samples jemalloc's profiler takes for the copy
 /// `instance` among `watched`; 0 (memprobe's) when it takes none.
-pub(super) fn own_interval(watched: &[WatchedCopy], instance: u16) -> u64 {
+pub(super) fn own_interval(watched: &[WatchedCopy], instance: u16) -> Option<u64> {
     watched
         .iter()
         .find(|copy| copy.instance == instance)
         .and_then(|copy| copy.taking)
-        .unwrap_or(0)
 }
 
 /// The profile's note for a copy sampled through jemalloc's profiler.

@@ -4,7 +4,6 @@ use std::{collections::HashSet, ops::Range, path::PathBuf};
 use crate::{
     collect::{CollectorOptions, ProcessHeap},
     discover::AllocatorKind,
-    kernel::events::Event,
     proc::{FileId, Mapping, command_name, namespace_pid, parse_maps},
     run::{
         budget::BudgetWindow, growth::GrowthWindow, own_sampling::WatchedCopy,
@@ -151,11 +150,9 @@ impl Tracked {
         }
     }
 
-    /// Whether `event` comes from code mapped since the maps were read.
-    pub fn comes_from_unmapped_code(&self, event: &Event) -> bool {
-        let Event::Sampled { frames, .. } = event else {
-            return false;
-        };
+    /// Whether a sample with `frames` comes from code mapped since the
+    /// maps were read.
+    pub fn comes_from_unmapped_code(&self, frames: &[u64]) -> bool {
         frames
             .first()
             .is_some_and(|&caller| !self.mappings.iter().any(|m| m.range().contains(caller)))

@@ -6,7 +6,7 @@ pub(crate) mod unwind;
 
 use crate::{
     collect::Drops,
-    kernel::events::Event,
+    kernel::events::KernelSample,
     proc::{AddressRange, Mapping},
     stacks::{
         trust::FramePointerTrust,
@@ -41,16 +41,14 @@ impl ProcessStacks {
     /// it changes (the kernel is to be told).
     pub fn complete(
         &mut self,
-        event: &mut Event,
+        sample: &mut KernelSample,
         fast_path: bool,
         drops: &mut Drops,
     ) -> Option<bool> {
-        self.put_back_hijacked_return(event);
-        let trust = self.unwind(event, fast_path, drops);
-        if let Event::Sampled { frames, .. } = event
-            && self.trampoline_caller(frames)
-        {
-            frames.remove(0);
+        self.put_back_hijacked_return(sample);
+        let trust = self.unwind(sample, fast_path, drops);
+        if self.trampoline_caller(&sample.frames) {
+            sample.frames.remove(0);
             drops.trampoline_callers += 1;
         }
         trust
@@ -59,14 +57,8 @@ impl ProcessStacks {
     /// Whether `event` needs the trampoline's place, not known yet (the
     /// kernel maps it at the first return probe that runs): the maps are
     /// to be read again.
-    pub fn needs_trampoline(&self, event: &Event) -> bool {
-        matches!(
-            event,
-            Event::Sampled {
-                hijacked: Some(_),
-                ..
-            }
-        ) && self.trampoline.is_none()
+    pub fn needs_trampoline(&self, sample: &KernelSample) -> bool {
+        sample.hijacked.is_some() && self.trampoline.is_none()
     }
 
     /// A return half (memprobe's, or another uprobe session's on the same
@@ -76,17 +68,17 @@ impl ProcessStacks {
     /// that both go on past it. Only where the trampoline stands: the
     /// kernel's note is of the thread's last `realloc`, which may have
     /// returned.
-    fn put_back_hijacked_return(&self, event: &mut Event) {
-        let (
-            Event::Sampled {
-                frames,
-                stack_copy,
-                hijacked: Some(hijacked),
-                ..
-            },
-            Some(trampoline),
-        ) = (event, self.trampoline)
+    fn put_back_hijacked_return(&self, sample: &mut KernelSample) {
+        let KernelSample {
+            frames,
+            stack_copy,
+            hijacked: Some(hijacked),
+            ..
+        } = sample
         else {
+            return;
+        };
+        let Some(trampoline) = self.trampoline else {
             return;
         };
         let original = hijacked.return_address.to_le_bytes();
@@ -108,13 +100,15 @@ impl ProcessStacks {
         self.trust = FramePointerTrust::default();
     }
 
-    fn unwind(&mut self, event: &mut Event, fast_path: bool, drops: &mut Drops) -> Option<bool> {
-        let Event::Sampled {
+    fn unwind(
+        &mut self,
+        sample: &mut KernelSample,
+        fast_path: bool,
+        drops: &mut Drops,
+    ) -> Option<bool> {
+        let KernelSample {
             frames, stack_copy, ..
-        } = event
-        else {
-            return None;
-        };
+        } = sample;
         let Some(copy) = stack_copy else {
             self.unwinder.complete_root(frames);
             if self.trust.trusted() {
@@ -166,7 +160,6 @@ mod tests {
 
     use super::*;
     use crate::{
-        discover::AllocatorKind,
         kernel::events::{HijackedReturn, StackCopy},
         proc::parse_maps,
     };
@@ -182,8 +175,8 @@ mod tests {
     }
 
     /// A sample with `words` of stack from `SP` and a frame-pointer walk.
-    fn sample(words: &[u64], frames: &[u64], slot: u64) -> Event {
-        Event::Sampled {
+    fn sample(words: &[u64], frames: &[u64], slot: u64) -> KernelSample {
+        KernelSample {
             header: EventHeader::default(),
             size: 64,
             align: 0,
@@ -198,10 +191,6 @@ mod tests {
                 bytes: words.iter().flat_map(|w| w.to_le_bytes()).collect(),
             }),
             window: 0,
-            scale: None,
-            allocator: AllocatorKind::Jemalloc,
-            interval: 0,
-            copy: 0,
             hijacked: Some(HijackedReturn {
                 slot,
                 return_address: 0x4242,
@@ -209,16 +198,10 @@ mod tests {
         }
     }
 
-    fn stack_and_frames(event: &Event) -> (Vec<u64>, Vec<u64>) {
-        let Event::Sampled {
-            frames, stack_copy, ..
-        } = event
-        else {
-            unreachable!()
-        };
-        let words = stack_copy.as_ref().unwrap().bytes.chunks(8);
+    fn stack_and_frames(sample: &KernelSample) -> (Vec<u64>, Vec<u64>) {
+        let words = sample.stack_copy.as_ref().unwrap().bytes.chunks(8);
         let words = words.map(|w| u64::from_le_bytes(w.try_into().unwrap()));
-        (words.collect(), frames.clone())
+        (words.collect(), sample.frames.clone())
     }
 
     #[test]

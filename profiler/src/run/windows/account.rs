@@ -10,10 +10,7 @@ use std::{
 use profiler_common::FastPathConfig;
 
 use super::timing::{MIN_DUTY, WINDOWS_COST, WindowTiming};
-use crate::{
-    discover::Allocator,
-    kernel::{ThreadWindow, events::Event},
-};
+use crate::{collect::HeapEvent, discover::Allocator, kernel::ThreadWindow};
 
 /// One jemalloc copy of a process sampled in windows.
 #[derive(Debug)]
@@ -85,7 +82,7 @@ pub(in crate::run) struct Windows {
     pub(super) time_open: Duration,
     pub(super) since: Instant,
     /// Events that came while a window was open, applied once it closes.
-    pub(super) held: Vec<Event>,
+    pub(super) held: Vec<HeapEvent>,
     /// Per thread, jemalloc's counter at the end of its last window.
     ends: HashMap<u32, u64>,
 }
@@ -177,7 +174,7 @@ impl Windows {
     }
 
     /// Holds `event` while a window is open; gives it back otherwise.
-    pub fn hold(&mut self, event: Event) -> Option<Event> {
+    pub fn hold(&mut self, event: HeapEvent) -> Option<HeapEvent> {
         if self.open.is_none() || self.continuous() {
             return Some(event);
         }

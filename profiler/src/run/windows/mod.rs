@@ -27,7 +27,8 @@ pub(super) use account::{WindowedCopy, Windows};
 pub use timing::{MIN_DUTY, WINDOWS_COST, WindowTiming};
 
 use crate::{
-    kernel::{Scope, ThreadWindow, events::Event},
+    collect::HeapEvent,
+    kernel::{Scope, ThreadWindow},
     run::Session,
 };
 
@@ -391,7 +392,7 @@ impl Session<'_> {
         };
         windows.time_open += opened.elapsed();
         let mut tids: Vec<u32> = crate::proc::thread_ids(pid);
-        tids.extend(windows.held.iter().map(|e| e.header().tid));
+        tids.extend(windows.held.iter().filter_map(HeapEvent::tid));
         tids.sort_unstable();
         tids.dedup();
         let records: Vec<(u32, ThreadWindow)> = tids
@@ -400,14 +401,11 @@ impl Session<'_> {
             .collect();
         let scales = windows.weigh(number, &records);
         for mut event in std::mem::take(&mut windows.held) {
-            if let Event::Sampled {
-                header,
-                scale: Some(scale),
-                ..
-            } = &mut event
+            if let HeapEvent::Sampled(sample) = &mut event
+                && sample.scale.is_some()
             {
                 // A thread whose counters were not read is not guessed at.
-                *scale = scales.get(&header.tid).copied().unwrap_or(0.0);
+                sample.scale = Some(scales.get(&sample.tid).copied().unwrap_or(0.0));
             }
             t.heap.apply(event);
         }
