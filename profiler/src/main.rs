@@ -9,7 +9,7 @@ use clap::Parser;
 
 fn main() -> ExitCode {
     // memprobe's copy that times probe hits at start exits in here.
-    profiler::run::calibrate::serve_as_target();
+    profiler::run::cost::calibrate::serve_as_target();
     let cli = match cli::Cli::try_parse() {
         Ok(cli) => cli,
         Err(error) => {

@@ -26,7 +26,9 @@
 use std::time::{Duration, Instant};
 
 use crate::run::{
-    Session, Targets, process::FreesDropped, snapshot::SnapshotKind, writer::Announce,
+    Session, Targets,
+    process::FreesDropped,
+    snapshots::{SnapshotKind, writer::Announce},
 };
 
 /// How long a process may stay over its budget.
@@ -166,7 +168,7 @@ impl Session<'_> {
         let _ = writeln!(
             self.status,
             "memprobe: pid {pid}: sampling windows narrowed to {:.1}% of the time, {reason}",
-            super::windows::MIN_DUTY * 100.0
+            super::sampling::windows::MIN_DUTY * 100.0
         );
         true
     }

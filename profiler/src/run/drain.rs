@@ -13,7 +13,7 @@ use crate::{
         events::{Event, KernelSample, decode},
     },
     proc::read_maps,
-    run::{Session, Targets, own_sampling},
+    run::{Session, Targets, sampling::own_profiler},
 };
 
 impl Session<'_> {
@@ -135,7 +135,7 @@ impl Session<'_> {
             // Weighed when its window closes.
             finished.scale = probe.windowed.then_some(1.0);
             if probe.shape == profiler_common::CallShape::OwnSample {
-                finished.interval = own_sampling::own_interval(&t.watched, probe.instance);
+                finished.interval = own_profiler::own_interval(&t.watched, probe.instance);
             }
             if let Some(own_code) = &probe.own_code {
                 t.drop_allocator_frames(&probe.path, own_code, &mut finished.frames);

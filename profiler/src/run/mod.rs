@@ -1,77 +1,51 @@
 //! One profiling run: check the targets, load and attach, collect until
 //! told to stop, write, detach. Rescans once a second for libraries loaded
 //! later and, with `--all`, for processes started later.
-mod allocators;
-mod attach;
 mod budget;
-pub mod calibrate;
 pub mod cost;
 mod drain;
-mod found;
-mod growth;
-pub mod launch;
+mod event_loop;
+mod finish;
 mod options;
-mod own_sampling;
 mod process;
 mod publish;
-mod recalibration;
-mod retention;
-mod snapshot;
+mod sampling;
+mod snapshots;
 mod status;
+mod targets;
 mod waits;
-pub mod windows;
-mod writer;
 
 use std::{
     collections::{BTreeMap, HashSet},
     io::Write,
-    process::ExitStatus,
     sync::{Arc, Mutex},
     time::Instant,
 };
 
-use aya::maps::{MapData, RingBuf};
 use tokio::{
     io::{Interest, unix::AsyncFd},
-    sync::{mpsc, oneshot},
+    sync::mpsc,
 };
 
 pub use options::{GrowthTrigger, Sampling, SessionOptions, Targets};
-pub use retention::Retention;
+pub use sampling::windows::WindowTiming;
+pub use snapshots::retention::Retention;
 pub use status::{ProcessSummary, Summary, summary_lines};
-pub use windows::WindowTiming;
 
 use crate::{
-    discover::{Allocator, AllocatorCache, AllocatorKind, Found, allocators_in_file},
+    discover::{AllocatorCache, AllocatorKind},
     error::{Error, Result},
-    kernel::{KernelProbes, Scope, features},
+    kernel::{KernelProbes, features},
     output::files::OutputDir,
-    proc::{FileId, command_name, parse_maps, read_maps},
+    proc::FileId,
     run::{
-        cost::{CostLedger, CostModel},
-        launch::PredictedFile,
+        cost::{CostLedger, CostModel, calibrate, recalibration::Recalibration},
         process::Tracked,
-        recalibration::Recalibration,
-        snapshot::SnapshotKind,
-        waits::{
-            Signals, exit_code_of, next_request, sleep_until, tick_of, wait_for_command,
-            wait_launched,
-        },
-        writer::SnapshotWriter,
+        snapshots::writer::SnapshotWriter,
+        targets::checked::check_targets,
     },
     serve::{Endpoints, Published, SnapshotRequest},
 };
-
-/// Why the run stopped.
-#[derive(Debug, PartialEq, Eq)]
-enum Stop {
-    Duration,
-    Signal(i32),
-    AllExited,
-}
-
-/// Ticks between two readings of other tools' links (`kernel::foreign`).
-const FOREIGN_LINKS_EVERY: u64 = 10;
 
 struct Session<'a> {
     options: SessionOptions,
@@ -99,25 +73,6 @@ struct Session<'a> {
     recalibration: Recalibration,
     /// The probes' hits and the time they added, priced each tick.
     ledger: CostLedger,
-}
-
-/// The targets as checked before anything is loaded.
-enum Checked {
-    /// Running processes: their maps and the allocator copies found.
-    Pids(Vec<(u32, String, Vec<Found>)>),
-    All,
-    /// The command, and the files it is predicted to map with the
-    /// allocator copies each holds.
-    Launch(
-        Vec<std::ffi::OsString>,
-        Vec<(PredictedFile, Vec<Arc<Allocator>>)>,
-    ),
-}
-
-/// A launched command: its pid and, once it exits, its status.
-struct LaunchedCommand {
-    pid: u32,
-    exit: Option<oneshot::Receiver<std::io::Result<ExitStatus>>>,
 }
 
 /// Runs a session; status lines go to `status` (stderr in the binary).
@@ -193,276 +148,7 @@ pub async fn run(options: SessionOptions, status: &mut dyn Write) -> Result<Summ
     session.finish(stop, ring, launched, exit_status).await
 }
 
-/// Every named target is checked before anything is loaded or attached.
-fn check_targets(options: &SessionOptions, cache: &mut AllocatorCache) -> Result<Checked> {
-    let (debug_dir, wanted) = (options.debug_dir.as_deref(), &options.allocators);
-    Ok(match &options.targets {
-        Targets::Pids(pids) => {
-            let mut initial = Vec::new();
-            for &pid in pids.iter() {
-                let maps = read_maps(pid)?;
-                let found = cache.require(pid, &parse_maps(&maps), &command_name(pid))?;
-                initial.push((pid, maps, found));
-            }
-            Checked::Pids(initial)
-        }
-        Targets::Launch(command) => {
-            let program = command.first().ok_or(Error::NoCommand)?;
-            let executable = launch::resolve_program(program)?;
-            let mut predicted = Vec::new();
-            for file in launch::predict_files(&executable)? {
-                let allocators = allocators_in_file(&file.path, debug_dir, wanted)?;
-                predicted.push((file, allocators));
-            }
-            Checked::Launch(command.clone(), predicted)
-        }
-        Targets::All => Checked::All,
-    })
-}
-
 impl Session<'_> {
-    /// Attaches to the checked targets; in launch mode starts the command
-    /// once every probe is in place.
-    fn attach_targets(&mut self, checked: Checked) -> Result<Option<LaunchedCommand>> {
-        match checked {
-            Checked::Pids(initial) => {
-                for (pid, maps, found) in initial {
-                    self.track(pid, maps);
-                    self.attach_found(pid, found)?;
-                }
-                Ok(None)
-            }
-            Checked::All => self.scan_all().map(|()| None),
-            Checked::Launch(command, predicted) => {
-                let child = launch::spawn_gated(&command)?;
-                let pid = child.pid;
-                self.track(pid, String::new());
-                if let Some(t) = self.tracked.get_mut(&pid) {
-                    t.command = launch::command_name(&command[0]);
-                }
-                for (file, allocators) in &predicted {
-                    for allocator in allocators {
-                        let path = file.path.to_string_lossy().into_owned();
-                        self.attach_file(Scope::Process(pid), &path, &file.path, allocator)?;
-                        if let Some(t) = self.tracked.get_mut(&pid) {
-                            t.attached_files.insert((file.file, allocator.kind));
-                        }
-                    }
-                }
-                // Only now may the command run: every probe is in place.
-                let (pid, exit) = child.release();
-                Ok(Some(LaunchedCommand {
-                    pid,
-                    exit: Some(exit),
-                }))
-            }
-        }
-    }
-
-    /// Drains events, takes snapshots and rescans until a reason to stop.
-    async fn collect(
-        &mut self,
-        ring: &mut AsyncFd<RingBuf<MapData>>,
-        mut launched: Option<&mut LaunchedCommand>,
-        mut exit_rx: mpsc::UnboundedReceiver<u32>,
-    ) -> Result<(Stop, Option<std::io::Result<ExitStatus>>)> {
-        let mut signals = Signals::new()?;
-        let mut snapshot_timer = self
-            .options
-            .snapshot_interval
-            .map(|period| tokio::time::interval_at(tokio::time::Instant::now() + period, period));
-        let deadline = self
-            .options
-            .duration
-            .map(|d| tokio::time::Instant::now() + d);
-        let mut ticker = tokio::time::interval(self.options.rescan_interval);
-        let mut ticks: u64 = 0;
-        let mut last_rates = CostLedger::default();
-        loop {
-            let window_change = self
-                .next_window_change()
-                .map(tokio::time::Instant::from_std);
-            tokio::select! {
-                readable = ring.readable_mut() => {
-                    let mut guard = readable.map_err(|e| events_error("reading the ring buffer", e))?;
-                    // Left ready while records remain: the kernel wakes a
-                    // reader only once it has caught up.
-                    if self.drain(guard.get_inner_mut()) {
-                        guard.clear_ready();
-                    }
-                }
-                _ = sleep_until(deadline) => return Ok((Stop::Duration, None)),
-                _ = signals.interrupt.recv() => return Ok((Stop::Signal(libc::SIGINT), None)),
-                _ = signals.terminate.recv() => return Ok((Stop::Signal(libc::SIGTERM), None)),
-                _ = signals.snapshot.recv() => {
-                    self.drain(ring.get_mut());
-                    self.snapshot_all("SIGUSR1", SnapshotKind::Requested);
-                }
-                _ = tick_of(&mut snapshot_timer) => {
-                    self.drain(ring.get_mut());
-                    self.snapshot_all("interval", SnapshotKind::Periodic);
-                }
-                status = wait_launched(launched.as_deref_mut()) => {
-                    self.drain(ring.get_mut());
-                    if let Some(launched) = &launched {
-                        self.process_exited(launched.pid)?;
-                    }
-                    return Ok((Stop::AllExited, Some(status)));
-                }
-                Some(pid) = exit_rx.recv() => {
-                    self.drain(ring.get_mut());
-                    self.process_exited(pid)?;
-                    let all_gone = self.tracked.values().all(|t| t.exited);
-                    if all_gone && matches!(self.options.targets, Targets::Pids(_)) {
-                        return Ok((Stop::AllExited, None));
-                    }
-                }
-                Some(request) = next_request(&mut self.snapshot_requests) => {
-                    self.drain(ring.get_mut());
-                    self.answer(request);
-                }
-                _ = sleep_until(window_change) => {
-                    self.change_windows(ring.get_mut());
-                }
-                _ = ticker.tick() => {
-                    self.drain(ring.get_mut());
-                    self.tick(&mut ticks, &mut last_rates)?;
-                    // Every process detached over budget: nothing to profile.
-                    let all_done = self.tracked.values().all(|t| t.exited);
-                    if all_done && matches!(self.options.targets, Targets::Pids(_)) {
-                        return Ok((Stop::AllExited, None));
-                    }
-                }
-            }
-        }
-    }
-
-    /// Once a rescan interval: new libraries and processes, growth
-    /// triggers, `--verbose` rates, the status line.
-    fn tick(&mut self, ticks: &mut u64, last_rates: &mut CostLedger) -> Result<()> {
-        if ticks.is_multiple_of(FOREIGN_LINKS_EVERY) {
-            self.probes.read_foreign_links();
-        }
-        let forced = self.ledger.update(&self.cost_model, &self.probes);
-        self.say_forced_returns(&forced);
-        self.keep_costs_measured();
-        self.rescan()?;
-        self.check_growth();
-        self.enforce_budget();
-        self.watch_own_profilers();
-        self.check_silent_allocators();
-        self.publish();
-        self.record_written()?;
-        *ticks += 1;
-        if self.options.verbose && ticks.is_multiple_of(10) {
-            *last_rates = self.report_rates(last_rates, self.options.rescan_interval * 10);
-        }
-        if self.options.progress {
-            let line = self.progress_line(self.started.elapsed());
-            let _ = write!(self.status, "\r\x1b[2K{line}");
-            let _ = self.status.flush();
-        }
-        Ok(())
-    }
-
-    /// `--verbose`: why the run stops, and how many probe counter slots
-    /// it used (bounded: a part attached again takes back its own).
-    fn say_why_stopping(&mut self, stop: &Stop) {
-        let reason = match stop {
-            Stop::Duration => "duration reached",
-            Stop::Signal(libc::SIGINT) => "interrupted",
-            Stop::Signal(_) => "terminated",
-            Stop::AllExited => "every process exited",
-        };
-        let _ = writeln!(self.status, "memprobe: stopping: {reason}");
-        let _ = writeln!(
-            self.status,
-            "memprobe: {} probe counter slots used over the run",
-            self.probes.attached.len()
-        );
-    }
-
-    /// The last snapshots, detaching, waiting for a launched command, and
-    /// the summary.
-    async fn finish(
-        mut self,
-        stop: Stop,
-        mut ring: AsyncFd<RingBuf<MapData>>,
-        launched: Option<LaunchedCommand>,
-        mut exit_status: Option<std::io::Result<ExitStatus>>,
-    ) -> Result<Summary> {
-        self.drain(ring.get_mut());
-        let elapsed = self.started.elapsed();
-        self.clear_progress();
-        if self.options.verbose {
-            self.say_why_stopping(&stop);
-        }
-        self.last_windows(ring.get_mut()).await;
-        // The last snapshots hold owned data: the probes can go before
-        // they are written.
-        self.snapshot_all("end of run", SnapshotKind::Last);
-        let Session {
-            probes,
-            mut tracked,
-            status,
-            mut writer,
-            options,
-            cost_model,
-            mut ledger,
-            ..
-        } = self;
-        let kernel_counters = probes.counters();
-        let probe_count = probes.attached_now();
-        ledger.update(&cost_model, &probes);
-        let probe_costs = ledger.costs(&probes.attached);
-        let switch_cost = ledger.switch_costs();
-        let return_probes = probes.return_probes_used();
-        // Detach before anything else: the targets run unprobed from here on.
-        drop(ring);
-        drop(probes);
-        if !writer.is_idle() && options.progress {
-            let _ = writeln!(status, "memprobe: detached; writing the last snapshots");
-        }
-        for done in writer.finish() {
-            snapshot::record(
-                done,
-                &mut tracked,
-                status,
-                (options.progress, options.retention),
-            )?;
-        }
-        if let Some(launched) = launched {
-            exit_status = Some(wait_for_command(launched, &stop, exit_status, status).await);
-        }
-        let exit_code = match exit_status {
-            Some(Ok(status)) => Some(exit_code_of(status)),
-            Some(Err(cause)) => {
-                return Err(Error::Launch {
-                    program: options.targets.command_program(),
-                    cause,
-                });
-            }
-            None => None,
-        };
-        Ok(Summary {
-            processes: tracked
-                .into_values()
-                .filter(|t| !t.files.is_empty())
-                .map(ProcessSummary::of)
-                .collect(),
-            probes: probe_count,
-            elapsed,
-            kernel_counters,
-            exit_code,
-            probe_costs,
-            switch_cost,
-            cost_model,
-            return_probes,
-            output_dir: options.output_dir.clone(),
-            verbose: options.verbose,
-        })
-    }
-
     /// Tracked processes that have not exited.
     fn live_pids(&self) -> Vec<u32> {
         self.tracked

@@ -70,7 +70,7 @@ pub struct SessionOptions {
     pub listen: Option<std::net::SocketAddr>,
     /// `--sampling windows`: how long a window lasts and how often one
     /// opens. Default: 100 ms, as often as their cost allows.
-    pub windows: crate::run::windows::WindowTiming,
+    pub windows: crate::run::WindowTiming,
     /// Who may read the endpoints: TLS, a bearer token, client
     /// certificates. Default: none of them (then `listen` must be on
     /// loopback).
@@ -137,7 +137,7 @@ impl Default for SessionOptions {
             allocators: crate::discover::AllocatorKind::ALL.to_vec(),
             debug_dir: None,
             listen: None,
-            windows: crate::run::windows::WindowTiming::default(),
+            windows: crate::run::WindowTiming::default(),
             access: crate::serve::AccessOptions::default(),
             retention: crate::run::Retention::default(),
         }

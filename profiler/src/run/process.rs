@@ -6,8 +6,9 @@ use crate::{
     discover::AllocatorKind,
     proc::{FileId, Mapping, command_name, namespace_pid, parse_maps},
     run::{
-        budget::BudgetWindow, growth::GrowthWindow, own_sampling::WatchedCopy,
-        retention::KeptSnapshots, windows::Windows,
+        budget::BudgetWindow,
+        sampling::{own_profiler::WatchedCopy, windows::Windows},
+        snapshots::{growth::GrowthWindow, retention::KeptSnapshots},
     },
     stacks::ProcessStacks,
 };

@@ -366,7 +366,7 @@ pub fn summary_lines(summary: &Summary) -> Vec<String> {
         if summary.verbose {
             lines.push(format!(
                 "memprobe:   allocators: {}",
-                super::allocators::describe(&p.allocator_calls)
+                super::targets::allocator_calls::describe(&p.allocator_calls)
             ));
             lines.extend(
                 p.files

@@ -14,7 +14,7 @@ use tokio::{
 
 use crate::{
     error::Result,
-    run::{LaunchedCommand, Stop, events_error},
+    run::{event_loop::Stop, events_error, targets::checked::LaunchedCommand},
     serve::SnapshotRequest,
 };
 

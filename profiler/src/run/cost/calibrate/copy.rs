@@ -10,7 +10,7 @@ use std::{
 
 use crate::{
     collect::clock_ns,
-    run::calibrate::{CalibrationError, KINDS},
+    run::cost::calibrate::{CalibrationError, KINDS},
 };
 
 /// Set in the copy's environment: it serves timings instead of profiling.

@@ -7,13 +7,15 @@ use std::time::Instant;
 
 use crate::run::{
     Session, Targets,
-    calibrate::{CalibrationError, Remeasurement},
-    cost::CostModel,
+    cost::{
+        CostModel,
+        calibrate::{CalibrationError, Remeasurement},
+    },
 };
 
 /// When the next measurement starts, or the one under way.
 #[derive(Default)]
-pub(super) enum Recalibration {
+pub(in crate::run) enum Recalibration {
     /// Not scheduled yet (the first tick schedules it).
     #[default]
     Unscheduled,
@@ -24,7 +26,7 @@ pub(super) enum Recalibration {
 impl Session<'_> {
     /// Each tick, after the ledger priced the tick's hits: starts a
     /// measurement when one is due, takes its costs once it ended.
-    pub(super) fn keep_costs_measured(&mut self) {
+    pub(in crate::run) fn keep_costs_measured(&mut self) {
         let Some(every) = self.options.recalibrate_every else {
             return;
         };

@@ -23,7 +23,7 @@ use std::time::Instant;
 
 use aya::maps::{MapData, RingBuf};
 
-pub(super) use account::{WindowedCopy, Windows};
+pub(in crate::run) use account::{WindowedCopy, Windows};
 pub use timing::{MIN_DUTY, WINDOWS_COST, WindowTiming};
 
 use crate::{
@@ -34,7 +34,7 @@ use crate::{
 
 impl Session<'_> {
     /// Samples `copy` of `pid` in windows from now on.
-    pub(super) fn start_windows(&mut self, pid: u32, copy: WindowedCopy) {
+    pub(in crate::run) fn start_windows(&mut self, pid: u32, copy: WindowedCopy) {
         let timing = self.options.windows;
         if self.options.verbose {
             let _ = writeln!(
@@ -133,7 +133,7 @@ impl Session<'_> {
     }
 
     /// When any process's window opens, closes or is judged next.
-    pub(super) fn next_window_change(&self) -> Option<Instant> {
+    pub(in crate::run) fn next_window_change(&self) -> Option<Instant> {
         let timing = &self.options.windows;
         self.tracked
             .values()
@@ -145,7 +145,7 @@ impl Session<'_> {
     }
 
     /// Opens, closes and judges the windows that are due.
-    pub(super) fn change_windows(&mut self, ring: &mut RingBuf<MapData>) {
+    pub(in crate::run) fn change_windows(&mut self, ring: &mut RingBuf<MapData>) {
         let now = Instant::now();
         let timing = self.options.windows;
         let due: Vec<(u32, bool, bool)> = self
@@ -278,7 +278,7 @@ impl Session<'_> {
     /// What narrowing `pid`'s windows to their least would save, as a
     /// share of a CPU (their recent cost, less what [`MIN_DUTY`] keeps);
     /// `None` where they are at their least already.
-    pub(super) fn narrowing_saves(&self, pid: u32) -> Option<f64> {
+    pub(in crate::run) fn narrowing_saves(&self, pid: u32) -> Option<f64> {
         let windows = self.tracked.get(&pid)?.windows.as_ref()?;
         if windows.copies.is_empty() || windows.narrowed.is_some() {
             return None;
@@ -289,7 +289,7 @@ impl Session<'_> {
     /// Lowers what `pid`'s windows may cost to nothing (the budget's first
     /// step), for `why`: from their next judgement they open [`MIN_DUTY`]
     /// of the time (fixed ones too).
-    pub(super) fn narrow_windows(&mut self, pid: u32, why: &str) {
+    pub(in crate::run) fn narrow_windows(&mut self, pid: u32, why: &str) {
         if let Some(windows) = self.tracked.get_mut(&pid).and_then(|t| t.windows.as_mut()) {
             windows.narrowed = Some((std::time::SystemTime::now(), why.to_owned()));
         }
@@ -325,7 +325,7 @@ impl Session<'_> {
     /// short windows (the one open, or a new one), closed with the ring
     /// drained: what each thread allocated since its previous window is in
     /// the last profile, not left out.
-    pub(super) async fn last_windows(&mut self, ring: &mut RingBuf<MapData>) {
+    pub(in crate::run) async fn last_windows(&mut self, ring: &mut RingBuf<MapData>) {
         let pids: Vec<(u32, bool)> = self
             .tracked
             .values()
@@ -350,7 +350,7 @@ impl Session<'_> {
 
     /// Closes `pid`'s short window if one is open (before a snapshot: what
     /// it held is then in it); one that stays open holds nothing.
-    pub(super) fn close_open_window(&mut self, pid: u32) {
+    pub(in crate::run) fn close_open_window(&mut self, pid: u32) {
         let open = self
             .tracked
             .get(&pid)
@@ -423,7 +423,7 @@ enum WindowRefused {
 
 /// How a copy's `malloc` and `operator new` are sampled, for the profile
 /// (with the share of time in windows so far) and `--verbose`.
-pub(super) fn windows_note(timing: &WindowTiming, windows: Option<&Windows>) -> String {
+pub(in crate::run) fn windows_note(timing: &WindowTiming, windows: Option<&Windows>) -> String {
     let how = match timing.every {
         Some(every) => format!(
             "in windows of {} every {} on average",

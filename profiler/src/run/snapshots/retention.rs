@@ -14,7 +14,7 @@ pub struct Retention {
 
 /// One process's snapshots on disk, oldest first.
 #[derive(Debug, Default)]
-pub(super) struct KeptSnapshots {
+pub(in crate::run) struct KeptSnapshots {
     snapshots: VecDeque<(Vec<PathBuf>, u64)>,
     bytes: u64,
     /// Snapshots removed to stay within the bounds.

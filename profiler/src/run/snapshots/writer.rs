@@ -28,7 +28,7 @@ use crate::{
 const MAX_PENDING: usize = 4;
 
 /// One snapshot to write.
-pub(super) struct Job {
+pub(in crate::run) struct Job {
     pub pid: u32,
     pub seq: u64,
     pub profile: HeapProfile,
@@ -43,7 +43,7 @@ pub(super) struct Job {
 }
 
 /// The line a finished snapshot is announced with.
-pub(super) enum Announce {
+pub(in crate::run) enum Announce {
     Nothing,
     Exited,
     Growth(String),
@@ -52,14 +52,14 @@ pub(super) enum Announce {
 }
 
 /// A finished snapshot.
-pub(super) struct Done {
+pub(in crate::run) struct Done {
     pub pid: u32,
     pub announce: Announce,
     /// The files written, in the order of the formats.
     pub files: Result<Vec<(Format, PathBuf)>>,
 }
 
-pub(super) struct SnapshotWriter {
+pub(in crate::run) struct SnapshotWriter {
     jobs: Option<Sender<Job>>,
     done: Receiver<Done>,
     thread: Option<JoinHandle<()>>,

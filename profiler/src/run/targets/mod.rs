@@ -1,5 +1,10 @@
 //! Attaching: the allocator copies of each process, found at the start,
 //! in libraries loaded later and, with `--all`, in processes started later.
+pub(in crate::run) mod allocator_calls;
+pub(in crate::run) mod checked;
+mod found;
+pub(in crate::run) mod launch;
+
 use std::path::Path;
 
 use crate::{
@@ -10,18 +15,21 @@ use crate::{
     error::{Error, Result},
     kernel::{ReturnHalf, Scope},
     proc::{all_pids, parse_maps, read_maps},
-    run::{Sampling, Session, Targets, process::Tracked, waits::watch_exit, windows::WindowedCopy},
+    run::{
+        Sampling, Session, Targets, process::Tracked, sampling::windows::WindowedCopy,
+        waits::watch_exit,
+    },
 };
 
 impl Session<'_> {
-    pub(super) fn instance(&mut self) -> Result<u16> {
+    pub(in crate::run) fn instance(&mut self) -> Result<u16> {
         let instance = self.next_instance;
         self.next_instance = instance.checked_add(1).ok_or(Error::TooManyCopies)?;
         Ok(instance)
     }
 
     /// Starts keeping a profile for `pid`.
-    pub(super) fn track(&mut self, pid: u32, maps: String) {
+    pub(in crate::run) fn track(&mut self, pid: u32, maps: String) {
         if self.tracked.contains_key(&pid) {
             return;
         }
@@ -42,7 +50,7 @@ impl Session<'_> {
     }
 
     /// Attaches pid-scoped probes to each found copy not yet probed.
-    pub(super) fn attach_found(&mut self, pid: u32, found: Vec<Found>) -> Result<usize> {
+    pub(in crate::run) fn attach_found(&mut self, pid: u32, found: Vec<Found>) -> Result<usize> {
         let mut attached = 0;
         for f in found {
             let known = self
@@ -82,7 +90,7 @@ impl Session<'_> {
 
     /// Attaches to one allocator copy and, with `--verbose`, lists its
     /// probes. A failed attach leaves none of the copy's probes behind.
-    pub(super) fn attach_file(
+    pub(in crate::run) fn attach_file(
         &mut self,
         scope: Scope,
         path: &str,
@@ -100,7 +108,7 @@ impl Session<'_> {
     /// Attaches to one allocator copy through memprobe's own sampling: in
     /// windows, with jemalloc's slow path for large requests, where it can;
     /// else at entry.
-    pub(super) fn attach_usual(
+    pub(in crate::run) fn attach_usual(
         &mut self,
         scope: Scope,
         (path, open_path): (&str, &Path),
@@ -151,7 +159,7 @@ impl Session<'_> {
     /// other process, and a process started since the last scan is probed
     /// at the next. With `--sampling entry`, system-wide probes on every
     /// jemalloc file in use.
-    pub(super) fn scan_all(&mut self) -> Result<()> {
+    pub(in crate::run) fn scan_all(&mut self) -> Result<()> {
         let own = std::process::id();
         for pid in all_pids().into_iter().filter(|&p| p != own) {
             let Ok(maps) = read_maps(pid) else {
@@ -197,7 +205,7 @@ impl Session<'_> {
 
     /// Picks up libraries loaded since the last look (`dlopen`) and, with
     /// `--all`, new processes; keeps each process's maps fresh.
-    pub(super) fn rescan(&mut self) -> Result<()> {
+    pub(in crate::run) fn rescan(&mut self) -> Result<()> {
         if matches!(self.options.targets, Targets::All) {
             return self.scan_all();
         }
@@ -209,7 +217,7 @@ impl Session<'_> {
 
     /// The kernel told that `pid` mapped code at `mapped_at` (ns, the
     /// monotonic clock): its new allocator copies are probed now.
-    pub(super) fn probe_mapped_code(&mut self, pid: u32, mapped_at: u64) {
+    pub(in crate::run) fn probe_mapped_code(&mut self, pid: u32, mapped_at: u64) {
         if self.tracked.get(&pid).is_none_or(|t| t.exited) {
             return;
         }
@@ -288,7 +296,7 @@ impl Session<'_> {
         }
     }
 
-    pub(super) fn print_verbose_probes(&mut self, from: usize) {
+    pub(in crate::run) fn print_verbose_probes(&mut self, from: usize) {
         if !self.options.verbose {
             return;
         }
@@ -364,7 +372,7 @@ fn signed_hex(value: i64) -> String {
 
 impl Session<'_> {
     /// `--sampling windows`: this jemalloc copy's parts for sampling in
-    /// windows (see `run::windows`), with the kernel told where `pid`'s
+    /// windows (see `run::sampling::windows`), with the kernel told where `pid`'s
     /// threads keep their counters; or why it is sampled at entry (other
     /// allocators, unrecognised builds, system-wide probes, a process not
     /// started yet).

@@ -1,5 +1,10 @@
 //! What memprobe costs the profiled processes: probe hits per entry point,
-//! and the time they add, estimated from per-hit costs.
+//! and the time they add, estimated from per-hit costs measured on this
+//! host ([`calibrate`]) and measured again as the run goes on
+//! ([`recalibration`]).
+pub mod calibrate;
+pub(super) mod recalibration;
+
 use std::{collections::HashMap, time::Duration};
 
 use profiler_common::CallShape;
@@ -7,7 +12,7 @@ use profiler_common::CallShape;
 use crate::kernel::{AttachedProbe, KernelProbes, ReturnHalf, Scope};
 
 /// Time one probe hit adds to the target, by kind: measured on this host
-/// at start (`run::calibrate`), or, where that failed, defaults from
+/// at start ([`calibrate`]), or, where that failed, defaults from
 /// `cargo xtask bench` on this machine kind (a VM, where a single-step trap
 /// is dear), which other hosts may differ from by 2x.
 #[derive(Clone, Copy, Debug)]

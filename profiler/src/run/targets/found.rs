@@ -14,7 +14,7 @@ impl Session<'_> {
     /// Files with jemalloc that cannot be probed, loaded since the start:
     /// said once each on stderr and in the profile, whose allocations
     /// through them go unseen.
-    pub(super) fn say_unprobed(&mut self, pid: u32, mappings: &[Mapping]) {
+    pub(in crate::run) fn say_unprobed(&mut self, pid: u32, mappings: &[Mapping]) {
         for (file, path, why) in self.cache.unprobed_jemalloc(mappings) {
             let Some(t) = self.tracked.get_mut(&pid) else {
                 return;
@@ -34,7 +34,12 @@ impl Session<'_> {
 
     /// An allocator found by its code: how, in the profile and with
     /// `--verbose`; the entry points it could not find, always.
-    pub(super) fn say_found_by_code(&mut self, scope: Scope, path: &str, allocator: &Allocator) {
+    pub(in crate::run) fn say_found_by_code(
+        &mut self,
+        scope: Scope,
+        path: &str,
+        allocator: &Allocator,
+    ) {
         let Some(found) = &allocator.by_code else {
             return;
         };

@@ -14,7 +14,7 @@ use crate::{
 
 /// jemalloc's profiler switches as a process has them now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct ProfState {
+pub(in crate::run) struct ProfState {
     pub opt_prof: bool,
     pub active: bool,
     pub thread_active_init: bool,
@@ -76,7 +76,7 @@ impl Session<'_> {
 
     /// Attaches to `allocator` through its own profiler when its process
     /// runs it; `Ok(None)` when it does not (the caller attaches as usual).
-    pub(super) fn attach_own_sampling(
+    pub(in crate::run) fn attach_own_sampling(
         &mut self,
         scope: Scope,
         (path, open_path): (&str, &Path),
@@ -114,7 +114,7 @@ impl Session<'_> {
     /// Keeps an eye on the profiler switches of a copy that has them, with
     /// its probes' `slots`; `taking`: the interval of jemalloc's samples
     /// when they are taken now.
-    pub(super) fn watch(
+    pub(in crate::run) fn watch(
         &mut self,
         scope: Scope,
         (path, open_path): (&str, &Path),
@@ -145,7 +145,7 @@ impl Session<'_> {
     /// sampling, one whose profiler was made active has its samples taken
     /// from then on; a changed `lg_prof_sample` (`prof.reset`) weighs the
     /// samples that follow.
-    pub(super) fn watch_own_profilers(&mut self) {
+    pub(in crate::run) fn watch_own_profilers(&mut self) {
         let pids: Vec<u32> = self
             .tracked
             .values()
@@ -252,7 +252,7 @@ impl Session<'_> {
 /// A copy whose jemalloc has a profiler, watched in case it is switched on
 /// or off.
 #[derive(Debug)]
-pub(super) struct WatchedCopy {
+pub(in crate::run) struct WatchedCopy {
     path: String,
     open_path: PathBuf,
     allocator: Allocator,
@@ -266,7 +266,7 @@ pub(super) struct WatchedCopy {
 
 /// The mean interval of the samples jemalloc's profiler takes for the copy
 /// `instance` among `watched`; 0 (memprobe's) when it takes none.
-pub(super) fn own_interval(watched: &[WatchedCopy], instance: u16) -> Option<u64> {
+pub(in crate::run) fn own_interval(watched: &[WatchedCopy], instance: u16) -> Option<u64> {
     watched
         .iter()
         .find(|copy| copy.instance == instance)
@@ -283,7 +283,7 @@ fn own_note(path: &str, interval: u64) -> String {
 
 /// `opt_prof`, `prof_active_state` and `lg_prof_sample` as `pid` has them,
 /// read from `/proc/PID/mem` (never written); `None` if unreadable.
-pub(super) fn read_switches(
+pub(in crate::run) fn read_switches(
     pid: u32,
     maps: &str,
     path: &str,

@@ -1,6 +1,10 @@
 //! Snapshots: a process's profile taken on the loop (owned data, quickly)
 //! and handed to the writer thread, when the process exits, on a timer, on
 //! SIGUSR1 and on growth; what the writer finished is recorded here.
+pub(in crate::run) mod growth;
+pub mod retention;
+pub(in crate::run) mod writer;
+
 use std::{collections::BTreeMap, io::Write, time::Instant};
 
 use crate::{
@@ -8,16 +12,18 @@ use crate::{
     output::Format,
     run::{
         Session,
-        allocators::describe,
         process::Tracked,
-        retention::Retention,
-        writer::{Announce, Done, Job},
+        snapshots::{
+            retention::Retention,
+            writer::{Announce, Done, Job},
+        },
+        targets::allocator_calls::describe,
     },
 };
 
 /// Why a snapshot is taken, which decides whether it may be skipped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum SnapshotKind {
+pub(in crate::run) enum SnapshotKind {
     /// `--interval`: skipped while several of the process's earlier ones
     /// are still to be written, so the writer never falls ever further
     /// behind.
@@ -29,7 +35,7 @@ pub(super) enum SnapshotKind {
 }
 
 impl Session<'_> {
-    pub(super) fn process_exited(&mut self, pid: u32) -> Result<()> {
+    pub(in crate::run) fn process_exited(&mut self, pid: u32) -> Result<()> {
         let Some(t) = self.tracked.get_mut(&pid) else {
             return Ok(());
         };
@@ -46,7 +52,7 @@ impl Session<'_> {
     }
 
     /// A snapshot of every live process, for `reason`.
-    pub(super) fn snapshot_all(&mut self, reason: &str, kind: SnapshotKind) {
+    pub(in crate::run) fn snapshot_all(&mut self, reason: &str, kind: SnapshotKind) {
         for pid in self.live_pids() {
             self.snapshot(pid, reason, kind, Announce::Nothing);
         }
@@ -54,7 +60,7 @@ impl Session<'_> {
 
     /// `--dump-on-growth`: a snapshot of each process whose estimated
     /// in-use bytes grew by the trigger's size within its window.
-    pub(super) fn check_growth(&mut self) {
+    pub(in crate::run) fn check_growth(&mut self) {
         let Some(trigger) = self.options.dump_on_growth else {
             return;
         };
@@ -76,7 +82,7 @@ impl Session<'_> {
     }
 
     /// Takes `pid`'s profile now and hands it to the writer.
-    pub(super) fn snapshot(
+    pub(in crate::run) fn snapshot(
         &mut self,
         pid: u32,
         reason: &str,
@@ -149,7 +155,7 @@ impl Session<'_> {
     }
 
     /// Records the snapshots the writer finished since the last look.
-    pub(super) fn record_written(&mut self) -> Result<()> {
+    pub(in crate::run) fn record_written(&mut self) -> Result<()> {
         let options = (self.options.progress, self.options.retention);
         for done in self.writer.finished() {
             record(done, &mut self.tracked, self.status, options)?;
@@ -160,7 +166,7 @@ impl Session<'_> {
 
 /// Notes a finished snapshot's files in its process's state and says what
 /// it was announced with.
-pub(super) fn record(
+pub(in crate::run) fn record(
     done: Done,
     tracked: &mut BTreeMap<u32, Tracked>,
     status: &mut dyn Write,

@@ -16,7 +16,11 @@ impl Session<'_> {
     /// Each allocator probed for `pid` ("glibc in libc.so.6") with its
     /// allocation calls so far (`None` for system-wide probes, whose hits
     /// are not told apart by process).
-    pub(super) fn allocator_calls(&self, pid: u32, hits: &[u64]) -> Vec<(String, Option<u64>)> {
+    pub(in crate::run) fn allocator_calls(
+        &self,
+        pid: u32,
+        hits: &[u64],
+    ) -> Vec<(String, Option<u64>)> {
         let mut calls: Vec<(String, Option<u64>)> = Vec::new();
         for (index_of_probe, probe) in self.probes.attached.iter().enumerate() {
             let counted = match probe.scope {
@@ -50,7 +54,7 @@ impl Session<'_> {
 
     /// Once a process's probes have been attached for [`SILENCE`] without
     /// one allocation call, says so (once), naming the allocators probed.
-    pub(super) fn check_silent_allocators(&mut self) {
+    pub(in crate::run) fn check_silent_allocators(&mut self) {
         if matches!(self.options.targets, Targets::All) || self.started.elapsed() < SILENCE {
             return;
         }
@@ -90,7 +94,7 @@ impl Session<'_> {
 }
 
 /// "glibc in libc.so.6: 12 calls, jemalloc in libjemalloc.so.2: 0 calls".
-pub(super) fn describe(calls: &[(String, Option<u64>)]) -> String {
+pub(in crate::run) fn describe(calls: &[(String, Option<u64>)]) -> String {
     calls
         .iter()
         .map(|(label, n)| match n {

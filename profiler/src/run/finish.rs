@@ -1,0 +1,118 @@
+//! The end of a run: the last windows and snapshots, the probes detached
+//! before anything else, the writer finished, a launched command waited
+//! for, and the summary.
+use std::process::ExitStatus;
+
+use aya::maps::{MapData, RingBuf};
+use tokio::io::unix::AsyncFd;
+
+use crate::{
+    error::{Error, Result},
+    run::{
+        ProcessSummary, Session, Summary,
+        event_loop::Stop,
+        snapshots::{self, SnapshotKind},
+        targets::checked::LaunchedCommand,
+        waits::{exit_code_of, wait_for_command},
+    },
+};
+
+impl Session<'_> {
+    /// `--verbose`: why the run stops, and how many probe counter slots
+    /// it used (bounded: a part attached again takes back its own).
+    fn say_why_stopping(&mut self, stop: &Stop) {
+        let reason = match stop {
+            Stop::Duration => "duration reached",
+            Stop::Signal(libc::SIGINT) => "interrupted",
+            Stop::Signal(_) => "terminated",
+            Stop::AllExited => "every process exited",
+        };
+        let _ = writeln!(self.status, "memprobe: stopping: {reason}");
+        let _ = writeln!(
+            self.status,
+            "memprobe: {} probe counter slots used over the run",
+            self.probes.attached.len()
+        );
+    }
+
+    /// The last snapshots, detaching, waiting for a launched command, and
+    /// the summary.
+    pub(super) async fn finish(
+        mut self,
+        stop: Stop,
+        mut ring: AsyncFd<RingBuf<MapData>>,
+        launched: Option<LaunchedCommand>,
+        mut exit_status: Option<std::io::Result<ExitStatus>>,
+    ) -> Result<Summary> {
+        self.drain(ring.get_mut());
+        let elapsed = self.started.elapsed();
+        self.clear_progress();
+        if self.options.verbose {
+            self.say_why_stopping(&stop);
+        }
+        self.last_windows(ring.get_mut()).await;
+        // The last snapshots hold owned data: the probes can go before
+        // they are written.
+        self.snapshot_all("end of run", SnapshotKind::Last);
+        let Session {
+            probes,
+            mut tracked,
+            status,
+            mut writer,
+            options,
+            cost_model,
+            mut ledger,
+            ..
+        } = self;
+        let kernel_counters = probes.counters();
+        let probe_count = probes.attached_now();
+        ledger.update(&cost_model, &probes);
+        let probe_costs = ledger.costs(&probes.attached);
+        let switch_cost = ledger.switch_costs();
+        let return_probes = probes.return_probes_used();
+        // Detach before anything else: the targets run unprobed from here on.
+        drop(ring);
+        drop(probes);
+        if !writer.is_idle() && options.progress {
+            let _ = writeln!(status, "memprobe: detached; writing the last snapshots");
+        }
+        for done in writer.finish() {
+            snapshots::record(
+                done,
+                &mut tracked,
+                status,
+                (options.progress, options.retention),
+            )?;
+        }
+        if let Some(launched) = launched {
+            exit_status = Some(wait_for_command(launched, &stop, exit_status, status).await);
+        }
+        let exit_code = match exit_status {
+            Some(Ok(status)) => Some(exit_code_of(status)),
+            Some(Err(cause)) => {
+                return Err(Error::Launch {
+                    program: options.targets.command_program(),
+                    cause,
+                });
+            }
+            None => None,
+        };
+        Ok(Summary {
+            processes: tracked
+                .into_values()
+                .filter(|t| !t.files.is_empty())
+                .map(ProcessSummary::of)
+                .collect(),
+            probes: probe_count,
+            elapsed,
+            kernel_counters,
+            exit_code,
+            probe_costs,
+            switch_cost,
+            cost_model,
+            return_probes,
+            output_dir: options.output_dir.clone(),
+            verbose: options.verbose,
+        })
+    }
+}

@@ -1,0 +1,109 @@
+//! The targets as named on the command line, checked before anything is
+//! loaded (a pid that does not exist, a command not found, a process with
+//! no allocator fails here, with nothing to undo), then attached to.
+use std::{process::ExitStatus, sync::Arc};
+
+use tokio::sync::oneshot;
+
+use crate::{
+    discover::{Allocator, AllocatorCache, Found, allocators_in_file},
+    error::{Error, Result},
+    kernel::Scope,
+    proc::{command_name, parse_maps, read_maps},
+    run::{
+        Session, SessionOptions, Targets,
+        targets::launch::{self, PredictedFile},
+    },
+};
+
+/// The targets as checked before anything is loaded.
+pub(in crate::run) enum Checked {
+    /// Running processes: their maps and the allocator copies found.
+    Pids(Vec<(u32, String, Vec<Found>)>),
+    All,
+    /// The command, and the files it is predicted to map with the
+    /// allocator copies each holds.
+    Launch(
+        Vec<std::ffi::OsString>,
+        Vec<(PredictedFile, Vec<Arc<Allocator>>)>,
+    ),
+}
+
+/// A launched command: its pid and, once it exits, its status.
+pub(in crate::run) struct LaunchedCommand {
+    pub pid: u32,
+    pub exit: Option<oneshot::Receiver<std::io::Result<ExitStatus>>>,
+}
+
+/// Every named target is checked before anything is loaded or attached.
+pub(in crate::run) fn check_targets(
+    options: &SessionOptions,
+    cache: &mut AllocatorCache,
+) -> Result<Checked> {
+    let (debug_dir, wanted) = (options.debug_dir.as_deref(), &options.allocators);
+    Ok(match &options.targets {
+        Targets::Pids(pids) => {
+            let mut initial = Vec::new();
+            for &pid in pids.iter() {
+                let maps = read_maps(pid)?;
+                let found = cache.require(pid, &parse_maps(&maps), &command_name(pid))?;
+                initial.push((pid, maps, found));
+            }
+            Checked::Pids(initial)
+        }
+        Targets::Launch(command) => {
+            let program = command.first().ok_or(Error::NoCommand)?;
+            let executable = launch::resolve_program(program)?;
+            let mut predicted = Vec::new();
+            for file in launch::predict_files(&executable)? {
+                let allocators = allocators_in_file(&file.path, debug_dir, wanted)?;
+                predicted.push((file, allocators));
+            }
+            Checked::Launch(command.clone(), predicted)
+        }
+        Targets::All => Checked::All,
+    })
+}
+
+impl Session<'_> {
+    /// Attaches to the checked targets; in launch mode starts the command
+    /// once every probe is in place.
+    pub(in crate::run) fn attach_targets(
+        &mut self,
+        checked: Checked,
+    ) -> Result<Option<LaunchedCommand>> {
+        match checked {
+            Checked::Pids(initial) => {
+                for (pid, maps, found) in initial {
+                    self.track(pid, maps);
+                    self.attach_found(pid, found)?;
+                }
+                Ok(None)
+            }
+            Checked::All => self.scan_all().map(|()| None),
+            Checked::Launch(command, predicted) => {
+                let child = launch::spawn_gated(&command)?;
+                let pid = child.pid;
+                self.track(pid, String::new());
+                if let Some(t) = self.tracked.get_mut(&pid) {
+                    t.command = launch::command_name(&command[0]);
+                }
+                for (file, allocators) in &predicted {
+                    for allocator in allocators {
+                        let path = file.path.to_string_lossy().into_owned();
+                        self.attach_file(Scope::Process(pid), &path, &file.path, allocator)?;
+                        if let Some(t) = self.tracked.get_mut(&pid) {
+                            t.attached_files.insert((file.file, allocator.kind));
+                        }
+                    }
+                }
+                // Only now may the command run: every probe is in place.
+                let (pid, exit) = child.release();
+                Ok(Some(LaunchedCommand {
+                    pid,
+                    exit: Some(exit),
+                }))
+            }
+        }
+    }
+}
