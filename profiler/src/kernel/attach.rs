@@ -112,11 +112,9 @@ impl KernelProbes {
     }
 
     /// As [`Self::attach_again`], for a sampling window: the calls these
-    /// probes see count their bytes 2^[`WINDOW_SHIFT`] times
-    /// (`profiler_common::WINDOW_SHIFT`), and requests jemalloc's slow path
-    /// sees anyway are left to it.
-    ///
-    /// [`WINDOW_SHIFT`]: profiler_common::WINDOW_SHIFT
+    /// probes see count their bytes 2^`window_shift` times (the copy's
+    /// [`FastPathConfig`](profiler_common::FastPathConfig)), and requests
+    /// jemalloc's slow path sees anyway are left to it.
     pub fn attach_window(
         &mut self,
         scope: Scope,

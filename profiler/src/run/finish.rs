@@ -62,6 +62,7 @@ impl Session<'_> {
             options,
             cost_model,
             mut ledger,
+            budget,
             ..
         } = self;
         let kernel_counters = probes.counters();
@@ -101,7 +102,7 @@ impl Session<'_> {
             processes: tracked
                 .into_values()
                 .filter(|t| !t.files.is_empty())
-                .map(ProcessSummary::of)
+                .map(|t| ProcessSummary::of(t, &budget))
                 .collect(),
             probes: probe_count,
             elapsed,

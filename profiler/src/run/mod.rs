@@ -39,6 +39,7 @@ use crate::{
     output::files::OutputDir,
     proc::FileId,
     run::{
+        budget::Budget,
         cost::{CostLedger, CostModel, calibrate, recalibration::Recalibration},
         process::Tracked,
         snapshots::writer::SnapshotWriter,
@@ -73,6 +74,8 @@ struct Session<'a> {
     recalibration: Recalibration,
     /// The probes' hits and the time they added, priced each tick.
     ledger: CostLedger,
+    /// `--max-overhead`.
+    budget: Budget,
 }
 
 /// Runs a session; status lines go to `status` (stderr in the binary).
@@ -97,6 +100,11 @@ pub async fn run(options: SessionOptions, status: &mut dyn Write) -> Result<Summ
     };
     probes.reset_counters();
     let (exits, exit_rx) = mpsc::unbounded_channel();
+    // System-wide probes are shared by every process: none is detached
+    // from one for its cost.
+    let budget = options
+        .max_overhead
+        .filter(|_| !matches!(options.targets, Targets::All));
     let mut session = Session {
         writer: SnapshotWriter::start(output.clone(), options.debug_dir.clone()),
         output,
@@ -115,6 +123,7 @@ pub async fn run(options: SessionOptions, status: &mut dyn Write) -> Result<Summ
         cost_model,
         recalibration: Recalibration::default(),
         ledger: CostLedger::default(),
+        budget: Budget::new(budget),
     };
     if session.options.verbose {
         let line = match calibration_error {

@@ -6,31 +6,11 @@ use crate::{
     discover::AllocatorKind,
     proc::{FileId, Mapping, command_name, namespace_pid, parse_maps},
     run::{
-        budget::BudgetWindow,
         sampling::{own_profiler::WatchedCopy, windows::Windows},
         snapshots::{growth::GrowthWindow, retention::KeptSnapshots},
     },
     stacks::ProcessStacks,
 };
-
-/// The budget's first step for one process: its frees unprobed.
-#[derive(Clone, Debug)]
-pub(super) struct FreesDropped {
-    pub at: std::time::SystemTime,
-    /// What its probes cost then, against what budget.
-    pub why: String,
-}
-
-impl FreesDropped {
-    /// The profile's `# tracking:` note.
-    pub fn note(&self) -> String {
-        format!(
-            "allocations only since {} ({}): what was allocated since counts as in use",
-            humantime::format_rfc3339_seconds(self.at),
-            self.why
-        )
-    }
-}
 
 pub(super) struct Tracked {
     pub pid: u32,
@@ -72,14 +52,6 @@ pub(super) struct Tracked {
     pub watched: Vec<WatchedCopy>,
     /// Its jemalloc copies sampled in windows (the default).
     pub windows: Option<Windows>,
-    /// Its recent cost, for `--max-overhead`.
-    pub budget: BudgetWindow,
-    /// Since when its frees are no longer probed, and why: the budget's
-    /// first step (its profile then counts allocations only).
-    pub frees_dropped: Option<FreesDropped>,
-    /// Probes detached for costing more than `--max-overhead` (then
-    /// `exited` is set too: it is no longer profiled).
-    pub detached: Option<usize>,
     /// Snapshots on disk, for `--keep` and `--max-disk`.
     pub kept: KeptSnapshots,
 }
@@ -103,13 +75,10 @@ impl Tracked {
             snapshots: 0,
             skipped_snapshots: 0,
             growth: GrowthWindow::default(),
-            budget: BudgetWindow::default(),
-            frees_dropped: None,
             sampling_notes: Vec::new(),
             found_notes: Vec::new(),
             watched: Vec::new(),
             windows: None,
-            detached: None,
             kept: KeptSnapshots::default(),
         };
         tracked.set_maps(Some(maps));

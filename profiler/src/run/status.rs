@@ -9,6 +9,7 @@ use crate::{
     kernel::{KernelCounters, Scope},
     run::{
         Session, Targets,
+        budget::Budget,
         cost::{CostLedger, CostModel, ProbeCost, rates},
         process::Tracked,
     },
@@ -42,7 +43,7 @@ pub struct ProcessSummary {
 }
 
 impl ProcessSummary {
-    pub(super) fn of(t: Tracked) -> Self {
+    pub(super) fn of(t: Tracked, budget: &Budget) -> Self {
         Self {
             pid: t.pid,
             container_pid: t.container_pid,
@@ -53,8 +54,8 @@ impl ProcessSummary {
             heaps: t.heaps,
             drops: t.heap.drops,
             exited: t.exited,
-            detached: t.detached,
-            tracking: t.frees_dropped.as_ref().map(|dropped| dropped.note()),
+            detached: budget.detached(t.pid),
+            tracking: budget.frees_dropped(t.pid).map(|dropped| dropped.note()),
             skipped_snapshots: t.skipped_snapshots,
             removed_snapshots: t.kept.removed,
             allocator_calls: t.allocator_calls,

@@ -149,7 +149,7 @@ impl Session<'_> {
         let pids: Vec<u32> = self
             .tracked
             .values()
-            .filter(|t| !t.exited && t.detached.is_none() && !t.watched.is_empty())
+            .filter(|t| !t.exited && !t.watched.is_empty())
             .map(|t| t.pid)
             .collect();
         for pid in pids {

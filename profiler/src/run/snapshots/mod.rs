@@ -131,7 +131,7 @@ impl Session<'_> {
                 "tracking".into(),
                 "allocations only (--track allocations): in use = allocated".into(),
             ));
-        } else if let Some(dropped) = &t.frees_dropped {
+        } else if let Some(dropped) = self.budget.frees_dropped(pid) {
             head.push(("tracking".into(), dropped.note()));
         }
         if t.skipped_snapshots > 0 {

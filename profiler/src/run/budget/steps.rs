@@ -1,0 +1,106 @@
+//! The budget's steps, taken on the run's probes and snapshots: windows
+//! narrowed, frees dropped (after a last exact snapshot), probes detached
+//! (after a last snapshot).
+use std::time::Instant;
+
+use crate::run::{
+    Session,
+    budget::{INDIRECT_ALLOWANCE, SUSTAINED, Spent, Step},
+    sampling::windows::MIN_DUTY,
+    snapshots::{SnapshotKind, writer::Announce},
+};
+
+impl Session<'_> {
+    /// Each tick: the processes over budget made cheaper, a step each.
+    pub(in crate::run) fn enforce_budget(&mut self) {
+        let added = self.ledger.per_process(&self.probes.attached);
+        let spent: Vec<(u32, Spent)> = self
+            .tracked
+            .values()
+            .filter(|t| !t.exited)
+            .filter_map(|t| {
+                let spent = Spent {
+                    added: added.get(&t.pid).map_or(0.0, |&(_, seconds)| seconds),
+                    cpu: crate::proc::cpu_seconds(t.pid)?,
+                };
+                Some((t.pid, spent))
+            })
+            .collect();
+        let frees_probed = !self.options.collector.allocations_only;
+        for (pid, share) in self.budget.over(Instant::now(), spent) {
+            let reason = over_budget(share, self.budget.limit().unwrap_or(0.0));
+            match self
+                .budget
+                .step(pid, self.narrowing_saves(pid), frees_probed)
+            {
+                Step::NarrowWindows => self.narrow_windows_for_budget(pid, &reason),
+                Step::DropFrees if self.probes.drop_frees(pid) > 0 => self.drop_frees(pid, reason),
+                Step::DropFrees | Step::Detach => self.detach_over_budget(pid, reason),
+            }
+        }
+    }
+
+    fn narrow_windows_for_budget(&mut self, pid: u32, reason: &str) {
+        self.narrow_windows(pid, reason);
+        self.budget.start_over(pid);
+        self.clear_progress();
+        let _ = writeln!(
+            self.status,
+            "memprobe: pid {pid}: sampling windows narrowed to {:.1}% of the time, {reason}",
+            MIN_DUTY * 100.0
+        );
+    }
+
+    /// `pid`'s frees were unprobed: its profile written as it was, and
+    /// counting allocations only from now on.
+    fn drop_frees(&mut self, pid: u32, reason: String) {
+        // The last profile whose in-use figures are exact: no event has
+        // been applied since the frees were dropped.
+        self.snapshot(pid, &reason, SnapshotKind::Requested, Announce::Nothing);
+        let forced = self.ledger.update(&self.cost_model, &self.probes);
+        self.say_forced_returns(&forced);
+        if let Some(t) = self.tracked.get_mut(&pid) {
+            t.heap.track_allocations_only();
+        }
+        self.clear_progress();
+        let _ = writeln!(
+            self.status,
+            "memprobe: pid {pid}: frees no longer tracked, {reason}; its profile counts \
+             allocations only from now on"
+        );
+        self.budget.note_frees_dropped(pid, reason);
+    }
+
+    fn detach_over_budget(&mut self, pid: u32, reason: String) {
+        self.snapshot(
+            pid,
+            &reason,
+            SnapshotKind::Last,
+            Announce::Detached(reason.clone()),
+        );
+        let detached = self.probes.detach_process(pid);
+        // Its last hits, counted between this tick's reading and the
+        // detach, belong to this tick: the endpoints then show its final
+        // count at once, not one tick later.
+        let forced = self.ledger.update(&self.cost_model, &self.probes);
+        self.say_forced_returns(&forced);
+        if let Some(t) = self.tracked.get_mut(&pid) {
+            t.exited = true;
+        }
+        self.budget.note_detached(pid, detached);
+    }
+}
+
+/// Why a process is over its budget, for its profile and stderr.
+fn over_budget(share: f64, budget: f64) -> String {
+    format!(
+        "over budget: its probes cost it {:.0}% of the CPU time it used itself for {} s ({:.0}% \
+         estimated from their measured costs, {:.0}% more allowed for the caches they disturb), \
+         above --max-overhead {:.0}%",
+        share * 100.0,
+        SUSTAINED.as_secs(),
+        share / INDIRECT_ALLOWANCE * 100.0,
+        (INDIRECT_ALLOWANCE - 1.0) * 100.0,
+        budget * 100.0
+    )
+}
