@@ -11,7 +11,7 @@ use crate::{
     run::{
         ProcessSummary, Session, Summary,
         event_loop::Stop,
-        snapshots::{self, SnapshotKind},
+        snapshots::SnapshotKind,
         targets::checked::LaunchedCommand,
         waits::{exit_code_of, wait_for_command},
     },
@@ -56,9 +56,9 @@ impl Session<'_> {
         self.snapshot_all("end of run", SnapshotKind::Last);
         let Session {
             probes,
-            mut tracked,
+            tracked,
             status,
-            mut writer,
+            mut snapshots,
             options,
             cost_model,
             mut ledger,
@@ -74,16 +74,11 @@ impl Session<'_> {
         // Detach before anything else: the targets run unprobed from here on.
         drop(ring);
         drop(probes);
-        if !writer.is_idle() && options.progress {
+        if !snapshots.writer.is_idle() && options.progress {
             let _ = writeln!(status, "memprobe: detached; writing the last snapshots");
         }
-        for done in writer.finish() {
-            snapshots::record(
-                done,
-                &mut tracked,
-                status,
-                (options.progress, options.retention),
-            )?;
+        for done in snapshots.writer.finish() {
+            snapshots.record(done, status, options.progress)?;
         }
         if let Some(launched) = launched {
             exit_status = Some(wait_for_command(launched, &stop, exit_status, status).await);
@@ -101,8 +96,9 @@ impl Session<'_> {
         Ok(Summary {
             processes: tracked
                 .into_values()
-                .filter(|t| !t.files.is_empty())
-                .map(|t| ProcessSummary::of(t, &budget))
+                .map(|t| (snapshots.take(t.pid), t))
+                .filter(|(written, _)| !written.files.is_empty())
+                .map(|(written, t)| ProcessSummary::of(t, written, &budget))
                 .collect(),
             probes: probe_count,
             elapsed,

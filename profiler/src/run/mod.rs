@@ -42,7 +42,7 @@ use crate::{
         budget::Budget,
         cost::{CostLedger, CostModel, calibrate, recalibration::Recalibration},
         process::Tracked,
-        snapshots::writer::SnapshotWriter,
+        snapshots::{Snapshots, writer::SnapshotWriter},
         targets::checked::check_targets,
     },
     serve::{Endpoints, Published, SnapshotRequest},
@@ -58,8 +58,8 @@ struct Session<'a> {
     system_wide: HashSet<(FileId, AllocatorKind)>,
     next_instance: u16,
     output: OutputDir,
-    /// Names and writes snapshots off the loop.
-    writer: SnapshotWriter,
+    /// Snapshots: the writer, and what each process's left.
+    snapshots: Snapshots,
     exits: mpsc::UnboundedSender<u32>,
     /// When the probes were attached: snapshots say how long after.
     started: Instant,
@@ -106,7 +106,11 @@ pub async fn run(options: SessionOptions, status: &mut dyn Write) -> Result<Summ
         .max_overhead
         .filter(|_| !matches!(options.targets, Targets::All));
     let mut session = Session {
-        writer: SnapshotWriter::start(output.clone(), options.debug_dir.clone()),
+        snapshots: Snapshots::new(
+            SnapshotWriter::start(output.clone(), options.debug_dir.clone()),
+            options.retention,
+            options.dump_on_growth.map(|t| (t, options.min_dump_gap)),
+        ),
         output,
         options,
         status,

@@ -1,14 +1,11 @@
 //! What a run keeps per profiled process.
-use std::{collections::HashSet, ops::Range, path::PathBuf};
+use std::{collections::HashSet, ops::Range};
 
 use crate::{
     collect::{CollectorOptions, ProcessHeap},
     discover::AllocatorKind,
     proc::{FileId, Mapping, command_name, namespace_pid, parse_maps},
-    run::{
-        sampling::{own_profiler::WatchedCopy, windows::Windows},
-        snapshots::{growth::GrowthWindow, retention::KeptSnapshots},
-    },
+    run::sampling::{own_profiler::WatchedCopy, windows::Windows},
     stacks::ProcessStacks,
 };
 
@@ -33,15 +30,6 @@ pub(super) struct Tracked {
     pub silence_reported: bool,
     /// Its allocators and their allocation calls, as of its last snapshot.
     pub allocator_calls: Vec<(String, Option<u64>)>,
-    /// Every file written, all formats.
-    pub files: Vec<PathBuf>,
-    /// The `heap_v2` snapshots among them, in order.
-    pub heaps: Vec<PathBuf>,
-    /// Snapshots taken, and periodic ones skipped because the previous one
-    /// was still being written.
-    pub snapshots: u64,
-    pub skipped_snapshots: u64,
-    pub growth: GrowthWindow,
     /// How jemalloc copies not in windows are sampled, and why (the
     /// profile's note): at entry, or by jemalloc's own profiler.
     pub sampling_notes: Vec<String>,
@@ -52,8 +40,6 @@ pub(super) struct Tracked {
     pub watched: Vec<WatchedCopy>,
     /// Its jemalloc copies sampled in windows (the default).
     pub windows: Option<Windows>,
-    /// Snapshots on disk, for `--keep` and `--max-disk`.
-    pub kept: KeptSnapshots,
 }
 
 impl Tracked {
@@ -70,16 +56,10 @@ impl Tracked {
             exited: false,
             silence_reported: false,
             allocator_calls: Vec::new(),
-            files: Vec::new(),
-            heaps: Vec::new(),
-            snapshots: 0,
-            skipped_snapshots: 0,
-            growth: GrowthWindow::default(),
             sampling_notes: Vec::new(),
             found_notes: Vec::new(),
             watched: Vec::new(),
             windows: None,
-            kept: KeptSnapshots::default(),
         };
         tracked.set_maps(Some(maps));
         tracked

@@ -12,6 +12,7 @@ use crate::{
         budget::Budget,
         cost::{CostLedger, CostModel, ProbeCost, rates},
         process::Tracked,
+        snapshots::ProcessSnapshots,
     },
 };
 
@@ -43,21 +44,22 @@ pub struct ProcessSummary {
 }
 
 impl ProcessSummary {
-    pub(super) fn of(t: Tracked, budget: &Budget) -> Self {
+    pub(super) fn of(t: Tracked, snapshots: ProcessSnapshots, budget: &Budget) -> Self {
+        let removed_snapshots = snapshots.removed();
         Self {
             pid: t.pid,
             container_pid: t.container_pid,
             command: t.command,
             samples: t.heap.samples,
             inuse_bytes: t.heap.inuse_bytes(),
-            files: t.files,
-            heaps: t.heaps,
+            files: snapshots.files,
+            heaps: snapshots.heaps,
             drops: t.heap.drops,
             exited: t.exited,
             detached: budget.detached(t.pid),
             tracking: budget.frees_dropped(t.pid).map(|dropped| dropped.note()),
-            skipped_snapshots: t.skipped_snapshots,
-            removed_snapshots: t.kept.removed,
+            skipped_snapshots: snapshots.skipped,
+            removed_snapshots,
             allocator_calls: t.allocator_calls,
         }
     }
@@ -238,7 +240,7 @@ impl Session<'_> {
             .values()
             .map(|t| t.heap.drops.live_table_full + t.heap.drops.stack_table_full)
             .sum();
-        let snapshots: usize = self.tracked.values().map(|t| t.heaps.len()).sum();
+        let snapshots = self.snapshots.written();
         format!(
             "memprobe: {} elapsed, {} processes, {samples} samples, ~{} in use, {} dropped, \
              {snapshots} snapshots written",
