@@ -13,7 +13,7 @@ use crate::{
         events::{Event, KernelSample, decode},
     },
     proc::read_maps,
-    run::{Session, Targets, sampling::own_profiler},
+    run::{Session, sampling::own_profiler},
 };
 
 impl Session<'_> {
@@ -55,7 +55,7 @@ impl Session<'_> {
         // memprobe's own allocations (glibc's, probed with `--all`) are
         // not profiled.
         if !self.tracked.contains_key(&pid)
-            && matches!(self.options.targets, Targets::All)
+            && self.scope.finds_processes()
             && pid != std::process::id()
         {
             let maps = read_maps(pid).unwrap_or_default();

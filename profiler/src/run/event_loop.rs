@@ -9,7 +9,7 @@ use tokio::{io::unix::AsyncFd, sync::mpsc};
 use crate::{
     error::Result,
     run::{
-        Session, Targets,
+        Session,
         cost::CostLedger,
         events_error,
         snapshots::SnapshotKind,
@@ -84,7 +84,7 @@ impl Session<'_> {
                     self.drain(ring.get_mut());
                     self.process_exited(pid)?;
                     let all_gone = self.tracked.values().all(|t| t.exited);
-                    if all_gone && matches!(self.options.targets, Targets::Pids(_)) {
+                    if all_gone && self.scope.ends_when_all_exit() {
                         return Ok((Stop::AllExited, None));
                     }
                 }
@@ -100,7 +100,7 @@ impl Session<'_> {
                     self.tick(&mut ticks, &mut last_rates)?;
                     // Every process detached over budget: nothing to profile.
                     let all_done = self.tracked.values().all(|t| t.exited);
-                    if all_done && matches!(self.options.targets, Targets::Pids(_)) {
+                    if all_done && self.scope.ends_when_all_exit() {
                         return Ok((Stop::AllExited, None));
                     }
                 }

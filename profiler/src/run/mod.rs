@@ -10,6 +10,7 @@ mod options;
 mod process;
 mod publish;
 mod sampling;
+mod scope;
 mod snapshots;
 mod status;
 mod targets;
@@ -42,6 +43,7 @@ use crate::{
         budget::Budget,
         cost::{CostLedger, CostModel, calibrate, recalibration::Recalibration},
         process::Tracked,
+        scope::RunScope,
         snapshots::{Snapshots, writer::SnapshotWriter},
         targets::checked::check_targets,
     },
@@ -50,6 +52,8 @@ use crate::{
 
 struct Session<'a> {
     options: SessionOptions,
+    /// What the kind of targets decides, settled once.
+    scope: RunScope,
     status: &'a mut dyn Write,
     probes: KernelProbes,
     cache: AllocatorCache,
@@ -102,10 +106,10 @@ pub async fn run(options: SessionOptions, status: &mut dyn Write) -> Result<Summ
     let (exits, exit_rx) = mpsc::unbounded_channel();
     // System-wide probes are shared by every process: none is detached
     // from one for its cost.
-    let budget = options
-        .max_overhead
-        .filter(|_| !matches!(options.targets, Targets::All));
+    let scope = RunScope::of(&options.targets);
+    let budget = options.max_overhead.filter(|_| scope.budget_applies());
     let mut session = Session {
+        scope,
         snapshots: Snapshots::new(
             SnapshotWriter::start(output.clone(), options.debug_dir.clone()),
             options.retention,

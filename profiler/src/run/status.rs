@@ -8,10 +8,11 @@ use crate::{
     collect::Drops,
     kernel::{KernelCounters, Scope},
     run::{
-        Session, Targets,
+        Session,
         budget::Budget,
         cost::{CostLedger, CostModel, ProbeCost, rates},
         process::Tracked,
+        scope::RunScope,
         snapshots::ProcessSnapshots,
     },
 };
@@ -90,27 +91,27 @@ pub struct Summary {
 impl Session<'_> {
     /// The one line scripts wait for.
     pub(super) fn announce(&mut self) {
-        let until = match (&self.options.targets, self.options.duration) {
+        let until = match (self.scope, self.options.duration) {
             (_, Some(d)) => format!("for {}", humantime::format_duration(d)),
-            (Targets::Launch(_), None) => "until it exits".into(),
-            (Targets::Pids(_), None) => "until Ctrl-C or until the processes exit".into(),
-            (Targets::All, None) => "until Ctrl-C".into(),
+            (RunScope::Launch, None) => "until it exits".into(),
+            (RunScope::Pids, None) => "until Ctrl-C or until the processes exit".into(),
+            (RunScope::All, None) => "until Ctrl-C".into(),
         };
         let probes = self.probes.attached.len();
-        let line = match &self.options.targets {
-            Targets::All if self.options.sampling == crate::run::Sampling::Windows => format!(
+        let line = match self.scope {
+            RunScope::All if self.options.sampling == crate::run::Sampling::Windows => format!(
                 "memprobe: attached {probes} probes to {} processes, each its own (jemalloc's \
                  malloc in windows), watching for more; profiling {until}",
                 self.tracked.len()
             ),
-            Targets::All => format!(
+            RunScope::All => format!(
                 "memprobe: attached {probes} probes system-wide to {} allocators ({}) in {} \
                  processes, watching for more; profiling {until}",
                 self.system_wide.len(),
                 self.system_wide_kinds(),
                 self.tracked.len()
             ),
-            Targets::Launch(_) if probes == 0 => {
+            RunScope::Launch if probes == 0 => {
                 let t = self.tracked.values().next();
                 format!(
                     "memprobe: started pid {} ({}); no allocator in it yet, attaching when it \

@@ -6,7 +6,7 @@
 use std::time::Instant;
 
 use crate::run::{
-    Session, Targets,
+    Session,
     cost::{
         CostModel,
         calibrate::{CalibrationError, Remeasurement},
@@ -32,7 +32,7 @@ impl Session<'_> {
         };
         // Costs that could not be measured at start are not tried again;
         // with `--all` the copy timed would be profiled too.
-        if !self.cost_model.measured || matches!(self.options.targets, Targets::All) {
+        if !self.cost_model.measured || !self.scope.recalibrates() {
             return;
         }
         let now = Instant::now();

@@ -3,10 +3,7 @@
 //! memprobe does not probe would otherwise get a silent, empty profile.
 use std::{path::Path, time::Duration};
 
-use crate::{
-    kernel::Scope,
-    run::{Session, Targets},
-};
+use crate::{kernel::Scope, run::Session};
 
 /// How long a process's probed allocators may go uncalled before memprobe
 /// says so.
@@ -55,7 +52,7 @@ impl Session<'_> {
     /// Once a process's probes have been attached for [`SILENCE`] without
     /// one allocation call, says so (once), naming the allocators probed.
     pub(in crate::run) fn check_silent_allocators(&mut self) {
-        if matches!(self.options.targets, Targets::All) || self.started.elapsed() < SILENCE {
+        if !self.scope.tells_of_silence() || self.started.elapsed() < SILENCE {
             return;
         }
         let hits = self.probes.probe_hits();

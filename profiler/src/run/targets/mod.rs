@@ -16,8 +16,7 @@ use crate::{
     kernel::{ReturnHalf, Scope},
     proc::{all_pids, parse_maps, read_maps},
     run::{
-        Sampling, Session, Targets, process::Tracked, sampling::windows::WindowedCopy,
-        waits::watch_exit,
+        Sampling, Session, process::Tracked, sampling::windows::WindowedCopy, waits::watch_exit,
     },
 };
 
@@ -40,11 +39,10 @@ impl Session<'_> {
             self.options.collector.clone(),
         );
         self.tracked.insert(pid, tracked);
-        if !matches!(self.options.targets, Targets::Launch(_)) {
+        if self.scope.watches_exits() {
             watch_exit(pid, self.exits.clone());
         }
-        // With `--all` every process is rescanned anyway.
-        if !matches!(self.options.targets, Targets::All) {
+        if self.scope.watches_mapped_code() {
             self.probes.watch_mapped_code(pid, true);
         }
     }
@@ -206,7 +204,7 @@ impl Session<'_> {
     /// Picks up libraries loaded since the last look (`dlopen`) and, with
     /// `--all`, new processes; keeps each process's maps fresh.
     pub(in crate::run) fn rescan(&mut self) -> Result<()> {
-        if matches!(self.options.targets, Targets::All) {
+        if self.scope.finds_processes() {
             return self.scan_all();
         }
         for pid in self.live_pids() {
