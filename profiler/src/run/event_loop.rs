@@ -9,7 +9,7 @@ use tokio::{io::unix::AsyncFd, sync::mpsc};
 use crate::{
     error::Result,
     run::{
-        Session,
+        Session, SessionOptions,
         cost::CostLedger,
         events_error,
         snapshots::SnapshotKind,
@@ -29,6 +29,36 @@ pub(super) enum Stop {
 /// Ticks between two readings of other tools' links (`kernel::foreign`).
 const FOREIGN_LINKS_EVERY: u64 = 10;
 
+/// What the loop waits on besides the ring, the processes and the
+/// endpoints, and what its ticks keep.
+struct Clocks {
+    signals: Signals,
+    /// `--interval`.
+    snapshots: Option<tokio::time::Interval>,
+    /// `--duration`.
+    deadline: Option<tokio::time::Instant>,
+    ticker: tokio::time::Interval,
+    ticks: u64,
+    /// The costs as of the last `--verbose` rates.
+    last_rates: CostLedger,
+}
+
+impl Clocks {
+    fn new(options: &SessionOptions) -> Result<Self> {
+        let now = tokio::time::Instant::now();
+        Ok(Self {
+            signals: Signals::new()?,
+            snapshots: options
+                .snapshot_interval
+                .map(|period| tokio::time::interval_at(now + period, period)),
+            deadline: options.duration.map(|d| now + d),
+            ticker: tokio::time::interval(options.rescan_interval),
+            ticks: 0,
+            last_rates: CostLedger::default(),
+        })
+    }
+}
+
 impl Session<'_> {
     /// Drains events, takes snapshots and rescans until a reason to stop.
     pub(super) async fn collect(
@@ -37,18 +67,7 @@ impl Session<'_> {
         mut launched: Option<&mut LaunchedCommand>,
         mut exit_rx: mpsc::UnboundedReceiver<u32>,
     ) -> Result<(Stop, Option<std::io::Result<ExitStatus>>)> {
-        let mut signals = Signals::new()?;
-        let mut snapshot_timer = self
-            .options
-            .snapshot_interval
-            .map(|period| tokio::time::interval_at(tokio::time::Instant::now() + period, period));
-        let deadline = self
-            .options
-            .duration
-            .map(|d| tokio::time::Instant::now() + d);
-        let mut ticker = tokio::time::interval(self.options.rescan_interval);
-        let mut ticks: u64 = 0;
-        let mut last_rates = CostLedger::default();
+        let mut clocks = Clocks::new(&self.options)?;
         loop {
             let window_change = self
                 .next_window_change()
@@ -62,14 +81,14 @@ impl Session<'_> {
                         guard.clear_ready();
                     }
                 }
-                _ = sleep_until(deadline) => return Ok((Stop::Duration, None)),
-                _ = signals.interrupt.recv() => return Ok((Stop::Signal(libc::SIGINT), None)),
-                _ = signals.terminate.recv() => return Ok((Stop::Signal(libc::SIGTERM), None)),
-                _ = signals.snapshot.recv() => {
+                _ = sleep_until(clocks.deadline) => return Ok((Stop::Duration, None)),
+                _ = clocks.signals.interrupt.recv() => return Ok((Stop::Signal(libc::SIGINT), None)),
+                _ = clocks.signals.terminate.recv() => return Ok((Stop::Signal(libc::SIGTERM), None)),
+                _ = clocks.signals.snapshot.recv() => {
                     self.drain(ring.get_mut());
                     self.snapshot_all("SIGUSR1", SnapshotKind::Requested);
                 }
-                _ = tick_of(&mut snapshot_timer) => {
+                _ = tick_of(&mut clocks.snapshots) => {
                     self.drain(ring.get_mut());
                     self.snapshot_all("interval", SnapshotKind::Periodic);
                 }
@@ -83,8 +102,7 @@ impl Session<'_> {
                 Some(pid) = exit_rx.recv() => {
                     self.drain(ring.get_mut());
                     self.process_exited(pid)?;
-                    let all_gone = self.tracked.values().all(|t| t.exited);
-                    if all_gone && self.scope.ends_when_all_exit() {
+                    if self.nothing_left() {
                         return Ok((Stop::AllExited, None));
                     }
                 }
@@ -92,15 +110,12 @@ impl Session<'_> {
                     self.drain(ring.get_mut());
                     self.answer(request);
                 }
-                _ = sleep_until(window_change) => {
-                    self.change_windows(ring.get_mut());
-                }
-                _ = ticker.tick() => {
+                _ = sleep_until(window_change) => self.change_windows(ring.get_mut()),
+                _ = clocks.ticker.tick() => {
                     self.drain(ring.get_mut());
-                    self.tick(&mut ticks, &mut last_rates)?;
+                    self.tick(&mut clocks)?;
                     // Every process detached over budget: nothing to profile.
-                    let all_done = self.tracked.values().all(|t| t.exited);
-                    if all_done && self.scope.ends_when_all_exit() {
+                    if self.nothing_left() {
                         return Ok((Stop::AllExited, None));
                     }
                 }
@@ -108,10 +123,19 @@ impl Session<'_> {
         }
     }
 
-    /// Once a rescan interval: new libraries and processes, growth
-    /// triggers, `--verbose` rates, the status line.
-    fn tick(&mut self, ticks: &mut u64, last_rates: &mut CostLedger) -> Result<()> {
-        if ticks.is_multiple_of(FOREIGN_LINKS_EVERY) {
+    /// Whether the run has nothing left to profile: every named process
+    /// exited or was detached.
+    fn nothing_left(&self) -> bool {
+        self.scope.ends_when_all_exit() && self.tracked.values().all(|t| t.exited)
+    }
+
+    /// Once a rescan interval, in this order: the probes' hits priced (the
+    /// parts after judge what they cost), new libraries and processes,
+    /// growth triggers, the budget, jemalloc's own profilers, silent
+    /// allocators, the endpoints' figures, the snapshots written, and what
+    /// a terminal or `--verbose` is told.
+    fn tick(&mut self, clocks: &mut Clocks) -> Result<()> {
+        if clocks.ticks.is_multiple_of(FOREIGN_LINKS_EVERY) {
             self.probes.read_foreign_links();
         }
         let forced = self.ledger.update(&self.cost_model, &self.probes);
@@ -124,9 +148,10 @@ impl Session<'_> {
         self.check_silent_allocators();
         self.publish();
         self.record_written()?;
-        *ticks += 1;
-        if self.options.verbose && ticks.is_multiple_of(10) {
-            *last_rates = self.report_rates(last_rates, self.options.rescan_interval * 10);
+        clocks.ticks += 1;
+        if self.options.verbose && clocks.ticks.is_multiple_of(10) {
+            let period = self.options.rescan_interval * 10;
+            clocks.last_rates = self.report_rates(&clocks.last_rates, period);
         }
         if self.options.progress {
             let line = self.progress_line(self.started.elapsed());

@@ -42,7 +42,7 @@ impl Session<'_> {
         stop: Stop,
         mut ring: AsyncFd<RingBuf<MapData>>,
         launched: Option<LaunchedCommand>,
-        mut exit_status: Option<std::io::Result<ExitStatus>>,
+        exit_status: Option<std::io::Result<ExitStatus>>,
     ) -> Result<Summary> {
         self.drain(ring.get_mut());
         let elapsed = self.started.elapsed();
@@ -65,12 +65,20 @@ impl Session<'_> {
             budget,
             ..
         } = self;
-        let kernel_counters = probes.counters();
-        let probe_count = probes.attached_now();
         ledger.update(&cost_model, &probes);
-        let probe_costs = ledger.costs(&probes.attached);
-        let switch_cost = ledger.switch_costs();
-        let return_probes = probes.return_probes_used();
+        let mut summary = Summary {
+            processes: Vec::new(),
+            probes: probes.attached_now(),
+            elapsed,
+            kernel_counters: probes.counters(),
+            exit_code: None,
+            probe_costs: ledger.costs(&probes.attached),
+            switch_cost: ledger.switch_costs(),
+            cost_model,
+            return_probes: probes.return_probes_used(),
+            output_dir: options.output_dir.clone(),
+            verbose: options.verbose,
+        };
         // Detach before anything else: the targets run unprobed from here on.
         drop(ring);
         drop(probes);
@@ -80,36 +88,23 @@ impl Session<'_> {
         for done in snapshots.writer.finish() {
             snapshots.record(done, status, options.progress)?;
         }
-        if let Some(launched) = launched {
-            exit_status = Some(wait_for_command(launched, &stop, exit_status, status).await);
-        }
-        let exit_code = match exit_status {
-            Some(Ok(status)) => Some(exit_code_of(status)),
-            Some(Err(cause)) => {
-                return Err(Error::Launch {
+        summary.processes = tracked
+            .into_values()
+            .map(|t| (snapshots.take(t.pid), t))
+            .filter(|(written, _)| !written.files.is_empty())
+            .map(|(written, t)| ProcessSummary::of(t, written, &budget))
+            .collect();
+        summary.exit_code = match launched {
+            Some(launched) => {
+                let exit = wait_for_command(launched, &stop, exit_status, status).await;
+                let status = exit.map_err(|cause| Error::Launch {
                     program: options.targets.command_program(),
                     cause,
-                });
+                })?;
+                Some(exit_code_of(status))
             }
             None => None,
         };
-        Ok(Summary {
-            processes: tracked
-                .into_values()
-                .map(|t| (snapshots.take(t.pid), t))
-                .filter(|(written, _)| !written.files.is_empty())
-                .map(|(written, t)| ProcessSummary::of(t, written, &budget))
-                .collect(),
-            probes: probe_count,
-            elapsed,
-            kernel_counters,
-            exit_code,
-            probe_costs,
-            switch_cost,
-            cost_model,
-            return_probes,
-            output_dir: options.output_dir.clone(),
-            verbose: options.verbose,
-        })
+        Ok(summary)
     }
 }

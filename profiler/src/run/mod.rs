@@ -98,55 +98,11 @@ pub async fn run(options: SessionOptions, status: &mut dyn Write) -> Result<Summ
     output.remove_stale_temporaries();
     let mut probes = KernelProbes::load(&options.kernel, options.sample_interval)?;
     // Before anything is attached: the timing copy must run alone.
-    let (cost_model, calibration_error) = match calibrate::measure(&mut probes) {
-        Ok(model) => (model, None),
-        Err(error) => (CostModel::default(), Some(error)),
-    };
+    let measured = calibrate::measure(&mut probes);
     probes.reset_counters();
     let (exits, exit_rx) = mpsc::unbounded_channel();
-    // System-wide probes are shared by every process: none is detached
-    // from one for its cost.
-    let scope = RunScope::of(&options.targets);
-    let budget = options.max_overhead.filter(|_| scope.budget_applies());
-    let mut session = Session {
-        scope,
-        snapshots: Snapshots::new(
-            SnapshotWriter::start(output.clone(), options.debug_dir.clone()),
-            options.retention,
-            options.dump_on_growth.map(|t| (t, options.min_dump_gap)),
-        ),
-        output,
-        options,
-        status,
-        probes,
-        cache,
-        tracked: BTreeMap::new(),
-        system_wide: HashSet::new(),
-        next_instance: 0,
-        exits,
-        started: Instant::now(),
-        announced: false,
-        published: None,
-        snapshot_requests: None,
-        cost_model,
-        recalibration: Recalibration::default(),
-        ledger: CostLedger::default(),
-        budget: Budget::new(budget),
-    };
-    if session.options.verbose {
-        let line = match calibration_error {
-            Some(error) => format!(
-                "probe costs not measured ({}): estimates use defaults",
-                crate::error::chain(&error)
-            ),
-            None => format!(
-                "probe costs: {}; on endbr64 (CET builds' first instruction) {:.1} µs",
-                session.cost_model,
-                session.cost_model.endbr64.as_secs_f64() * 1e6
-            ),
-        };
-        let _ = writeln!(session.status, "memprobe: {line}");
-    }
+    let mut session = Session::new(options, status, probes, cache, output, exits);
+    session.take_first_costs(measured);
     let mut launched = session.attach_targets(checked)?;
     if let Some(endpoints) = endpoints {
         session.serve(endpoints);
@@ -163,6 +119,48 @@ pub async fn run(options: SessionOptions, status: &mut dyn Write) -> Result<Summ
         .collect(&mut ring, launched.as_mut(), exit_rx)
         .await?;
     session.finish(stop, ring, launched, exit_status).await
+}
+
+impl<'a> Session<'a> {
+    fn new(
+        options: SessionOptions,
+        status: &'a mut dyn Write,
+        probes: KernelProbes,
+        cache: AllocatorCache,
+        output: OutputDir,
+        exits: mpsc::UnboundedSender<u32>,
+    ) -> Self {
+        let scope = RunScope::of(&options.targets);
+        // System-wide probes are shared by every process: none is detached
+        // from one for its cost.
+        let budget = options.max_overhead.filter(|_| scope.budget_applies());
+        let snapshots = Snapshots::new(
+            SnapshotWriter::start(output.clone(), options.debug_dir.clone()),
+            options.retention,
+            options.dump_on_growth.map(|t| (t, options.min_dump_gap)),
+        );
+        Self {
+            scope,
+            snapshots,
+            output,
+            options,
+            status,
+            probes,
+            cache,
+            tracked: BTreeMap::new(),
+            system_wide: HashSet::new(),
+            next_instance: 0,
+            exits,
+            started: Instant::now(),
+            announced: false,
+            published: None,
+            snapshot_requests: None,
+            cost_model: CostModel::default(),
+            recalibration: Recalibration::default(),
+            ledger: CostLedger::default(),
+            budget: Budget::new(budget),
+        }
+    }
 }
 
 impl Session<'_> {

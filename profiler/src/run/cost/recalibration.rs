@@ -54,6 +54,30 @@ impl Session<'_> {
         };
     }
 
+    /// The costs measured at the start, or the defaults; said with
+    /// `--verbose`.
+    pub(in crate::run) fn take_first_costs(
+        &mut self,
+        measured: Result<CostModel, CalibrationError>,
+    ) {
+        let line = match measured {
+            Ok(model) => {
+                self.cost_model = model;
+                format!(
+                    "probe costs: {model}; on endbr64 (CET builds' first instruction) {:.1} µs",
+                    model.endbr64.as_secs_f64() * 1e6
+                )
+            }
+            Err(error) => format!(
+                "probe costs not measured ({}): estimates use defaults",
+                crate::error::chain(&error)
+            ),
+        };
+        if self.options.verbose {
+            let _ = writeln!(self.status, "memprobe: {line}");
+        }
+    }
+
     /// The new costs, or the old ones kept; said with `--verbose`.
     fn take_costs(&mut self, measured: Result<CostModel, CalibrationError>) {
         let line = match measured {

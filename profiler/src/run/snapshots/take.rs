@@ -68,15 +68,42 @@ impl Session<'_> {
         }
         self.close_open_window(pid);
         let allocator_calls = self.allocator_calls(pid, &self.probes.probe_hits());
+        let Some(t) = self.tracked.get_mut(&pid) else {
+            return;
+        };
+        t.allocator_calls = allocator_calls;
+        let Some(head) = self.profile_head(pid, reason) else {
+            return;
+        };
+        let Some(t) = self.tracked.get(&pid) else {
+            return;
+        };
+        let mut profile = t.heap.snapshot(t.maps.clone());
+        profile.notes.splice(0..0, head);
+        self.snapshots.of_mut(pid).taken += 1;
+        let symbolized = self.options.formats.iter().any(|f| *f != Format::Heap);
+        let is_jvm = t.maps.contains("/libjvm.so");
+        let ask_jvm = symbolized && is_jvm && !t.exited && self.options.java_perfmap;
+        let job = Job {
+            pid,
+            seq: self.output.next_seq(pid),
+            profile,
+            formats: self.options.formats.clone(),
+            jvm_perfmap: ask_jvm.then(|| t.container_pid.unwrap_or(pid)),
+            last: kind == SnapshotKind::Last,
+            announce,
+        };
+        self.snapshots.writer.submit(job);
+    }
+
+    /// The notes at the head of `pid`'s next profile: what it is, why it
+    /// was taken, and how its allocations were found, sampled and tracked.
+    fn profile_head(&self, pid: u32, reason: &str) -> Option<Vec<(String, String)>> {
+        let t = self.tracked.get(&pid)?;
         let (taken, skipped) = self
             .snapshots
             .of(pid)
             .map_or((0, 0), |s| (s.taken, s.skipped));
-        let Some(t) = self.tracked.get_mut(&pid) else {
-            return;
-        };
-        let mut profile = t.heap.snapshot(t.maps.clone());
-        t.allocator_calls = allocator_calls;
         let mut head = vec![
             ("command".to_owned(), t.command.clone()),
             ("reason".to_owned(), reason.to_owned()),
@@ -112,21 +139,7 @@ impl Session<'_> {
         if skipped > 0 {
             head.push(("skipped_snapshots".into(), skipped.to_string()));
         }
-        profile.notes.splice(0..0, head);
-        self.snapshots.of_mut(pid).taken += 1;
-        let symbolized = self.options.formats.iter().any(|f| *f != Format::Heap);
-        let is_jvm = t.maps.contains("/libjvm.so");
-        let ask_jvm = symbolized && is_jvm && !t.exited && self.options.java_perfmap;
-        let job = Job {
-            pid,
-            seq: self.output.next_seq(pid),
-            profile,
-            formats: self.options.formats.clone(),
-            jvm_perfmap: ask_jvm.then(|| t.container_pid.unwrap_or(pid)),
-            last: kind == SnapshotKind::Last,
-            announce,
-        };
-        self.snapshots.writer.submit(job);
+        Some(head)
     }
 
     /// Records the snapshots the writer finished since the last look.
