@@ -13,6 +13,7 @@ mod sampling;
 mod scope;
 mod snapshots;
 mod status;
+mod summary;
 mod targets;
 mod waits;
 
@@ -31,7 +32,7 @@ use tokio::{
 pub use options::{GrowthTrigger, Sampling, SessionOptions, Targets};
 pub use sampling::windows::WindowTiming;
 pub use snapshots::retention::Retention;
-pub use status::{ProcessSummary, Summary, summary_lines};
+pub use summary::{ProcessSummary, Summary, summary_lines};
 
 use crate::{
     discover::{AllocatorCache, AllocatorKind},
