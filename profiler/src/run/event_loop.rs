@@ -4,7 +4,11 @@
 use std::process::ExitStatus;
 
 use aya::maps::{MapData, RingBuf};
-use tokio::{io::unix::AsyncFd, sync::mpsc};
+use tokio::{
+    io::unix::{AsyncFd, AsyncFdReadyMutGuard},
+    signal::unix::Signal,
+    sync::mpsc,
+};
 
 use crate::{
     error::Result,
@@ -59,6 +63,19 @@ impl Clocks {
     }
 }
 
+/// `--duration` reached, Ctrl-C or SIGTERM.
+async fn stop(
+    deadline: Option<tokio::time::Instant>,
+    interrupt: &mut Signal,
+    terminate: &mut Signal,
+) -> Stop {
+    tokio::select! {
+        _ = sleep_until(deadline) => Stop::Duration,
+        _ = interrupt.recv() => Stop::Signal(libc::SIGINT),
+        _ = terminate.recv() => Stop::Signal(libc::SIGTERM),
+    }
+}
+
 impl Session<'_> {
     /// Drains events, takes snapshots and rescans until a reason to stop.
     pub(super) async fn collect(
@@ -73,17 +90,10 @@ impl Session<'_> {
                 .next_window_change()
                 .map(tokio::time::Instant::from_std);
             tokio::select! {
-                readable = ring.readable_mut() => {
-                    let mut guard = readable.map_err(|e| events_error("reading the ring buffer", e))?;
-                    // Left ready while records remain: the kernel wakes a
-                    // reader only once it has caught up.
-                    if self.drain(guard.get_inner_mut()) {
-                        guard.clear_ready();
-                    }
+                readable = ring.readable_mut() => self.drain_ready(readable)?,
+                stop = stop(clocks.deadline, &mut clocks.signals.interrupt, &mut clocks.signals.terminate) => {
+                    return Ok((stop, None));
                 }
-                _ = sleep_until(clocks.deadline) => return Ok((Stop::Duration, None)),
-                _ = clocks.signals.interrupt.recv() => return Ok((Stop::Signal(libc::SIGINT), None)),
-                _ = clocks.signals.terminate.recv() => return Ok((Stop::Signal(libc::SIGTERM), None)),
                 _ = clocks.signals.snapshot.recv() => {
                     self.drain(ring.get_mut());
                     self.snapshot_all("SIGUSR1", SnapshotKind::Requested);
@@ -121,6 +131,20 @@ impl Session<'_> {
                 }
             }
         }
+    }
+
+    /// Drains the ring once the kernel said it holds records.
+    fn drain_ready(
+        &mut self,
+        readable: std::io::Result<AsyncFdReadyMutGuard<'_, RingBuf<MapData>>>,
+    ) -> Result<()> {
+        let mut guard = readable.map_err(|e| events_error("reading the ring buffer", e))?;
+        // Left ready while records remain: the kernel wakes a reader only
+        // once it has caught up.
+        if self.drain(guard.get_inner_mut()) {
+            guard.clear_ready();
+        }
+        Ok(())
     }
 
     /// Whether the run has nothing left to profile: every named process

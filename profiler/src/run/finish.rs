@@ -35,6 +35,18 @@ impl Session<'_> {
         );
     }
 
+    /// What the ring still holds, the last windows, and every process's
+    /// last snapshot (owned data: the probes can go before it is written).
+    async fn take_last_snapshots(&mut self, stop: &Stop, ring: &mut RingBuf<MapData>) {
+        self.drain(ring);
+        self.clear_progress();
+        if self.options.verbose {
+            self.say_why_stopping(stop);
+        }
+        self.last_windows(ring).await;
+        self.snapshot_all("end of run", SnapshotKind::Last);
+    }
+
     /// The last snapshots, detaching, waiting for a launched command, and
     /// the summary.
     pub(super) async fn finish(
@@ -44,16 +56,8 @@ impl Session<'_> {
         launched: Option<LaunchedCommand>,
         exit_status: Option<std::io::Result<ExitStatus>>,
     ) -> Result<Summary> {
-        self.drain(ring.get_mut());
         let elapsed = self.started.elapsed();
-        self.clear_progress();
-        if self.options.verbose {
-            self.say_why_stopping(&stop);
-        }
-        self.last_windows(ring.get_mut()).await;
-        // The last snapshots hold owned data: the probes can go before
-        // they are written.
-        self.snapshot_all("end of run", SnapshotKind::Last);
+        self.take_last_snapshots(&stop, ring.get_mut()).await;
         let Session {
             probes,
             tracked,
@@ -66,19 +70,7 @@ impl Session<'_> {
             ..
         } = self;
         ledger.update(&cost_model, &probes);
-        let mut summary = Summary {
-            processes: Vec::new(),
-            probes: probes.attached_now(),
-            elapsed,
-            kernel_counters: probes.counters(),
-            exit_code: None,
-            probe_costs: ledger.costs(&probes.attached),
-            switch_cost: ledger.switch_costs(),
-            cost_model,
-            return_probes: probes.return_probes_used(),
-            output_dir: options.output_dir.clone(),
-            verbose: options.verbose,
-        };
+        let mut summary = Summary::of_probes(&probes, &ledger, cost_model, elapsed, &options);
         // Detach before anything else: the targets run unprobed from here on.
         drop(ring);
         drop(probes);
@@ -94,17 +86,14 @@ impl Session<'_> {
             .filter(|(written, _)| !written.files.is_empty())
             .map(|(written, t)| ProcessSummary::of(t, written, &budget))
             .collect();
-        summary.exit_code = match launched {
-            Some(launched) => {
-                let exit = wait_for_command(launched, &stop, exit_status, status).await;
-                let status = exit.map_err(|cause| Error::Launch {
-                    program: options.targets.command_program(),
-                    cause,
-                })?;
-                Some(exit_code_of(status))
-            }
-            None => None,
-        };
+        if let Some(launched) = launched {
+            let exit = wait_for_command(launched, &stop, exit_status, status).await;
+            let exit = exit.map_err(|cause| Error::Launch {
+                program: options.targets.command_program(),
+                cause,
+            })?;
+            summary.exit_code = Some(exit_code_of(exit));
+        }
         Ok(summary)
     }
 }

@@ -9,6 +9,7 @@ use crate::{
     run::{
         Session,
         cost::{CostLedger, rates},
+        process::Tracked,
         scope::RunScope,
     },
 };
@@ -49,26 +50,7 @@ impl Session<'_> {
                 let described: Vec<String> = self
                     .tracked
                     .values()
-                    .map(|t| {
-                        let mut libs: Vec<String> = self
-                            .probes
-                            .attached
-                            .iter()
-                            .filter(|p| p.scope == Scope::Process(t.pid))
-                            .map(|p| format!("{} in {}", p.allocator, p.path))
-                            .collect();
-                        libs.dedup();
-                        let container = t
-                            .container_pid
-                            .map(|c| format!(", pid {c} in its container"))
-                            .unwrap_or_default();
-                        format!(
-                            "pid {} ({}{container}, {})",
-                            t.pid,
-                            t.command,
-                            libs.join(", ")
-                        )
-                    })
+                    .map(|t| self.describe_target(t))
                     .collect();
                 format!(
                     "memprobe: attached {probes} probes to {}; profiling {until}",
@@ -79,6 +61,28 @@ impl Session<'_> {
         let _ = writeln!(self.status, "{line}");
         self.announced = true;
         let _ = self.status.flush();
+    }
+
+    /// "pid 42 (redis-server, jemalloc in /usr/lib/.../libjemalloc.so.2)".
+    fn describe_target(&self, t: &Tracked) -> String {
+        let mut libs: Vec<String> = self
+            .probes
+            .attached
+            .iter()
+            .filter(|p| p.scope == Scope::Process(t.pid))
+            .map(|p| format!("{} in {}", p.allocator, p.path))
+            .collect();
+        libs.dedup();
+        let container = t
+            .container_pid
+            .map(|c| format!(", pid {c} in its container"))
+            .unwrap_or_default();
+        format!(
+            "pid {} ({}{container}, {})",
+            t.pid,
+            t.command,
+            libs.join(", ")
+        )
     }
 
     /// "glibc, jemalloc": the kinds of allocator probed system-wide.

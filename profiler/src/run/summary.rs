@@ -6,10 +6,11 @@ use profiler_common::Counter;
 
 use crate::{
     collect::Drops,
-    kernel::KernelCounters,
+    kernel::{KernelCounters, KernelProbes},
     run::{
+        SessionOptions,
         budget::Budget,
-        cost::{CostModel, ProbeCost, rates},
+        cost::{CostLedger, CostModel, ProbeCost, rates},
         process::Tracked,
         snapshots::ProcessSnapshots,
     },
@@ -84,6 +85,32 @@ pub struct Summary {
     /// Where the files went, and whether to list each one.
     pub output_dir: PathBuf,
     pub verbose: bool,
+}
+
+impl Summary {
+    /// What the probes did and cost over a run of `elapsed`, read before
+    /// they are detached; its processes and exit code are filled later.
+    pub(super) fn of_probes(
+        probes: &KernelProbes,
+        ledger: &CostLedger,
+        cost_model: CostModel,
+        elapsed: Duration,
+        options: &SessionOptions,
+    ) -> Self {
+        Self {
+            processes: Vec::new(),
+            probes: probes.attached_now(),
+            elapsed,
+            kernel_counters: probes.counters(),
+            exit_code: None,
+            probe_costs: ledger.costs(&probes.attached),
+            switch_cost: ledger.switch_costs(),
+            cost_model,
+            return_probes: probes.return_probes_used(),
+            output_dir: options.output_dir.clone(),
+            verbose: options.verbose,
+        }
+    }
 }
 
 /// "wrote 6 snapshots to DIR (6 heap, 6 pb.gz, ...)": the folder and a
