@@ -272,13 +272,7 @@ struct DebugLookup<'a> {
 }
 
 fn read_facts(path: &Path, debug: &DebugLookup<'_>, wanted: &[AllocatorKind]) -> FileFacts {
-    let Ok(file) = std::fs::File::open(path) else {
-        return FileFacts::default();
-    };
-    // SAFETY: a read-only private mapping of a file the target maps (as
-    // the unwinder's): a data engine's library can be 500 MB, so it is
-    // paged in as read, never copied whole.
-    let Ok(data) = (unsafe { memmap2::Mmap::map(&file) }) else {
+    let Some(data) = map_read_only(path) else {
         return FileFacts::default();
     };
     let mentions_jemalloc = elf::read_only_data(&data)
@@ -290,23 +284,14 @@ fn read_facts(path: &Path, debug: &DebugLookup<'_>, wanted: &[AllocatorKind]) ->
             ..FileFacts::default()
         };
     };
-    // A stripped file with jemalloc linked in: its debug file has the names.
-    let stripped = mentions_jemalloc
-        && !symbols.has_symbol_table
-        && find_allocators(&symbols, &[AllocatorKind::Jemalloc]).is_empty();
-    let mut debug_data = stripped.then(|| adopt_debug_file(&mut symbols, path, debug));
-    let found = find_allocators(&symbols, wanted);
     let known_version = fast_path::version_in_file(&data).is_some_and(|v| v.starts_with("5.3."));
-    // jemalloc's profiler hooks are local: Debian's stripped library has them in its debug file.
-    let lacks_hooks = |f: &FoundEntryPoints| {
-        f.kind == AllocatorKind::Jemalloc && !OwnSampling::hooks_named(&symbols, &f.prefix)
-    };
-    if known_version && !stripped && found.iter().any(lacks_hooks) {
-        debug_data = Some(adopt_debug_file(&mut symbols, path, debug));
-    }
-    let symbol_file = debug_data.flatten();
-    let symbol_file = symbol_file.as_deref().unwrap_or(&data);
-    let mut found = found;
+    let (mut found, debug_data) = find_named(
+        &mut symbols,
+        path,
+        debug,
+        wanted,
+        (mentions_jemalloc, known_version),
+    );
     let mut by_code = None;
     let mut not_by_code = None;
     let unnamed = mentions_jemalloc
@@ -321,6 +306,12 @@ fn read_facts(path: &Path, debug: &DebugLookup<'_>, wanted: &[AllocatorKind]) ->
             Err(why) => not_by_code = Some(why.to_string()),
         }
     }
+    let code = FileCode {
+        symbols: &symbols,
+        data: &data,
+        symbol_file: debug_data.as_deref().unwrap_or(&data),
+        known_version,
+    };
     let entry_addresses: Vec<u64> = found
         .iter()
         .flat_map(|f| &f.entry_points)
@@ -329,40 +320,95 @@ fn read_facts(path: &Path, debug: &DebugLookup<'_>, wanted: &[AllocatorKind]) ->
     FileFacts {
         allocators: found
             .into_iter()
-            .map(|found| {
-                let (mut entry_points, wrappers) =
-                    split_wrappers(&symbols, &data, found.entry_points);
-                for entry in &mut entry_points {
-                    entry.placement = place_probe(&symbols, &data, entry);
-                    entry.forwards = may_forward(&symbols, &data, entry, &entry_addresses);
-                }
-                let fast_path = (found.kind == AllocatorKind::Jemalloc && known_version)
-                    .then(|| symbols.function(&format!("{}malloc", found.prefix)))
-                    .flatten()
-                    .and_then(|malloc| fast_path::recognise(&symbols, &data, malloc.address))
-                    .and_then(|fast| {
-                        fast_path::in_file_offsets(&symbols, &data, fast, &found.prefix)
-                    });
-                let own_sampling = (found.kind == AllocatorKind::Jemalloc && known_version)
-                    .then(|| OwnSampling::find(&symbols, &data, symbol_file, &found.prefix))
-                    .flatten();
-                Arc::new(Allocator {
-                    kind: found.kind,
-                    prefix: found.prefix,
-                    entry_points,
-                    fast_path,
-                    wrappers,
-                    own_sampling,
-                    by_code: by_code
-                        .clone()
-                        .filter(|_| found.kind == AllocatorKind::Jemalloc),
-                })
-            })
+            .map(|found| code.allocator(found, &entry_addresses, by_code.as_ref()))
             .collect(),
         defines_malloc: symbols.offset("malloc").is_some(),
         has_symbol_table: symbols.has_symbol_table,
         mentions_jemalloc,
         not_by_code,
+    }
+}
+
+/// `path` mapped read-only and private (as the unwinder maps it): a data
+/// engine's library can be 500 MB, so it is paged in as read, never
+/// copied whole.
+fn map_read_only(path: &Path) -> Option<memmap2::Mmap> {
+    let file = std::fs::File::open(path).ok()?;
+    // SAFETY: a read-only private mapping of a file the target maps.
+    unsafe { memmap2::Mmap::map(&file) }.ok()
+}
+
+/// The allocators `symbols` name, with the names of the file's debug file
+/// adopted where they are needed (and its bytes): a stripped file with
+/// jemalloc linked in has its names there, and Debian's stripped
+/// jemalloc 5.3 its profiler's local hooks.
+fn find_named(
+    symbols: &mut FunctionSymbols,
+    path: &Path,
+    debug: &DebugLookup<'_>,
+    wanted: &[AllocatorKind],
+    (mentions_jemalloc, known_version): (bool, bool),
+) -> (Vec<FoundEntryPoints>, Option<Vec<u8>>) {
+    let stripped = mentions_jemalloc
+        && !symbols.has_symbol_table
+        && find_allocators(symbols, &[AllocatorKind::Jemalloc]).is_empty();
+    let mut debug_data = stripped.then(|| adopt_debug_file(symbols, path, debug));
+    let found = find_allocators(symbols, wanted);
+    let lacks_hooks = |f: &FoundEntryPoints| {
+        f.kind == AllocatorKind::Jemalloc && !OwnSampling::hooks_named(symbols, &f.prefix)
+    };
+    if known_version && !stripped && found.iter().any(lacks_hooks) {
+        debug_data = Some(adopt_debug_file(symbols, path, debug));
+    }
+    (found, debug_data.flatten())
+}
+
+/// One file's code, as the allocators found in it are described.
+struct FileCode<'a> {
+    symbols: &'a FunctionSymbols,
+    data: &'a [u8],
+    /// Where its full symbol table is: its debug file's bytes, or its own.
+    symbol_file: &'a [u8],
+    /// Whether its jemalloc is 5.3, whose fast path and profiler hooks
+    /// memprobe knows.
+    known_version: bool,
+}
+
+impl FileCode<'_> {
+    /// The allocator `found` names: its entry points placed, its wrappers
+    /// told apart, jemalloc's fast path and own profiler found.
+    fn allocator(
+        &self,
+        found: FoundEntryPoints,
+        entry_addresses: &[u64],
+        by_code: Option<&by_code::FoundByCode>,
+    ) -> Arc<Allocator> {
+        let (symbols, data) = (self.symbols, self.data);
+        let (mut entry_points, wrappers) = split_wrappers(symbols, data, found.entry_points);
+        for entry in &mut entry_points {
+            entry.placement = place_probe(symbols, data, entry);
+            entry.forwards = may_forward(symbols, data, entry, entry_addresses);
+        }
+        let known_jemalloc = found.kind == AllocatorKind::Jemalloc && self.known_version;
+        let fast_path = known_jemalloc
+            .then(|| symbols.function(&format!("{}malloc", found.prefix)))
+            .flatten()
+            .and_then(|malloc| fast_path::recognise(symbols, data, malloc.address))
+            .and_then(|fast| fast_path::in_file_offsets(symbols, data, fast, &found.prefix));
+        let own_sampling = known_jemalloc
+            .then(|| OwnSampling::find(symbols, data, self.symbol_file, &found.prefix))
+            .flatten();
+        Arc::new(Allocator {
+            kind: found.kind,
+            prefix: found.prefix,
+            entry_points,
+            fast_path,
+            wrappers,
+            own_sampling,
+            by_code: by_code
+                .cloned()
+                .filter(|_| found.kind == AllocatorKind::Jemalloc),
+        })
     }
 }
 
