@@ -85,19 +85,7 @@ pub fn place(code: &[u8], address: u64, reads: &[Register], with_return: bool) -
     if instructions.is_empty() {
         return entry("the code could not be decoded");
     }
-    // Branch targets anywhere in the function: a probe must not sit where a
-    // branch lands, or after such a place, or it would run twice.
-    let landing: Vec<u64> = instructions
-        .iter()
-        .filter(|i| {
-            matches!(
-                i.op0_kind(),
-                OpKind::NearBranch16 | OpKind::NearBranch32 | OpKind::NearBranch64
-            )
-        })
-        .map(Instruction::near_branch_target)
-        .filter(|&t| t > address)
-        .collect();
+    let landing = branch_targets(&instructions, address);
     let mut info = InstructionInfoFactory::new();
     let mut written: Vec<Register> = Vec::new();
     let mut pushes: u16 = 0;
@@ -128,24 +116,51 @@ pub fn place(code: &[u8], address: u64, reads: &[Register], with_return: bool) -
         if instruction.code() == Code::Push_r64 {
             pushes += 1;
         }
-        for used in info.info(instruction).used_registers() {
-            let access = used.access();
-            if matches!(
-                access,
+        let writes = registers_written(&mut info, instruction);
+        if writes.contains(&Register::RSP) && instruction.code() != Code::Push_r64 {
+            return entry("the stack pointer moves before any emulated instruction");
+        }
+        written.extend(writes);
+    }
+    entry("no emulated instruction early enough")
+}
+
+/// Branch targets anywhere in the function past its first byte: a probe
+/// must not sit where a branch lands, or after such a place, or it would
+/// run twice.
+fn branch_targets(instructions: &[Instruction], address: u64) -> Vec<u64> {
+    instructions
+        .iter()
+        .filter(|i| {
+            matches!(
+                i.op0_kind(),
+                OpKind::NearBranch16 | OpKind::NearBranch32 | OpKind::NearBranch64
+            )
+        })
+        .map(Instruction::near_branch_target)
+        .filter(|&t| t > address)
+        .collect()
+}
+
+/// The full registers `instruction` writes.
+fn registers_written(
+    info: &mut InstructionInfoFactory,
+    instruction: &Instruction,
+) -> Vec<Register> {
+    info.info(instruction)
+        .used_registers()
+        .iter()
+        .filter(|used| {
+            matches!(
+                used.access(),
                 OpAccess::Write
                     | OpAccess::CondWrite
                     | OpAccess::ReadWrite
                     | OpAccess::ReadCondWrite
-            ) {
-                let register = used.register().full_register();
-                if register == Register::RSP && instruction.code() != Code::Push_r64 {
-                    return entry("the stack pointer moves before any emulated instruction");
-                }
-                written.push(register);
-            }
-        }
-    }
-    entry("no emulated instruction early enough")
+            )
+        })
+        .map(|used| used.register().full_register())
+        .collect()
 }
 
 fn first_instruction(code: &[u8], address: u64) -> String {
