@@ -107,26 +107,7 @@ pub fn parse(text: &str) -> Result<ParsedHeap, ParseError> {
         }
         if let Some(frames) = line.strip_prefix('@') {
             heap.stacks.extend(current.take());
-            let frames = frames
-                .split_whitespace()
-                .map(|f| {
-                    u64::from_str_radix(f.trim_start_matches("0x"), 16)
-                        .map_err(|_| line_error(number, format!("bad address {f:?}")))
-                })
-                .collect::<Result<Vec<u64>, _>>()?;
-            if frames.is_empty() {
-                return Err(line_error(number, "a stack with no address"));
-            }
-            let mut frames = frames;
-            frames[0] = frames[0].wrapping_add(1);
-            current = Some(ParsedStack {
-                frames,
-                inuse_objects: 0.0,
-                inuse_bytes: 0.0,
-                alloc_objects: 0.0,
-                alloc_bytes: 0.0,
-                oldest_live_s: None,
-            });
+            current = Some(stack_of(frames, number)?);
         } else if let Some(counts) = line.strip_prefix("t*:") {
             let [n1, s1, n2, s2] = parse_counts(counts, number)?;
             // The header's totals come before any stack: not needed.
@@ -134,36 +115,63 @@ pub fn parse(text: &str) -> Result<ParsedHeap, ParseError> {
                 (stack.inuse_objects, stack.inuse_bytes) = jeprof_decode(n1, s1, sample_interval);
                 (stack.alloc_objects, stack.alloc_bytes) = jeprof_decode(n2, s2, sample_interval);
             }
-        } else if let Some(jit) = line
-            .strip_prefix("# ")
-            .and_then(|l| l.strip_prefix(crate::output::heap_v2::JIT_SYMBOL))
-        {
-            // "# jit_symbol 0xADDRESS name": names memprobe had for JIT code.
-            let mut parts = jit.trim().splitn(2, ' ');
-            if let (Some(address), Some(name)) = (parts.next(), parts.next())
-                && let Ok(address) = u64::from_str_radix(address.trim_start_matches("0x"), 16)
-            {
-                heap.symbols.insert(address, name.to_owned());
-            }
         } else if let Some(note) = line.strip_prefix("# ") {
-            let Some((key, value)) = note.split_once(": ") else {
-                continue;
-            };
-            match current.as_mut() {
-                Some(stack) if key == "oldest_live_s" => {
-                    stack.oldest_live_s = value.parse().ok();
-                }
-                Some(_) => {}
-                None => {
-                    heap.notes.insert(key.to_owned(), value.to_owned());
-                }
-            }
+            read_note(&mut heap, current.as_mut(), note);
         }
         // Per-thread `t<id>:` lines and anything else are skipped, as jeprof does.
     }
     heap.stacks.extend(current);
     heap.mapped_libraries = lines.map(|(_, l)| l).collect::<Vec<_>>().join("\n");
     Ok(heap)
+}
+
+/// A stack's `@ 0xADDR ...` line (its first frame a return address one
+/// past the call, as jeprof writes it).
+fn stack_of(frames: &str, number: usize) -> Result<ParsedStack, ParseError> {
+    let mut frames = frames
+        .split_whitespace()
+        .map(|f| {
+            u64::from_str_radix(f.trim_start_matches("0x"), 16)
+                .map_err(|_| line_error(number, format!("bad address {f:?}")))
+        })
+        .collect::<Result<Vec<u64>, _>>()?;
+    let Some(first) = frames.first_mut() else {
+        return Err(line_error(number, "a stack with no address"));
+    };
+    *first = first.wrapping_add(1);
+    Ok(ParsedStack {
+        frames,
+        inuse_objects: 0.0,
+        inuse_bytes: 0.0,
+        alloc_objects: 0.0,
+        alloc_bytes: 0.0,
+        oldest_live_s: None,
+    })
+}
+
+/// A `# ` line: a name memprobe had for JIT code (`# jit_symbol 0xADDRESS
+/// name`), a stack's note (`oldest_live_s`), or, before any stack, the
+/// profile's.
+fn read_note(heap: &mut ParsedHeap, stack: Option<&mut ParsedStack>, note: &str) {
+    if let Some(jit) = note.strip_prefix(crate::output::heap_v2::JIT_SYMBOL) {
+        let mut parts = jit.trim().splitn(2, ' ');
+        if let (Some(address), Some(name)) = (parts.next(), parts.next())
+            && let Ok(address) = u64::from_str_radix(address.trim_start_matches("0x"), 16)
+        {
+            heap.symbols.insert(address, name.to_owned());
+        }
+        return;
+    }
+    let Some((key, value)) = note.split_once(": ") else {
+        return;
+    };
+    match stack {
+        Some(stack) if key == "oldest_live_s" => stack.oldest_live_s = value.parse().ok(),
+        Some(_) => {}
+        None => {
+            heap.notes.insert(key.to_owned(), value.to_owned());
+        }
+    }
 }
 
 #[cfg(test)]
