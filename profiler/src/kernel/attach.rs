@@ -257,32 +257,9 @@ impl KernelProbes {
             cookie
         };
         let offset = entry.file_offset + placement.offset;
-        let error = |cause: LinkFailure| target.error(&entry.symbol, cause);
-        let mut links = ProbeLinks::default();
-        let mut return_half = ReturnHalf::None;
-        if let Some(program) = entry.shape.session_program()
-            && !self.allocations_only_in(target.scope)
-        {
-            return_half = match self.link_session(program, target, offset, cookie) {
-                Ok(link) => {
-                    links.multi.push(link);
-                    ReturnHalf::Session
-                }
-                Err(SessionLink::Unavailable) if entry.shape.returns_by_uretprobe() => {
-                    ReturnHalf::Uretprobe
-                }
-                Err(SessionLink::Unavailable) => ReturnHalf::None,
-                Err(SessionLink::Failed(cause)) => return Err(error(cause)),
-            };
-        }
-        if return_half != ReturnHalf::Session {
-            for program in plain_programs(entry.shape, return_half) {
-                if let Err(cause) = self.attach_plain(program, target, offset, cookie, &mut links) {
-                    self.detach_links(links);
-                    return Err(error(cause));
-                }
-            }
-        }
+        let (links, return_half) = self
+            .link_entry(target, entry, offset, cookie)
+            .map_err(|cause| target.error(&entry.symbol, cause))?;
         let probe = AttachedProbe {
             scope: target.scope,
             symbol: entry.symbol.clone(),
@@ -309,6 +286,42 @@ impl KernelProbes {
             self.attached.push(probe);
         }
         Ok(index)
+    }
+
+    /// Links `entry`'s programs at `offset`: one uprobe session where the
+    /// kernel has them, else the entry program and a uretprobe (or no
+    /// return half where the call's shape needs none); all or nothing.
+    fn link_entry(
+        &mut self,
+        target: &Target,
+        entry: &EntryPoint,
+        offset: u64,
+        cookie: u64,
+    ) -> std::result::Result<(ProbeLinks, ReturnHalf), LinkFailure> {
+        let mut links = ProbeLinks::default();
+        let mut return_half = ReturnHalf::None;
+        if let Some(program) = entry.shape.session_program()
+            && !self.allocations_only_in(target.scope)
+        {
+            return_half = match self.link_session(program, target, offset, cookie) {
+                Ok(link) => {
+                    links.multi.push(link);
+                    return Ok((links, ReturnHalf::Session));
+                }
+                Err(SessionLink::Unavailable) if entry.shape.returns_by_uretprobe() => {
+                    ReturnHalf::Uretprobe
+                }
+                Err(SessionLink::Unavailable) => ReturnHalf::None,
+                Err(SessionLink::Failed(cause)) => return Err(cause),
+            };
+        }
+        for program in plain_programs(entry.shape, return_half) {
+            if let Err(cause) = self.attach_plain(program, target, offset, cookie, &mut links) {
+                self.detach_links(links);
+                return Err(cause);
+            }
+        }
+        Ok((links, return_half))
     }
 
     /// Attaches `program` to run at `offset` (at the return for the
