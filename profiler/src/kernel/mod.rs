@@ -213,6 +213,42 @@ fn load_error(what: &str, cause: impl Into<Box<dyn std::error::Error + Send + Sy
     }
 }
 
+/// The table the kernel draws each thread's byte countdowns from, for a
+/// mean of `sample_interval` bytes.
+fn set_countdowns(ebpf: &mut Ebpf, sample_interval: u64) -> Result<()> {
+    let mut table: Array<_, u64> = Array::try_from(
+        ebpf.map_mut(maps::EXP_QUANTILES)
+            .ok_or_else(|| load_error(maps::EXP_QUANTILES, "missing"))?,
+    )
+    .map_err(|e| load_error(maps::EXP_QUANTILES, e))?;
+    for (index, value) in sampling::quantile_table(sample_interval)
+        .into_iter()
+        .enumerate()
+    {
+        table
+            .set(index as u32, value, 0)
+            .map_err(|e| load_error(maps::EXP_QUANTILES, e))?;
+    }
+    Ok(())
+}
+
+/// The uprobe session programs, where the kernel has sessions and the
+/// run may use them; else why not (`auto` falls back to uretprobes,
+/// `sessions` fails).
+fn load_sessions(
+    ebpf: &Ebpf,
+    wanted: ReturnProbes,
+) -> Result<(Option<MultiPrograms>, Option<String>)> {
+    if wanted == ReturnProbes::Uretprobes {
+        return Ok((None, None));
+    }
+    match MultiPrograms::load(ebpf, OBJECT, &programs::session::ALL, LinkKind::Session) {
+        Ok(sessions) => Ok((Some(sessions), None)),
+        Err(e) if wanted == ReturnProbes::Sessions => Err(Error::SessionsRefused(e)),
+        Err(e) => Ok((None, Some(e.to_string()))),
+    }
+}
+
 impl KernelProbes {
     /// Loads the programs into the kernel; nothing is attached yet.
     pub fn load(options: &KernelOptions, sample_interval: u64) -> Result<Self> {
@@ -230,19 +266,7 @@ impl KernelProbes {
             .override_global(globals::OWN_TGID, &std::process::id(), true)
             .load(OBJECT)
             .map_err(|e| load_error("eBPF object", e))?;
-        let mut table: Array<_, u64> = Array::try_from(
-            ebpf.map_mut(maps::EXP_QUANTILES)
-                .ok_or_else(|| load_error(maps::EXP_QUANTILES, "missing"))?,
-        )
-        .map_err(|e| load_error(maps::EXP_QUANTILES, e))?;
-        for (index, value) in sampling::quantile_table(sample_interval)
-            .into_iter()
-            .enumerate()
-        {
-            table
-                .set(index as u32, value, 0)
-                .map_err(|e| load_error(maps::EXP_QUANTILES, e))?;
-        }
+        set_countdowns(&mut ebpf, sample_interval)?;
         for name in programs::ALL {
             let program: &mut UProbe = ebpf
                 .program_mut(name)
@@ -252,19 +276,7 @@ impl KernelProbes {
             program.load().map_err(|e| load_error(name, e))?;
         }
         let mapped_code_unavailable = mapped_code::attach(&mut ebpf).err();
-        let (sessions, sessions_unavailable) = match options.return_probes {
-            ReturnProbes::Uretprobes => (None, None),
-            wanted => {
-                match MultiPrograms::load(&ebpf, OBJECT, &programs::session::ALL, LinkKind::Session)
-                {
-                    Ok(sessions) => (Some(sessions), None),
-                    Err(e) if wanted == ReturnProbes::Sessions => {
-                        return Err(Error::SessionsRefused(e));
-                    }
-                    Err(e) => (None, Some(e.to_string())),
-                }
-            }
-        };
+        let (sessions, sessions_unavailable) = load_sessions(&ebpf, options.return_probes)?;
         Ok(Self {
             entry_links: None,
             ebpf,
