@@ -30,68 +30,102 @@ struct Composite {
 /// The byte offset of `thread.fsbase` in `struct task_struct`, from raw
 /// BTF; `None` if the BTF is not what this reads.
 pub fn fsbase_offset(btf: &[u8]) -> Option<u64> {
-    let word = |at: usize| -> Option<u32> {
-        Some(u32::from_le_bytes(btf.get(at..at + 4)?.try_into().ok()?))
-    };
-    if u16::from_le_bytes(btf.get(0..2)?.try_into().ok()?) != MAGIC {
-        return None;
-    }
-    let header = word(4)? as usize;
-    let (types, types_len) = (header + word(8)? as usize, word(12)? as usize);
-    let strings = header + word(16)? as usize;
-    let name = |offset: u32| -> Option<&[u8]> {
-        let start = strings + offset as usize;
-        let rest = btf.get(start..)?;
-        Some(&rest[..rest.iter().position(|&b| b == 0)?])
-    };
-    // Type ids count from 1, in the order of the records.
-    let mut composites: Vec<Option<Composite>> = vec![None];
-    let mut at = types;
-    while at < types + types_len {
-        let (name_off, info) = (word(at)?, word(at + 4)?);
-        let (kind, count) = ((info >> 24) & 0x1f, (info & 0xffff) as usize);
-        at += 12;
-        let extra = match kind {
-            KIND_INT | KIND_VAR | KIND_DECL_TAG => 4,
-            KIND_ARRAY => 12,
-            KIND_STRUCT | KIND_UNION | KIND_DATASEC | KIND_ENUM64 => 12 * count,
-            KIND_ENUM | KIND_FUNC_PROTO => 8 * count,
-            _ => 0,
+    let btf = Btf::read(btf)?;
+    let composites = btf.composites()?;
+    let task = composites
+        .iter()
+        .flatten()
+        .find(|c| btf.name(c.name) == Some(b"task_struct".as_slice()))?;
+    let (thread_type, thread_bits) = btf.member(*task, b"thread")?;
+    let thread = (*composites.get(thread_type)?)?;
+    let (_, fsbase_bits) = btf.member(thread, b"fsbase")?;
+    Some((thread_bits + fsbase_bits) / 8)
+}
+
+/// Raw BTF and where its type records and strings are.
+struct Btf<'a> {
+    data: &'a [u8],
+    types: usize,
+    types_len: usize,
+    strings: usize,
+}
+
+impl<'a> Btf<'a> {
+    fn read(data: &'a [u8]) -> Option<Self> {
+        if u16::from_le_bytes(data.get(0..2)?.try_into().ok()?) != MAGIC {
+            return None;
+        }
+        let btf = Self {
+            data,
+            types: 0,
+            types_len: 0,
+            strings: 0,
         };
-        composites.push(
-            matches!(kind, KIND_STRUCT | KIND_UNION).then_some(Composite {
-                name: name_off,
-                members: at,
-                count,
-                bitfields: info >> 31 == 1,
-            }),
-        );
-        at += extra;
+        let header = btf.word(4)? as usize;
+        Some(Self {
+            types: header + btf.word(8)? as usize,
+            types_len: btf.word(12)? as usize,
+            strings: header + btf.word(16)? as usize,
+            ..btf
+        })
     }
-    // (type id, bit offset) of a member, by name.
-    let member = |composite: Composite, wanted: &[u8]| -> Option<(usize, u64)> {
+
+    fn word(&self, at: usize) -> Option<u32> {
+        Some(u32::from_le_bytes(
+            self.data.get(at..at + 4)?.try_into().ok()?,
+        ))
+    }
+
+    fn name(&self, offset: u32) -> Option<&'a [u8]> {
+        let rest = self.data.get(self.strings + offset as usize..)?;
+        Some(&rest[..rest.iter().position(|&b| b == 0)?])
+    }
+
+    /// Every type by id (ids count from 1, in the order of the records):
+    /// the structs and unions, `None` for the rest.
+    fn composites(&self) -> Option<Vec<Option<Composite>>> {
+        let mut composites: Vec<Option<Composite>> = vec![None];
+        let mut at = self.types;
+        while at < self.types + self.types_len {
+            let (name_off, info) = (self.word(at)?, self.word(at + 4)?);
+            let (kind, count) = ((info >> 24) & 0x1f, (info & 0xffff) as usize);
+            at += 12;
+            let extra = match kind {
+                KIND_INT | KIND_VAR | KIND_DECL_TAG => 4,
+                KIND_ARRAY => 12,
+                KIND_STRUCT | KIND_UNION | KIND_DATASEC | KIND_ENUM64 => 12 * count,
+                KIND_ENUM | KIND_FUNC_PROTO => 8 * count,
+                _ => 0,
+            };
+            composites.push(
+                matches!(kind, KIND_STRUCT | KIND_UNION).then_some(Composite {
+                    name: name_off,
+                    members: at,
+                    count,
+                    bitfields: info >> 31 == 1,
+                }),
+            );
+            at += extra;
+        }
+        Some(composites)
+    }
+
+    /// The type id and bit offset of `composite`'s member named `wanted`.
+    fn member(&self, composite: Composite, wanted: &[u8]) -> Option<(usize, u64)> {
         (0..composite.count).find_map(|i| {
             let at = composite.members + 12 * i;
-            if name(word(at)?)? != wanted {
+            if self.name(self.word(at)?)? != wanted {
                 return None;
             }
-            let offset = word(at + 8)?;
+            let offset = self.word(at + 8)?;
             let bits = if composite.bitfields {
                 offset & 0xff_ffff
             } else {
                 offset
             };
-            Some((word(at + 4)? as usize, u64::from(bits)))
+            Some((self.word(at + 4)? as usize, u64::from(bits)))
         })
-    };
-    let task = composites
-        .iter()
-        .flatten()
-        .find(|c| name(c.name) == Some(b"task_struct".as_slice()))?;
-    let (thread_type, thread_bits) = member(*task, b"thread")?;
-    let thread = (*composites.get(thread_type)?)?;
-    let (_, fsbase_bits) = member(thread, b"fsbase")?;
-    Some((thread_bits + fsbase_bits) / 8)
+    }
 }
 
 #[cfg(test)]

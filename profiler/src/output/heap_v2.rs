@@ -5,7 +5,10 @@
 //! that jeprof's formula turns back into them (see `sampling::jeprof_encode`).
 use std::io::{self, Write};
 
-use crate::{collect::sampling::jeprof_encode, profile::HeapProfile};
+use crate::{
+    collect::sampling::jeprof_encode,
+    profile::{HeapProfile, StackEstimate},
+};
 
 /// The comment lines naming JIT code: `# jit_symbol 0xADDRESS name`.
 pub const JIT_SYMBOL: &str = "jit_symbol";
@@ -47,26 +50,7 @@ pub fn write<W: Write>(profile: &HeapProfile, mut out: W) -> io::Result<()> {
         writeln!(out, "# {JIT_SYMBOL} 0x{address:x} {name}")?;
     }
     for (stack, inuse, alloc) in encoded {
-        write!(out, "@")?;
-        for (i, frame) in stack.frames.iter().enumerate() {
-            // jeprof subtracts 1 from every frame but the first: give it the
-            // first one as (return address - 1) so all resolve to the call.
-            let address = if i == 0 {
-                frame.saturating_sub(1)
-            } else {
-                *frame
-            };
-            write!(out, " 0x{address:x}")?;
-        }
-        writeln!(out)?;
-        writeln!(
-            out,
-            "  t*: {}: {} [{}: {}]",
-            inuse.0, inuse.1, alloc.0, alloc.1
-        )?;
-        if let Some(age) = stack.oldest_live_s {
-            writeln!(out, "# oldest_live_s: {age:.3}")?;
-        }
+        write_stack(&mut out, stack, inuse, alloc)?;
     }
     writeln!(out)?;
     writeln!(out, "MAPPED_LIBRARIES:")?;
@@ -77,12 +61,42 @@ pub fn write<W: Write>(profile: &HeapProfile, mut out: W) -> io::Result<()> {
     Ok(())
 }
 
+/// One stack: its frames, its encoded in-use and allocated (count,
+/// bytes), and the age of its oldest live sample.
+fn write_stack<W: Write>(
+    out: &mut W,
+    stack: &StackEstimate,
+    inuse: (u64, u64),
+    alloc: (u64, u64),
+) -> io::Result<()> {
+    write!(out, "@")?;
+    for (i, frame) in stack.frames.iter().enumerate() {
+        // jeprof subtracts 1 from every frame but the first: give it the
+        // first one as (return address - 1) so all resolve to the call.
+        let address = if i == 0 {
+            frame.saturating_sub(1)
+        } else {
+            *frame
+        };
+        write!(out, " 0x{address:x}")?;
+    }
+    writeln!(out)?;
+    writeln!(
+        out,
+        "  t*: {}: {} [{}: {}]",
+        inuse.0, inuse.1, alloc.0, alloc.1
+    )?;
+    if let Some(age) = stack.oldest_live_s {
+        writeln!(out, "# oldest_live_s: {age:.3}")?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use std::path::PathBuf;
 
     use super::*;
-    use crate::profile::StackEstimate;
 
     fn golden(name: &str, actual: &str) {
         let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
