@@ -389,27 +389,6 @@ pub enum Offline {
 
 impl Cli {
     pub fn session_options(&self, progress: bool) -> SessionOptions {
-        let allocations_only = self.track == TrackArg::Allocations;
-        let collector = CollectorOptions {
-            allocations_only,
-            max_live: self.max_live_samples,
-            ..CollectorOptions::default()
-        };
-        let kernel = KernelOptions {
-            placement: match self.placement {
-                PlacementArg::Emulated => PlacementMode::Emulated,
-                PlacementArg::Entry => PlacementMode::Entry,
-            },
-            return_probes: match self.return_probes {
-                ReturnProbesArg::Auto => ReturnProbes::Auto,
-                ReturnProbesArg::Sessions => ReturnProbes::Sessions,
-                ReturnProbesArg::Uretprobes => ReturnProbes::Uretprobes,
-            },
-            copy_stack: self.unwind != UnwindArg::Fp,
-            frame_pointer_fast_path: self.unwind == UnwindArg::Auto,
-            allocations_only,
-            ..KernelOptions::default()
-        };
         let targets = if self.all {
             Targets::All
         } else if !self.command.is_empty() {
@@ -422,8 +401,12 @@ impl Cli {
             duration: self.duration,
             output_dir: self.output.clone(),
             sample_interval: self.sample_interval,
-            kernel,
-            collector,
+            kernel: self.kernel_options(),
+            collector: CollectorOptions {
+                allocations_only: self.track == TrackArg::Allocations,
+                max_live: self.max_live_samples,
+                ..CollectorOptions::default()
+            },
             verbose: self.verbose,
             progress,
             snapshot_interval: self.interval,
@@ -440,13 +423,7 @@ impl Cli {
             windows: self.windows,
             recalibrate_every: self.recalibrate_every.0,
             listen: self.listen,
-            access: profiler::AccessOptions {
-                tls_cert: self.tls_cert.clone(),
-                tls_key: self.tls_key.clone(),
-                tls_client_ca: self.tls_client_ca.clone(),
-                token_file: self.auth_token_file.clone(),
-                insecure: self.listen_insecure,
-            },
+            access: self.access_options(),
             retention: Retention {
                 keep: self.keep.map(|n| n as usize),
                 max_disk: self.max_disk,
@@ -457,6 +434,36 @@ impl Cli {
                 self.format.clone()
             },
             ..SessionOptions::default()
+        }
+    }
+
+    /// How probes are placed and linked, and what the kernel copies.
+    fn kernel_options(&self) -> KernelOptions {
+        KernelOptions {
+            placement: match self.placement {
+                PlacementArg::Emulated => PlacementMode::Emulated,
+                PlacementArg::Entry => PlacementMode::Entry,
+            },
+            return_probes: match self.return_probes {
+                ReturnProbesArg::Auto => ReturnProbes::Auto,
+                ReturnProbesArg::Sessions => ReturnProbes::Sessions,
+                ReturnProbesArg::Uretprobes => ReturnProbes::Uretprobes,
+            },
+            copy_stack: self.unwind != UnwindArg::Fp,
+            frame_pointer_fast_path: self.unwind == UnwindArg::Auto,
+            allocations_only: self.track == TrackArg::Allocations,
+            ..KernelOptions::default()
+        }
+    }
+
+    /// Who may use `--listen`'s endpoints, and over what.
+    fn access_options(&self) -> profiler::AccessOptions {
+        profiler::AccessOptions {
+            tls_cert: self.tls_cert.clone(),
+            tls_key: self.tls_key.clone(),
+            tls_client_ca: self.tls_client_ca.clone(),
+            token_file: self.auth_token_file.clone(),
+            insecure: self.listen_insecure,
         }
     }
 }
