@@ -4,11 +4,15 @@
 mod allocations_only;
 mod attach;
 mod calibration;
+mod counters;
 mod link_failure;
+mod load;
 mod mapped_code;
 mod windows;
 pub use calibration::CalibrationProbes;
+pub use counters::KernelCounters;
 pub use link_failure::LinkFailure;
+pub use load::KernelOptions;
 pub mod btf;
 pub mod events;
 pub mod features;
@@ -20,57 +24,19 @@ pub use windows::ThreadWindow;
 use std::os::fd::OwnedFd;
 
 use aya::{
-    Ebpf, EbpfLoader,
-    maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
-    programs::UProbe,
+    Ebpf,
+    maps::{HashMap, MapData, RingBuf},
 };
-use profiler_common::{Counter, FastPathConfig, FastPathKey, globals, maps, programs};
+use profiler_common::{FastPathConfig, FastPathKey, maps};
 
 use crate::{
-    collect::sampling,
     discover::placement::Placement,
     error::{Error, Result},
-    kernel::uprobe_multi::{LinkKind, MultiPrograms},
+    kernel::uprobe_multi::MultiPrograms,
 };
 
 /// The eBPF object built from `profiler-ebpf`.
 const OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler"));
-
-/// Sizes of the kernel's tables.
-#[derive(Clone, Debug)]
-pub struct KernelOptions {
-    /// Sampled pointers the kernel tracks for frees. Default: 262144.
-    pub max_sampled_pointers: u32,
-    /// Ring-buffer size in bytes (a power of two). Default: 8 MiB.
-    pub ring_buffer_bytes: u32,
-    /// Where in each function probes go. Default: emulated instructions.
-    pub placement: PlacementMode,
-    /// How calls get their return half. Default: sessions where the kernel
-    /// has them.
-    pub return_probes: ReturnProbes,
-    /// Copy each sampled call's user stack for DWARF unwinding. Default: yes.
-    pub copy_stack: bool,
-    /// Let processes whose frame-pointer walks proved right skip most
-    /// copies ([`KernelProbes::trust_frame_pointers`]). Default: yes.
-    pub frame_pointer_fast_path: bool,
-    /// `--track allocations`: probe allocating entry points only, at their
-    /// entry: no free probes and no return halves. Default: no.
-    pub allocations_only: bool,
-}
-
-impl Default for KernelOptions {
-    fn default() -> Self {
-        Self {
-            max_sampled_pointers: 262_144,
-            ring_buffer_bytes: 8 << 20,
-            placement: PlacementMode::Emulated,
-            return_probes: ReturnProbes::Auto,
-            copy_stack: true,
-            frame_pointer_fast_path: true,
-            allocations_only: false,
-        }
-    }
-}
 
 /// Which processes a probe fires in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -113,16 +79,6 @@ pub enum ReturnHalf {
     Uretprobe,
     /// A uprobe session: only sampled calls trap at their return.
     Session,
-}
-
-/// The kernel's counters, each read by its [`Counter`].
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct KernelCounters([u64; Counter::COUNT as usize]);
-
-impl KernelCounters {
-    pub fn get(&self, counter: Counter) -> u64 {
-        self.0[counter as usize]
-    }
 }
 
 /// One attached entry point, for `--verbose` and the cost report.
@@ -197,104 +153,7 @@ pub struct KernelProbes {
     pub mapped_code_unavailable: Option<LinkFailure>,
 }
 
-/// `thread.fsbase` in `struct task_struct`, from the kernel's BTF; 0 when
-/// unknown (then nothing is sampled on jemalloc's slow path).
-fn task_fsbase_offset() -> u64 {
-    std::fs::read("/sys/kernel/btf/vmlinux")
-        .ok()
-        .and_then(|btf| btf::fsbase_offset(&btf))
-        .unwrap_or(0)
-}
-
-fn load_error(what: &str, cause: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Error {
-    Error::Load {
-        what: what.to_owned(),
-        cause: cause.into(),
-    }
-}
-
-/// The table the kernel draws each thread's byte countdowns from, for a
-/// mean of `sample_interval` bytes.
-fn set_countdowns(ebpf: &mut Ebpf, sample_interval: u64) -> Result<()> {
-    let mut table: Array<_, u64> = Array::try_from(
-        ebpf.map_mut(maps::EXP_QUANTILES)
-            .ok_or_else(|| load_error(maps::EXP_QUANTILES, "missing"))?,
-    )
-    .map_err(|e| load_error(maps::EXP_QUANTILES, e))?;
-    for (index, value) in sampling::quantile_table(sample_interval)
-        .into_iter()
-        .enumerate()
-    {
-        table
-            .set(index as u32, value, 0)
-            .map_err(|e| load_error(maps::EXP_QUANTILES, e))?;
-    }
-    Ok(())
-}
-
-/// The uprobe session programs, where the kernel has sessions and the
-/// run may use them; else why not (`auto` falls back to uretprobes,
-/// `sessions` fails).
-fn load_sessions(
-    ebpf: &Ebpf,
-    wanted: ReturnProbes,
-) -> Result<(Option<MultiPrograms>, Option<String>)> {
-    if wanted == ReturnProbes::Uretprobes {
-        return Ok((None, None));
-    }
-    match MultiPrograms::load(ebpf, OBJECT, &programs::session::ALL, LinkKind::Session) {
-        Ok(sessions) => Ok((Some(sessions), None)),
-        Err(e) if wanted == ReturnProbes::Sessions => Err(Error::SessionsRefused(e)),
-        Err(e) => Ok((None, Some(e.to_string()))),
-    }
-}
-
 impl KernelProbes {
-    /// Loads the programs into the kernel; nothing is attached yet.
-    pub fn load(options: &KernelOptions, sample_interval: u64) -> Result<Self> {
-        let placement = options.placement;
-        let mut ebpf = EbpfLoader::new()
-            .map_max_entries(maps::SAMPLED, options.max_sampled_pointers)
-            .map_max_entries(maps::EVENTS, options.ring_buffer_bytes)
-            .override_global(globals::COPY_STACK, &u8::from(options.copy_stack), true)
-            .override_global(
-                globals::RING_BUSY_BYTES,
-                &(options.ring_buffer_bytes as u64 / 2),
-                true,
-            )
-            .override_global(globals::TASK_FSBASE, &task_fsbase_offset(), true)
-            .override_global(globals::OWN_TGID, &std::process::id(), true)
-            .load(OBJECT)
-            .map_err(|e| load_error("eBPF object", e))?;
-        set_countdowns(&mut ebpf, sample_interval)?;
-        for name in programs::ALL {
-            let program: &mut UProbe = ebpf
-                .program_mut(name)
-                .ok_or_else(|| load_error(name, "missing"))?
-                .try_into()
-                .map_err(|e| load_error(name, e))?;
-            program.load().map_err(|e| load_error(name, e))?;
-        }
-        let mapped_code_unavailable = mapped_code::attach(&mut ebpf).err();
-        let (sessions, sessions_unavailable) = load_sessions(&ebpf, options.return_probes)?;
-        Ok(Self {
-            entry_links: None,
-            ebpf,
-            attached: Vec::new(),
-            placement,
-            return_probes: options.return_probes,
-            sessions,
-            sessions_unavailable,
-            links: Vec::new(),
-            sessions_linked: false,
-            foreign: foreign::ForcingPlaces::new(),
-            frame_pointer_fast_path: options.copy_stack && options.frame_pointer_fast_path,
-            allocations_only: options.allocations_only,
-            frees_dropped: std::collections::HashSet::new(),
-            mapped_code_unavailable,
-        })
-    }
-
     /// Whether processes may be trusted with frame pointers (`--unwind auto`).
     pub fn frame_pointer_fast_path(&self) -> bool {
         self.frame_pointer_fast_path
@@ -337,24 +196,6 @@ impl KernelProbes {
         })
     }
 
-    /// Hits of each attached entry point, summed over CPUs, in the order of
-    /// [`attached`](Self::attached).
-    pub fn probe_hits(&self) -> Vec<u64> {
-        let mut hits = vec![0; self.attached.len()];
-        let Some(map) = self.ebpf.map(maps::PROBE_HITS) else {
-            return hits;
-        };
-        let Ok(counters) = PerCpuArray::<_, u64>::try_from(map) else {
-            return hits;
-        };
-        for (index, slot) in hits.iter_mut().enumerate() {
-            if let Ok(values) = counters.get(&(index as u32), 0) {
-                *slot = values.iter().sum();
-            }
-        }
-        hits
-    }
-
     /// For each attached probe: `None` once detached, else whether each of
     /// its calls traps at its return for another profiled process's probe
     /// at the same place (see `shared`).
@@ -389,70 +230,13 @@ impl KernelProbes {
         };
         table.insert(key, config, 0).is_ok()
     }
-
-    /// Whether the kernel's BTF told where a task's fs base is (what
-    /// sampling on jemalloc's slow path reads).
-    pub fn knows_fsbase() -> bool {
-        task_fsbase_offset() != 0
-    }
-
-    /// Zeroes the kernel counters and the hit counts: what calibration
-    /// counted is not the targets'.
-    /// Hits of the calibration's probes (the last counter slot), since the
-    /// counters were last reset.
-    pub fn calibration_hits(&self) -> u64 {
-        let Some(map) = self.ebpf.map(maps::PROBE_HITS) else {
-            return 0;
-        };
-        let Ok(counters) = PerCpuArray::<_, u64>::try_from(map) else {
-            return 0;
-        };
-        counters
-            .get(&(profiler_common::MAX_COUNTED_PROBES - 1), 0)
-            .map_or(0, |values| values.iter().sum())
-    }
-
-    pub fn reset_counters(&mut self) {
-        for (name, slots) in [
-            (maps::COUNTERS, Counter::COUNT),
-            (maps::PROBE_HITS, profiler_common::MAX_COUNTED_PROBES),
-        ] {
-            let Some(map) = self.ebpf.map_mut(name) else {
-                continue;
-            };
-            let Ok(mut counters) = PerCpuArray::<_, u64>::try_from(map) else {
-                continue;
-            };
-            let cpus = aya::util::nr_cpus().map_or(1, |n| n.max(1));
-            for index in 0..slots {
-                if let Ok(zeros) = aya::maps::PerCpuValues::try_from(vec![0u64; cpus]) {
-                    let _ = counters.set(index, zeros, 0);
-                }
-            }
-        }
-    }
-
-    /// Kernel counters summed over CPUs.
-    pub fn counters(&self) -> KernelCounters {
-        let mut totals = KernelCounters::default();
-        let Some(map) = self.ebpf.map(maps::COUNTERS) else {
-            return totals;
-        };
-        let Ok(counters) = PerCpuArray::<_, u64>::try_from(map) else {
-            return totals;
-        };
-        for counter in Counter::ALL {
-            if let Ok(values) = counters.get(&(counter as u32), 0) {
-                totals.0[counter as usize] = values.iter().sum();
-            }
-        }
-        totals
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use object::{Object, ObjectSymbol};
+
+    use profiler_common::{globals, programs};
 
     use super::*;
 

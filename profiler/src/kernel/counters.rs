@@ -1,0 +1,89 @@
+//! What the kernel programs count: per entry point, its hits; for the
+//! run, its calls, samples and drops ([`Counter`]), each per CPU.
+use aya::maps::PerCpuArray;
+use profiler_common::{Counter, maps};
+
+use crate::kernel::KernelProbes;
+
+/// The kernel's counters, each read by its [`Counter`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KernelCounters([u64; Counter::COUNT as usize]);
+
+impl KernelCounters {
+    pub fn get(&self, counter: Counter) -> u64 {
+        self.0[counter as usize]
+    }
+}
+
+impl KernelProbes {
+    /// Hits of each attached entry point, summed over CPUs, in the order of
+    /// [`attached`](Self::attached).
+    pub fn probe_hits(&self) -> Vec<u64> {
+        let mut hits = vec![0; self.attached.len()];
+        let Some(map) = self.ebpf.map(maps::PROBE_HITS) else {
+            return hits;
+        };
+        let Ok(counters) = PerCpuArray::<_, u64>::try_from(map) else {
+            return hits;
+        };
+        for (index, slot) in hits.iter_mut().enumerate() {
+            if let Ok(values) = counters.get(&(index as u32), 0) {
+                *slot = values.iter().sum();
+            }
+        }
+        hits
+    }
+
+    /// Hits of the calibration's probes (the last counter slot), since the
+    /// counters were last reset.
+    pub fn calibration_hits(&self) -> u64 {
+        let Some(map) = self.ebpf.map(maps::PROBE_HITS) else {
+            return 0;
+        };
+        let Ok(counters) = PerCpuArray::<_, u64>::try_from(map) else {
+            return 0;
+        };
+        counters
+            .get(&(profiler_common::MAX_COUNTED_PROBES - 1), 0)
+            .map_or(0, |values| values.iter().sum())
+    }
+
+    /// Zeroes the kernel counters and the hit counts: what calibration
+    /// counted is not the targets'.
+    pub fn reset_counters(&mut self) {
+        for (name, slots) in [
+            (maps::COUNTERS, Counter::COUNT),
+            (maps::PROBE_HITS, profiler_common::MAX_COUNTED_PROBES),
+        ] {
+            let Some(map) = self.ebpf.map_mut(name) else {
+                continue;
+            };
+            let Ok(mut counters) = PerCpuArray::<_, u64>::try_from(map) else {
+                continue;
+            };
+            let cpus = aya::util::nr_cpus().map_or(1, |n| n.max(1));
+            for index in 0..slots {
+                if let Ok(zeros) = aya::maps::PerCpuValues::try_from(vec![0u64; cpus]) {
+                    let _ = counters.set(index, zeros, 0);
+                }
+            }
+        }
+    }
+
+    /// Kernel counters summed over CPUs.
+    pub fn counters(&self) -> KernelCounters {
+        let mut totals = KernelCounters::default();
+        let Some(map) = self.ebpf.map(maps::COUNTERS) else {
+            return totals;
+        };
+        let Ok(counters) = PerCpuArray::<_, u64>::try_from(map) else {
+            return totals;
+        };
+        for counter in Counter::ALL {
+            if let Ok(values) = counters.get(&(counter as u32), 0) {
+                totals.0[counter as usize] = values.iter().sum();
+            }
+        }
+        totals
+    }
+}
