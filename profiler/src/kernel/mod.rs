@@ -5,6 +5,7 @@ mod allocations_only;
 mod attach;
 mod calibration;
 mod counters;
+mod link;
 mod link_failure;
 mod load;
 mod mapped_code;
