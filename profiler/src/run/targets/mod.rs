@@ -4,16 +4,14 @@ pub(in crate::run) mod allocator_calls;
 pub(in crate::run) mod checked;
 mod found;
 pub(in crate::run) mod launch;
+mod verbose;
 
 use std::path::Path;
 
 use crate::{
-    discover::{
-        Allocator, AllocatorKind, Found,
-        fast_path::{SlowPath, TlsOffset},
-    },
+    discover::{Allocator, AllocatorKind, Found},
     error::{Error, Result},
-    kernel::{ReturnHalf, Scope},
+    kernel::Scope,
     proc::{all_pids, parse_maps, read_maps},
     run::{
         Sampling, Session, process::Tracked, sampling::windows::WindowedCopy, waits::watch_exit,
@@ -274,162 +272,6 @@ impl Session<'_> {
         }
         Ok(())
     }
-
-    fn print_verbose_wrappers(&mut self, path: &str, allocator: &Allocator) {
-        if !self.options.verbose {
-            return;
-        }
-        if allocator.kind == AllocatorKind::Jemalloc {
-            let _ = writeln!(
-                self.status,
-                "memprobe: {path}: {}",
-                describe_fast_path(allocator.fast_path.as_ref())
-            );
-        }
-        for (wrapper, inner) in &allocator.wrappers {
-            let _ = writeln!(
-                self.status,
-                "memprobe: {path}: {wrapper} not probed: every call passes to {inner}"
-            );
-        }
-    }
-
-    pub(in crate::run) fn print_verbose_probes(&mut self, from: usize) {
-        if !self.options.verbose {
-            return;
-        }
-        if from == 0
-            && let Some(reason) = &self.probes.sessions_unavailable
-        {
-            let _ = writeln!(
-                self.status,
-                "memprobe: return probes: uretprobes ({reason}): every allocation call also \
-                 traps at its return"
-            );
-        }
-        if from == 0
-            && let Some(reason) = &self.probes.mapped_code_unavailable
-        {
-            let _ = writeln!(
-                self.status,
-                "memprobe: libraries loaded later are found by rescans, within a second (the \
-                 kernel cannot tell of newly mapped code: {})",
-                crate::error::chain(reason)
-            );
-        }
-        for p in &self.probes.attached[from..] {
-            let scope = match p.scope {
-                Scope::Process(pid) => format!("pid {pid}"),
-                Scope::AllProcesses => "all processes".to_owned(),
-            };
-            let halves = match p.return_half {
-                ReturnHalf::None => "entry",
-                ReturnHalf::Uretprobe => "entry and return",
-                ReturnHalf::Session => "entry and return, as a session",
-            };
-            let place = match &p.placement.fallback {
-                None => format!("+{:#x} `{}`", p.placement.offset, p.placement.instruction),
-                Some(reason) => format!(" at the first instruction: {reason}"),
-            };
-            let _ = writeln!(
-                self.status,
-                "memprobe: {scope}: {} at {}+{:#x}{place} ({halves})",
-                p.symbol, p.path, p.file_offset,
-            );
-        }
-    }
-}
-
-/// `--verbose`'s words on jemalloc's fast path.
-fn describe_fast_path(fast: Option<&SlowPath>) -> String {
-    let Some(SlowPath { fast, .. }) = fast else {
-        return "jemalloc's malloc fast path not recognised".into();
-    };
-    let tls = match fast.tls {
-        TlsOffset::GotSlot(slot) => {
-            format!("the TLS offset in the GOT slot at file offset {slot:#x}")
-        }
-        TlsOffset::Immediate(offset) => format!("TLS at fs{}", signed_hex(offset)),
-    };
-    format!(
-        "jemalloc 5.3 malloc fast path recognised: above {} bytes and at a thread's \
-         threshold it leaves for the slow path at file offset {:#x}; thread counters at TLS \
-         {} and {}, {tls}",
-        fast.large_above,
-        fast.slow_path,
-        signed_hex(fast.allocated),
-        signed_hex(fast.allocated + 8)
-    )
-}
-
-/// `+0x338`, `-0xa98`.
-fn signed_hex(value: i64) -> String {
-    let sign = if value < 0 { '-' } else { '+' };
-    format!("{sign}{:#x}", value.unsigned_abs())
-}
-
-impl Session<'_> {
-    /// `--sampling windows`: this jemalloc copy's parts for sampling in
-    /// windows (see `run::sampling::windows`), with the kernel told where `pid`'s
-    /// threads keep their counters; or why it is sampled at entry (other
-    /// allocators, unrecognised builds, system-wide probes, a process not
-    /// started yet).
-    fn windowed_parts(
-        &mut self,
-        scope: Scope,
-        path: &str,
-        allocator: &Allocator,
-        instance: u16,
-    ) -> Result<WindowedParts, &'static str> {
-        let Scope::Process(pid) = scope else {
-            return Err("system-wide probes");
-        };
-        if self.options.sampling == Sampling::Entry {
-            return Err("--sampling entry");
-        }
-        if !crate::kernel::KernelProbes::knows_fsbase() {
-            return Err("the kernel's BTF does not place a task's fs base");
-        }
-        let not_recognised = "its malloc fast path is not a jemalloc 5.3 build memprobe recognises";
-        let served = allocator.windowed_part().ok_or(not_recognised)?;
-        let fast = allocator.fast_path.as_ref().ok_or(not_recognised)?.fast;
-        let tls = match fast.tls {
-            TlsOffset::Immediate(offset) => offset,
-            TlsOffset::GotSlot(file_offset) => {
-                let unread = "its TLS offset is not in its GOT yet: a process not started";
-                let maps = &self.tracked.get(&pid).ok_or(unread)?.maps;
-                read_mapped_word(pid, maps, path, file_offset).ok_or(unread)? as i64
-            }
-        };
-        let config = profiler_common::FastPathConfig {
-            allocated: tls.wrapping_add(fast.allocated),
-            large_above: fast.large_above,
-            window_shift: 0,
-            window: 0,
-        };
-        if !self.probes.set_fast_path(pid, instance, config) {
-            return Err("the kernel's table of fast paths is full");
-        }
-        Ok(WindowedParts { served, config })
-    }
-}
-
-/// A jemalloc copy split for sampling in windows: the entry points the
-/// windows attach (`malloc`, `operator new`), and its counters as the
-/// kernel was told them.
-struct WindowedParts {
-    served: Allocator,
-    config: profiler_common::FastPathConfig,
-}
-
-/// The word at `file_offset` of `path` as `pid` has it mapped (a GOT slot
-/// the dynamic linker filled), read from `/proc/PID/mem`: read, never
-/// written.
-fn read_mapped_word(pid: u32, maps: &str, path: &str, file_offset: u64) -> Option<u64> {
-    let address = crate::proc::mapped_address(maps, path, file_offset, 8)?;
-    let mut word = [0u8; 8];
-    crate::proc::ProcessMemory::open(pid)?.read(address, &mut word)?;
-    Some(u64::from_le_bytes(word))
 }
 
 /// CLOCK_MONOTONIC in ns, the kernel programs' `bpf_ktime_get_ns`.

@@ -17,6 +17,7 @@
 //! end of this one, over the bytes it allocated within this one. The
 //! window's events are held until it closes and those weights are known.
 mod account;
+mod split;
 mod timing;
 
 use std::time::Instant;

@@ -1,0 +1,72 @@
+//! A jemalloc copy split for sampling in windows: `malloc` and `operator
+//! new` for the windows, its thread counters' place told to the kernel;
+//! or why it is sampled at entry instead.
+use crate::{
+    discover::{Allocator, fast_path::TlsOffset},
+    kernel::Scope,
+    run::{Sampling, Session},
+};
+
+impl Session<'_> {
+    /// `--sampling windows`: this jemalloc copy's parts for sampling in
+    /// windows (see `run::sampling::windows`), with the kernel told where `pid`'s
+    /// threads keep their counters; or why it is sampled at entry (other
+    /// allocators, unrecognised builds, system-wide probes, a process not
+    /// started yet).
+    pub(in crate::run) fn windowed_parts(
+        &mut self,
+        scope: Scope,
+        path: &str,
+        allocator: &Allocator,
+        instance: u16,
+    ) -> Result<WindowedParts, &'static str> {
+        let Scope::Process(pid) = scope else {
+            return Err("system-wide probes");
+        };
+        if self.options.sampling == Sampling::Entry {
+            return Err("--sampling entry");
+        }
+        if !crate::kernel::KernelProbes::knows_fsbase() {
+            return Err("the kernel's BTF does not place a task's fs base");
+        }
+        let not_recognised = "its malloc fast path is not a jemalloc 5.3 build memprobe recognises";
+        let served = allocator.windowed_part().ok_or(not_recognised)?;
+        let fast = allocator.fast_path.as_ref().ok_or(not_recognised)?.fast;
+        let tls = match fast.tls {
+            TlsOffset::Immediate(offset) => offset,
+            TlsOffset::GotSlot(file_offset) => {
+                let unread = "its TLS offset is not in its GOT yet: a process not started";
+                let maps = &self.tracked.get(&pid).ok_or(unread)?.maps;
+                read_mapped_word(pid, maps, path, file_offset).ok_or(unread)? as i64
+            }
+        };
+        let config = profiler_common::FastPathConfig {
+            allocated: tls.wrapping_add(fast.allocated),
+            large_above: fast.large_above,
+            window_shift: 0,
+            window: 0,
+        };
+        if !self.probes.set_fast_path(pid, instance, config) {
+            return Err("the kernel's table of fast paths is full");
+        }
+        Ok(WindowedParts { served, config })
+    }
+}
+
+/// A jemalloc copy split for sampling in windows: the entry points the
+/// windows attach (`malloc`, `operator new`), and its counters as the
+/// kernel was told them.
+pub(in crate::run) struct WindowedParts {
+    pub served: Allocator,
+    pub config: profiler_common::FastPathConfig,
+}
+
+/// The word at `file_offset` of `path` as `pid` has it mapped (a GOT slot
+/// the dynamic linker filled), read from `/proc/PID/mem`: read, never
+/// written.
+fn read_mapped_word(pid: u32, maps: &str, path: &str, file_offset: u64) -> Option<u64> {
+    let address = crate::proc::mapped_address(maps, path, file_offset, 8)?;
+    let mut word = [0u8; 8];
+    crate::proc::ProcessMemory::open(pid)?.read(address, &mut word)?;
+    Some(u64::from_le_bytes(word))
+}
