@@ -17,21 +17,16 @@
 //! end of this one, over the bytes it allocated within this one. The
 //! window's events are held until it closes and those weights are known.
 mod account;
+mod cycle;
 mod split;
 mod timing;
 
 use std::time::Instant;
 
-use aya::maps::{MapData, RingBuf};
-
 pub(in crate::run) use account::{WindowedCopy, Windows};
 pub use timing::{MIN_DUTY, WINDOWS_COST, WindowTiming};
 
-use crate::{
-    collect::HeapEvent,
-    kernel::{Scope, ThreadWindow},
-    run::Session,
-};
+use crate::{kernel::Scope, run::Session};
 
 impl Session<'_> {
     /// Samples `copy` of `pid` in windows from now on.
@@ -133,42 +128,6 @@ impl Session<'_> {
         }
     }
 
-    /// When any process's window opens, closes or is judged next.
-    pub(in crate::run) fn next_window_change(&self) -> Option<Instant> {
-        let timing = &self.options.windows;
-        self.tracked
-            .values()
-            .filter(|t| !t.exited)
-            .filter_map(|t| t.windows.as_ref())
-            .filter(|w| !w.copies.is_empty())
-            .map(|w| w.next_change(timing))
-            .min()
-    }
-
-    /// Opens, closes and judges the windows that are due.
-    pub(in crate::run) fn change_windows(&mut self, ring: &mut RingBuf<MapData>) {
-        let now = Instant::now();
-        let timing = self.options.windows;
-        let due: Vec<(u32, bool, bool)> = self
-            .tracked
-            .values()
-            .filter(|t| !t.exited)
-            .filter_map(|t| Some((t.pid, t.windows.as_ref()?)))
-            .filter(|(_, w)| !w.copies.is_empty() && w.next_change(&timing) <= now)
-            .map(|(pid, w)| (pid, w.open.is_some(), w.continuous()))
-            .collect();
-        for (pid, open, continuous) in due {
-            match (open, continuous) {
-                (true, true) => self.judge_continuous(pid, ring),
-                (true, false) => {
-                    self.close_window(pid, Some(&mut *ring));
-                    self.after_window(pid);
-                }
-                (false, _) => self.open_window(pid),
-            }
-        }
-    }
-
     /// The estimated seconds `pid`'s windowed probes have cost so far.
     fn windowed_seconds(&self, pid: u32) -> f64 {
         let Some(windows) = self.tracked.get(&pid).and_then(|t| t.windows.as_ref()) else {
@@ -200,79 +159,10 @@ impl Session<'_> {
         windows.cost_since(priced, now)
     }
 
-    /// A window that stays open, judged once a second: while its calls
-    /// stay cheap it stays open; once dearer, it closes and windows follow.
-    fn judge_continuous(&mut self, pid: u32, ring: &mut RingBuf<MapData>) {
-        let cost = self.read_costs(pid);
-        let timing = self.options.windows;
-        let Some(windows) = self.tracked.get_mut(&pid).and_then(|t| t.windows.as_mut()) else {
-            return;
-        };
-        windows.recent_cost = cost;
-        let duty = windows.next_duty(&timing, cost);
-        windows.over = if duty < 1.0 { windows.over + 1 } else { 0 };
-        if windows.over >= account::NARROW_AFTER {
-            windows.over = 0;
-            windows.at_last_close = windows.priced;
-            // Closed while it stays open: what the ring still holds of it
-            // is applied as it comes, as before.
-            self.close_window(pid, Some(ring));
-            if let Some(w) = self.tracked.get_mut(&pid).and_then(|t| t.windows.as_mut()) {
-                w.duty = duty;
-            }
-            self.schedule_next(pid);
-            let own = self.tracked.get(&pid).and_then(|t| t.windows.as_ref());
-            let own = own.map_or(0.0, |w| w.own_cpu);
-            self.say_verbose(&format!(
-                "pid {pid}: malloc in windows {:.1}% of the time from now (at every call it \
-                 cost {:.1}% of a CPU; the process used {:.0}% of one itself)",
-                duty * 100.0,
-                cost * 100.0,
-                own * 100.0
-            ));
-        }
-    }
-
-    /// After a window closed: what it cost sets how long until the next,
-    /// or, cheap enough for long enough, the next opens at once and stays
-    /// open.
-    fn after_window(&mut self, pid: u32) {
-        let cost = self.read_costs(pid);
-        let timing = self.options.windows;
-        let Some(windows) = self.tracked.get_mut(&pid).and_then(|t| t.windows.as_mut()) else {
-            return;
-        };
-        let wanted = windows.next_duty(&timing, cost);
-        windows.settle_duty(wanted, Instant::now());
-        let (priced, now) = windows.priced;
-        let (before, then) = std::mem::replace(&mut windows.at_last_close, (priced, now));
-        let cycle = now.duration_since(then).as_secs_f64();
-        if cycle > 0.0 {
-            windows.recent_cost = (priced - before).max(0.0) / cycle;
-        }
-        if windows.duty >= 1.0 {
-            self.open_window(pid);
-            self.say_verbose(&format!(
-                "pid {pid}: malloc at every call again (in its last window it cost {:.1}% of \
-                 a CPU)",
-                cost * 100.0
-            ));
-        } else {
-            self.schedule_next(pid);
-        }
-    }
-
     fn say_verbose(&mut self, line: &str) {
         if self.options.verbose {
             self.clear_progress();
             let _ = writeln!(self.status, "memprobe: {line}");
-        }
-    }
-
-    fn schedule_next(&mut self, pid: u32) {
-        let timing = self.options.windows;
-        if let Some(windows) = self.tracked.get_mut(&pid).and_then(|t| t.windows.as_mut()) {
-            windows.next_open = Instant::now() + timing.gap(windows.duty);
         }
     }
 
@@ -293,122 +183,6 @@ impl Session<'_> {
     pub(in crate::run) fn narrow_windows(&mut self, pid: u32, why: &str) {
         if let Some(windows) = self.tracked.get_mut(&pid).and_then(|t| t.windows.as_mut()) {
             windows.narrowed = Some((std::time::SystemTime::now(), why.to_owned()));
-        }
-    }
-
-    fn open_window(&mut self, pid: u32) {
-        let Some(mut windows) = self.tracked.get_mut(&pid).and_then(|t| t.windows.take()) else {
-            return;
-        };
-        let number = windows.opened + 1;
-        let shift = timing::window_shift(windows.duty, self.options.sample_interval);
-        let mut failed = Vec::new();
-        for (k, copy) in windows.copies.iter_mut().enumerate() {
-            if let Err(why) = self.attach_in_window(pid, copy, number, shift) {
-                failed.push((k, why));
-            }
-        }
-        // A copy whose window cannot open is sampled at entry from now on.
-        for (k, why) in failed.into_iter().rev() {
-            let copy = windows.copies.remove(k);
-            self.fall_back_to_entry(pid, &copy, &why);
-        }
-        windows.opened = number;
-        windows.open = Some((number, Instant::now()));
-        if let Some(t) = self.tracked.get_mut(&pid) {
-            t.windows = Some(windows);
-        }
-        // Its cost is read from here.
-        self.read_costs(pid);
-    }
-
-    /// At the end of the run, one last window in every process sampled in
-    /// short windows (the one open, or a new one), closed with the ring
-    /// drained: what each thread allocated since its previous window is in
-    /// the last profile, not left out.
-    pub(in crate::run) async fn last_windows(&mut self, ring: &mut RingBuf<MapData>) {
-        let pids: Vec<(u32, bool)> = self
-            .tracked
-            .values()
-            .filter(|t| !t.exited)
-            .filter_map(|t| Some((t.pid, t.windows.as_ref()?)))
-            .filter(|(_, w)| !w.copies.is_empty() && !w.continuous())
-            .map(|(pid, w)| (pid, w.open.is_some()))
-            .collect();
-        if pids.is_empty() {
-            return;
-        }
-        for &(pid, open) in &pids {
-            if !open {
-                self.open_window(pid);
-            }
-        }
-        tokio::time::sleep(self.options.windows.length).await;
-        for (pid, _) in pids {
-            self.close_window(pid, Some(&mut *ring));
-        }
-    }
-
-    /// Closes `pid`'s short window if one is open (before a snapshot: what
-    /// it held is then in it); one that stays open holds nothing.
-    pub(in crate::run) fn close_open_window(&mut self, pid: u32) {
-        let open = self
-            .tracked
-            .get(&pid)
-            .and_then(|t| t.windows.as_ref())
-            .is_some_and(|w| w.open.is_some() && !w.continuous());
-        if open {
-            self.close_window(pid, None);
-            self.schedule_next(pid);
-        }
-    }
-
-    /// Detaches the window's probes, takes the events still in the ring
-    /// (where it is at hand), weighs the window's samples and applies what
-    /// was held.
-    fn close_window(&mut self, pid: u32, ring: Option<&mut RingBuf<MapData>>) {
-        let slots: Vec<usize> = self
-            .tracked
-            .get(&pid)
-            .and_then(|t| t.windows.as_ref())
-            .map(|w| {
-                w.copies
-                    .iter()
-                    .flat_map(|c| c.slots.iter().copied())
-                    .collect()
-            })
-            .unwrap_or_default();
-        self.probes.detach_probes(&slots);
-        if let Some(ring) = ring {
-            while !self.drain(ring) {}
-        }
-        let Some(t) = self.tracked.get_mut(&pid) else {
-            return;
-        };
-        let Some(windows) = t.windows.as_mut() else {
-            return;
-        };
-        let Some((number, opened)) = windows.open.take() else {
-            return;
-        };
-        windows.time_open += opened.elapsed();
-        let mut tids: Vec<u32> = crate::proc::thread_ids(pid);
-        tids.extend(windows.held.iter().filter_map(HeapEvent::tid));
-        tids.sort_unstable();
-        tids.dedup();
-        let records: Vec<(u32, ThreadWindow)> = tids
-            .into_iter()
-            .filter_map(|tid| Some((tid, self.probes.thread_window(pid, tid)?)))
-            .collect();
-        let scales = windows.weigh(number, &records);
-        for mut event in std::mem::take(&mut windows.held) {
-            if let HeapEvent::Sampled(sample) = &mut event
-                && sample.scale.is_some()
-            {
-                // A thread whose counters were not read is not guessed at.
-                sample.scale = Some(scales.get(&sample.tid).copied().unwrap_or(0.0));
-            }
-            t.heap.apply(event);
         }
     }
 }
