@@ -2,23 +2,22 @@
 //! library's validated options.
 use std::{ffi::OsString, path::PathBuf, time::Duration};
 
+mod offline;
+mod options;
 mod values;
 
-pub use values::{
-    AllocatorArg, BinariesArgs, ConvertTo, MeasureArg, PlacementArg, ReturnProbesArg, SamplingArg,
-    TrackArg, UnwindArg,
-};
+pub use offline::Offline;
 use values::{
-    Every, Overhead, parse_duration, parse_every, parse_format, parse_growth, parse_overhead,
-    parse_size, parse_windows,
+    AllocatorArg, Every, Overhead, PlacementArg, ReturnProbesArg, SamplingArg, TrackArg, UnwindArg,
+    parse_duration, parse_every, parse_format, parse_growth, parse_overhead, parse_size,
+    parse_windows,
 };
 
 use clap::{ArgGroup, Parser};
 use profiler::{
     collect::{CollectorOptions, sampling::DEFAULT_SAMPLE_INTERVAL},
-    kernel::{KernelOptions, PlacementMode, ReturnProbes},
     output::Format,
-    run::{GrowthTrigger, Retention, Sampling, SessionOptions, Targets, WindowTiming},
+    run::{GrowthTrigger, WindowTiming},
 };
 
 const EXAMPLES: &str = "\
@@ -306,166 +305,6 @@ pub struct Cli {
     /// Say which entry points were attached where, and why the run stopped.
     #[arg(long, short = 'v')]
     pub verbose: bool,
-}
-
-#[derive(Debug, clap::Subcommand)]
-pub enum Offline {
-    /// Rank the sites of a run's snapshots: likely leaks (growing, never
-    /// shrinking) first, then working sets and bursts released later.
-    #[command(after_help = "Example:\n  memprobe leaks /tmp/prof --min-age 10m")]
-    Leaks {
-        /// The --output folder of a run (memprobe.<pid>.<seq>.heap files).
-        dir: PathBuf,
-        /// Only this process's snapshots.
-        #[arg(long)]
-        pid: Option<u32>,
-        /// Keep only sites whose oldest live allocation is older than DUR.
-        #[arg(long, value_name = "DUR", value_parser = parse_duration)]
-        min_age: Option<Duration>,
-        #[command(flatten)]
-        binaries: BinariesArgs,
-    },
-    /// An SVG flame graph of the bytes in use of a .heap file (memprobe's or
-    /// jemalloc's); with --base, a differential one: red grew, blue shrank.
-    #[command(
-        after_help = "Example:\n  memprobe flamegraph memprobe.1234.5.heap --base memprobe.1234.0.heap -o growth.svg"
-    )]
-    Flamegraph {
-        file: PathBuf,
-        /// An earlier profile of the same process to compare with.
-        #[arg(long, value_name = "OLD")]
-        base: Option<PathBuf>,
-        /// Where to write the SVG.
-        #[arg(long, short = 'o', value_name = "OUT.svg")]
-        output: PathBuf,
-        #[command(flatten)]
-        binaries: BinariesArgs,
-    },
-    /// The top functions of a .heap file (memprobe's, or jemalloc's own
-    /// dumps) like `jeprof --text`, with the same numbers, without addr2line.
-    #[command(
-        after_help = "Example:\n  memprobe report memprobe.1234.0.heap --measure alloc-space"
-    )]
-    Report {
-        file: PathBuf,
-        /// Subtract this earlier profile of the same process first, per
-        /// identical stack (as jeprof's --base): what changed since.
-        #[arg(long, value_name = "OLD")]
-        base: Option<PathBuf>,
-        /// What to rank by.
-        #[arg(long, value_enum, default_value_t = MeasureArg::InuseSpace)]
-        measure: MeasureArg,
-        /// How many functions to list.
-        #[arg(long, default_value_t = 30)]
-        top: usize,
-        #[command(flatten)]
-        binaries: BinariesArgs,
-    },
-    /// Convert a .heap file to pprof (symbolized .pb.gz) or folded stacks.
-    #[command(
-        after_help = "Example:\n  memprobe convert memprobe.1234.0.heap --to pprof -o heap.pb.gz"
-    )]
-    Convert {
-        file: PathBuf,
-        /// pprof or folded.
-        #[arg(long, value_enum)]
-        to: ConvertTo,
-        /// Where to write.
-        #[arg(long, short = 'o', value_name = "OUT")]
-        output: PathBuf,
-        #[command(flatten)]
-        binaries: BinariesArgs,
-    },
-    /// Growth in bytes in use per site from OLD to NEW (memprobe's or
-    /// jemalloc's own .heap files of one process).
-    #[command(after_help = "Example:\n  memprobe diff memprobe.1234.0.heap memprobe.1234.5.heap")]
-    Diff {
-        old: PathBuf,
-        new: PathBuf,
-        #[command(flatten)]
-        binaries: BinariesArgs,
-    },
-}
-
-impl Cli {
-    pub fn session_options(&self, progress: bool) -> SessionOptions {
-        let targets = if self.all {
-            Targets::All
-        } else if !self.command.is_empty() {
-            Targets::Launch(self.command.clone())
-        } else {
-            Targets::Pids(self.pids.clone())
-        };
-        SessionOptions {
-            targets,
-            duration: self.duration,
-            output_dir: self.output.clone(),
-            sample_interval: self.sample_interval,
-            kernel: self.kernel_options(),
-            collector: CollectorOptions {
-                allocations_only: self.track == TrackArg::Allocations,
-                max_live: self.max_live_samples,
-                ..CollectorOptions::default()
-            },
-            verbose: self.verbose,
-            progress,
-            snapshot_interval: self.interval,
-            dump_on_growth: self.dump_on_growth,
-            min_dump_gap: self.min_dump_gap,
-            java_perfmap: !self.no_java_perfmap,
-            debug_dir: self.debug_dir.clone(),
-            allocators: AllocatorArg::kinds(&self.allocator),
-            max_overhead: self.max_overhead.0,
-            sampling: match self.sampling {
-                SamplingArg::Entry => Sampling::Entry,
-                SamplingArg::Windows => Sampling::Windows,
-            },
-            windows: self.windows,
-            recalibrate_every: self.recalibrate_every.0,
-            listen: self.listen,
-            access: self.access_options(),
-            retention: Retention {
-                keep: self.keep.map(|n| n as usize),
-                max_disk: self.max_disk,
-            },
-            formats: if self.format.is_empty() {
-                Format::ALL.to_vec()
-            } else {
-                self.format.clone()
-            },
-            ..SessionOptions::default()
-        }
-    }
-
-    /// How probes are placed and linked, and what the kernel copies.
-    fn kernel_options(&self) -> KernelOptions {
-        KernelOptions {
-            placement: match self.placement {
-                PlacementArg::Emulated => PlacementMode::Emulated,
-                PlacementArg::Entry => PlacementMode::Entry,
-            },
-            return_probes: match self.return_probes {
-                ReturnProbesArg::Auto => ReturnProbes::Auto,
-                ReturnProbesArg::Sessions => ReturnProbes::Sessions,
-                ReturnProbesArg::Uretprobes => ReturnProbes::Uretprobes,
-            },
-            copy_stack: self.unwind != UnwindArg::Fp,
-            frame_pointer_fast_path: self.unwind == UnwindArg::Auto,
-            allocations_only: self.track == TrackArg::Allocations,
-            ..KernelOptions::default()
-        }
-    }
-
-    /// Who may use `--listen`'s endpoints, and over what.
-    fn access_options(&self) -> profiler::AccessOptions {
-        profiler::AccessOptions {
-            tls_cert: self.tls_cert.clone(),
-            tls_key: self.tls_key.clone(),
-            tls_client_ca: self.tls_client_ca.clone(),
-            token_file: self.auth_token_file.clone(),
-            insecure: self.listen_insecure,
-        }
-    }
 }
 
 #[cfg(test)]
