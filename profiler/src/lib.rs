@@ -10,6 +10,7 @@
 //! [`output`] writes profiles, and [`run`] ties them together; [`serve`]
 //! answers scrapers while a run goes on (`--listen`). [`offline`] reads
 //! written profiles back (report, diff, leaks, convert).
+pub(crate) mod clock;
 pub mod collect;
 pub(crate) mod discover;
 mod error;

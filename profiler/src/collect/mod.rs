@@ -2,6 +2,7 @@
 //! still live, and per call stack the estimated objects and bytes in use and
 //! allocated. Bounded: the live table and the stack table have caps, and what
 //! did not fit is counted.
+mod estimates;
 mod input;
 pub mod sampling;
 pub mod size_class;
@@ -12,7 +13,7 @@ pub use input::{HeapEvent, Sample};
 use crate::{
     collect::sampling::{sample_weight, window_weight},
     collect::size_class::usable_size_of,
-    profile::{HeapProfile, StackEstimate},
+    profile::StackEstimate,
 };
 
 /// Caps of the userspace tables.
@@ -324,98 +325,6 @@ impl ProcessHeap {
         self.stack_ids.insert(frames, id);
         id
     }
-
-    /// Estimated bytes in use now.
-    pub fn inuse_bytes(&self) -> f64 {
-        self.stacks.iter().map(|s| s.inuse_bytes).sum()
-    }
-
-    /// Estimated bytes allocated so far per call site (the immediate
-    /// caller's return address).
-    pub fn allocated_by_site(&self) -> HashMap<u64, f64> {
-        let mut sites: HashMap<u64, f64> = HashMap::new();
-        for stack in &self.stacks {
-            let site = stack.frames.first().copied().unwrap_or(0);
-            *sites.entry(site).or_default() += stack.alloc_bytes;
-        }
-        sites
-    }
-
-    /// Estimated bytes allocated since the probes were attached.
-    pub fn alloc_bytes(&self) -> f64 {
-        self.stacks.iter().map(|s| s.alloc_bytes).sum()
-    }
-
-    pub fn live_samples(&self) -> usize {
-        self.live.len()
-    }
-
-    /// Age of the oldest live sample, for reports.
-    pub fn oldest_live_ns(&self) -> Option<u64> {
-        self.live.values().map(|l| l.time_ns).min()
-    }
-
-    /// A complete profile of the process now.
-    pub fn snapshot(&self, mapped_libraries: String) -> HeapProfile {
-        let now_ns = monotonic_ns();
-        let mut oldest: HashMap<u32, u64> = HashMap::new();
-        for live in self.live.values() {
-            let entry = oldest.entry(live.stack).or_insert(live.time_ns);
-            *entry = (*entry).min(live.time_ns);
-        }
-        let mut notes = vec![("memprobe_samples".to_owned(), self.samples.to_string())];
-        let d = &self.drops;
-        for (name, value) in [
-            ("dropped_live_table_full", d.live_table_full),
-            ("dropped_untracked_in_kernel", d.untracked_in_kernel),
-            ("dropped_stack_table_full", d.stack_table_full),
-            ("dropped_unmatched_returns", d.unmatched_returns),
-            ("stack_errors", d.stack_errors),
-            ("callers_hidden_by_other_uretprobes", d.trampoline_callers),
-            ("stacks_unwound_by_dwarf", d.dwarf_unwound),
-            ("stacks_truncated", d.truncated_stacks),
-            ("stacks_by_trusted_frame_pointers", d.trusted_frame_pointers),
-        ] {
-            if value > 0 {
-                notes.push((name.to_owned(), value.to_string()));
-            }
-        }
-        HeapProfile {
-            jit_symbols: Vec::new(),
-            pid: self.pid,
-            sample_interval: self.sample_interval,
-            stacks: self
-                .stacks
-                .iter()
-                .enumerate()
-                .filter(|(_, s)| s.alloc_objects > 0.0)
-                .map(|(id, s)| StackEstimate {
-                    oldest_live_s: oldest
-                        .get(&(id as u32))
-                        .map(|&t| now_ns.saturating_sub(t) as f64 / 1e9),
-                    ..s.clone()
-                })
-                .collect(),
-            mapped_libraries,
-            notes,
-        }
-    }
-}
-
-/// CLOCK_MONOTONIC in nanoseconds: the kernel's `bpf_ktime_get_ns` clock.
-pub fn monotonic_ns() -> u64 {
-    clock_ns(libc::CLOCK_MONOTONIC)
-}
-
-/// `clock`'s reading in nanoseconds.
-pub(crate) fn clock_ns(clock: libc::clockid_t) -> u64 {
-    let mut now = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `now` is a valid timespec to write into.
-    unsafe { libc::clock_gettime(clock, &mut now) };
-    now.tv_sec as u64 * 1_000_000_000 + now.tv_nsec as u64
 }
 
 #[cfg(test)]

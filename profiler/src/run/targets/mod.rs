@@ -259,7 +259,7 @@ impl Session<'_> {
                 .map(|at| {
                     format!(
                         ", {} ms after it was mapped",
-                        monotonic_ns().saturating_sub(at) / 1_000_000
+                        crate::clock::monotonic_ns().saturating_sub(at) / 1_000_000
                     )
                 })
                 .unwrap_or_default();
@@ -272,15 +272,4 @@ impl Session<'_> {
         }
         Ok(())
     }
-}
-
-/// CLOCK_MONOTONIC in ns, the kernel programs' `bpf_ktime_get_ns`.
-fn monotonic_ns() -> u64 {
-    let mut now = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid timespec to fill.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
-    now.tv_sec as u64 * 1_000_000_000 + now.tv_nsec as u64
 }

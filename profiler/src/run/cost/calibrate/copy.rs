@@ -9,7 +9,7 @@ use std::{
 };
 
 use crate::{
-    collect::clock_ns,
+    clock::clock_ns,
     run::cost::calibrate::{CalibrationError, KINDS},
 };
 
