@@ -2,92 +2,22 @@
 //! its `MAPPED_LIBRARIES`, in memprobe's process: never in the target.
 mod allocator_code;
 pub mod debug_files;
+mod frame;
 pub mod perfmap;
+
+pub use frame::Frame;
 use std::{
     collections::HashMap,
     path::{Path, PathBuf},
 };
 
-use blazesym::symbolize::{CodeInfo, Input, Symbolized, Symbolizer, source::Elf, source::Source};
+use blazesym::symbolize::{Input, Symbolized, Symbolizer, source::Elf, source::Source};
 
 use crate::{
     discover::entry_points::{C_ENTRY_POINTS, CXX_ENTRY_POINTS},
     proc::{Mapping, parse_maps},
     symbolize::{allocator_code::AllocatorCode, debug_files::DebugFile},
 };
-
-/// What is at an address: a function (with the source line the address is
-/// at within it, where debug info says), or nothing anyone could name,
-/// which is data too: written as `file+0xOFFSET` (the file offset, as
-/// `perf` and pprof's mappings place code), or as the bare address outside
-/// mapped files.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Frame {
-    Function {
-        name: String,
-        file: Option<String>,
-        line: Option<u32>,
-    },
-    Unknown {
-        address: u64,
-        /// The mapped file's name and the address's offset in it.
-        place: Option<(String, u64)>,
-    },
-}
-
-impl Frame {
-    fn named(name: String) -> Self {
-        Self::Function {
-            name,
-            file: None,
-            line: None,
-        }
-    }
-
-    /// A name from a self-symbolized profile: unknown ones were written as
-    /// their address.
-    fn from_written(name: &str) -> Self {
-        name.strip_prefix("0x")
-            .and_then(|hex| u64::from_str_radix(hex, 16).ok())
-            .map_or_else(
-                || Self::named(name.into()),
-                |address| Self::Unknown {
-                    address,
-                    place: None,
-                },
-            )
-    }
-
-    /// The name as written in every output.
-    pub fn name(&self) -> String {
-        match self {
-            Self::Function { name, .. } => name.clone(),
-            Self::Unknown {
-                place: Some((file, offset)),
-                ..
-            } => format!("{file}+{offset:#x}"),
-            Self::Unknown { address, .. } => format!("{address:#x}"),
-        }
-    }
-
-    pub fn file(&self) -> Option<&str> {
-        match self {
-            Self::Function { file, .. } => file.as_deref(),
-            Self::Unknown { .. } => None,
-        }
-    }
-
-    pub fn line(&self) -> Option<u32> {
-        match self {
-            Self::Function { line, .. } => *line,
-            Self::Unknown { .. } => None,
-        }
-    }
-
-    pub fn is_unknown(&self) -> bool {
-        matches!(self, Self::Unknown { .. })
-    }
-}
 
 /// Names addresses of one process's profile.
 pub struct Namer {
@@ -352,19 +282,11 @@ fn symbolize(symbolizer: &Symbolizer, path: &Path, input: Input<u64>) -> Option<
             sym.inlined
                 .iter()
                 .rev()
-                .map(|f| frame(&f.name, f.code_info.as_ref()))
-                .chain([frame(&sym.name, sym.code_info.as_deref())])
+                .map(|f| Frame::at(&f.name, f.code_info.as_ref()))
+                .chain([Frame::at(&sym.name, sym.code_info.as_deref())])
                 .collect(),
         ),
         Symbolized::Unknown(_) => None,
-    }
-}
-
-fn frame(name: &str, code: Option<&CodeInfo<'_>>) -> Frame {
-    Frame::Function {
-        name: name.to_owned(),
-        file: code.map(|c| c.to_path().display().to_string()),
-        line: code.and_then(|c| c.line),
     }
 }
 
