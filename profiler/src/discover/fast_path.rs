@@ -4,12 +4,10 @@
 //! the thread's allocated-bytes counter and its next-event threshold live
 //! (fs-relative, through a GOT slot in a shared library or an immediate in
 //! a static build). What sampling on the slow path needs to know about a
-//! build; for now `--verbose` says whether a build is recognised.
+//! build.
 use iced_x86::{Code, Decoder, DecoderOptions, FlowControl, Instruction, OpKind, Register};
 
-use crate::discover::{
-    Allocator, by_code, elf::FunctionSymbols, entry_points, entry_points::EntryPoint, placement,
-};
+use crate::discover::{by_code, elf::FunctionSymbols, entry_points, placement, served::SERVED};
 
 /// Most instructions read from malloc's entry.
 const MAX_INSTRUCTIONS: usize = 24;
@@ -48,25 +46,6 @@ pub struct SlowPath {
     /// branch to (`operator new`'s fallback). A sample's leading frames
     /// there are not the program's.
     pub own_code: std::sync::Arc<[std::ops::Range<u64>]>,
-}
-
-/// Entry points whose calls the fast path serves (or the slow path sees):
-/// not probed when sampling on the slow path.
-pub const SERVED: [&str; 5] = [
-    "malloc",
-    "_Znwm",
-    "_Znam",
-    "_ZnwmRKSt9nothrow_t",
-    "_ZnamRKSt9nothrow_t",
-];
-
-/// Whether the entry point `symbol` is one the fast path serves: one of
-/// [`SERVED`], bare or with `prefix`, or an `operator new` found by its code.
-pub fn is_served(symbol: &str, prefix: &str) -> bool {
-    symbol.starts_with(by_code::OPERATOR_NEW)
-        || SERVED
-            .iter()
-            .any(|s| symbol == *s || symbol.strip_prefix(prefix) == Some(s))
 }
 
 /// jemalloc's version string in an ELF file's read-only data: the release,
@@ -280,71 +259,6 @@ pub(crate) fn own_code(
     ranges.sort_by_key(|r| (r.start, r.end));
     ranges.dedup();
     ranges
-}
-
-impl Allocator {
-    /// This jemalloc copy as probed on its slow path: `malloc` and
-    /// `operator new` give way to it; `None` where the fast path was not
-    /// recognised.
-    pub fn on_slow_path(&self) -> Option<Allocator> {
-        let slow = self.fast_path.clone()?;
-        let served = |symbol: &str| is_served(symbol, &self.prefix);
-        let mut entry_points: Vec<EntryPoint> = self
-            .entry_points
-            .iter()
-            .filter(|e| !served(&e.symbol))
-            .cloned()
-            .collect();
-        entry_points.push(EntryPoint {
-            symbol: format!("{}malloc's slow path", self.prefix),
-            shape: profiler_common::CallShape::SlowPath,
-            file_offset: slow.fast.slow_path,
-            placement: slow.placement.clone(),
-            forwards: false,
-        });
-        Some(Allocator {
-            kind: self.kind,
-            prefix: self.prefix.clone(),
-            entry_points,
-            fast_path: Some(slow),
-            wrappers: self
-                .wrappers
-                .iter()
-                .filter(|(_, inner)| !served(inner))
-                .cloned()
-                .collect(),
-            own_sampling: None,
-            by_code: self.by_code.clone(),
-        })
-    }
-}
-
-impl Allocator {
-    /// For sampling in windows: the entry points the slow path stands in
-    /// for (`malloc`, `operator new`), which the windows attach.
-    pub fn windowed_part(&self) -> Option<Allocator> {
-        let slow = self.on_slow_path()?;
-        let kept: Vec<&str> = slow
-            .entry_points
-            .iter()
-            .map(|e| e.symbol.as_str())
-            .collect();
-        let served = self
-            .entry_points
-            .iter()
-            .filter(|e| !kept.contains(&e.symbol.as_str()))
-            .cloned()
-            .collect();
-        Some(Allocator {
-            kind: self.kind,
-            prefix: self.prefix.clone(),
-            entry_points: served,
-            fast_path: self.fast_path.clone(),
-            wrappers: Vec::new(),
-            own_sampling: None,
-            by_code: self.by_code.clone(),
-        })
-    }
 }
 
 #[cfg(test)]

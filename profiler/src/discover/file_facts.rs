@@ -85,20 +85,17 @@ pub(super) fn read_facts(
         wanted,
         (mentions_jemalloc, known_version),
     );
-    let mut by_code = None;
-    let mut not_by_code = None;
     let unnamed = mentions_jemalloc
         && wanted.contains(&AllocatorKind::Jemalloc)
         && !found.iter().any(|f| f.kind == AllocatorKind::Jemalloc);
-    if unnamed {
-        match by_code::find(&symbols, &data) {
-            Ok(mut code) => {
-                found.push(code.entry_points(&mut symbols));
-                by_code = Some(code);
-            }
-            Err(why) => not_by_code = Some(why.to_string()),
+    let (by_code, not_by_code) = match unnamed.then(|| by_code::find(&symbols, &data)) {
+        Some(Ok(mut code)) => {
+            found.push(code.entry_points(&mut symbols));
+            (Some(code), None)
         }
-    }
+        Some(Err(why)) => (None, Some(why.to_string())),
+        None => (None, None),
+    };
     let code = FileCode {
         symbols: &symbols,
         data: &data,

@@ -12,6 +12,7 @@ mod file_facts;
 mod forwarding;
 pub mod own_sampling;
 pub mod placement;
+pub mod served;
 use std::{
     collections::{BTreeSet, HashMap},
     path::{Path, PathBuf},

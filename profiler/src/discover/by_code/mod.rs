@@ -17,6 +17,7 @@
 //! each reading the same TLS block and, but for `realloc`, the same size
 //! class tables as `malloc`. A file where `malloc` or a free is not found
 //! exactly once in that shape is refused: memprobe never probes a guess.
+mod malloc;
 mod shapes;
 #[cfg(test)]
 mod tests;
@@ -28,12 +29,12 @@ use profiler_common::CallShape;
 
 use crate::discover::{
     AllocatorKind,
-    code::branch_targets,
     elf::FunctionSymbols,
     entry_points::{EntryPoint, FoundEntryPoints},
     fast_path::{self, FastPath},
     placement::Placement,
 };
+use malloc::{Malloc, find_malloc};
 use shapes::{
     calloc_shape, free_shape, inlined_realloc_shape, is_pass_on, mallocx_shape, passes_realloc_on,
     rip_relative_leas,
@@ -288,62 +289,6 @@ fn for_each_head(symbols: &FunctionSymbols, data: &[u8], mut visit: impl FnMut(&
             visit(&head);
         }
     }
-}
-
-/// What `malloc`'s shape told.
-struct Malloc {
-    address: u64,
-    fast: FastPath,
-    /// The size class tables its fast path reads.
-    tables: BTreeSet<u64>,
-    /// The `operator new`s: the same fast path, another fallback.
-    news: Vec<u64>,
-}
-
-/// The one `malloc` among the malloc-shaped functions: they all lead to
-/// one slow path, `malloc` directly, `operator new` through a fallback
-/// that branches to it.
-fn find_malloc(
-    symbols: &FunctionSymbols,
-    data: &[u8],
-    shaped: Vec<(u64, FastPath, BTreeSet<u64>)>,
-) -> Result<Malloc, Refusal> {
-    let Some(&(_, first, _)) = shaped.first() else {
-        return Err(Refusal::NoMalloc);
-    };
-    let same_counters = |f: &FastPath| f.tls == first.tls && f.allocated == first.allocated;
-    if !shaped.iter().all(|(_, f, _)| same_counters(f)) {
-        return Err(Refusal::CountersDiffer);
-    }
-    let targets: BTreeSet<u64> = shaped.iter().map(|(_, f, _)| f.slow_path).collect();
-    let reaches = |from: u64, to: u64| {
-        let end = symbols.next_function_start(from).unwrap_or(from + 4096);
-        let len = end.saturating_sub(from).min(4096);
-        symbols
-            .code(data, from, len)
-            .is_some_and(|code| branch_targets(code, from).contains(&to))
-    };
-    let roots: Vec<u64> = targets
-        .iter()
-        .copied()
-        .filter(|&root| targets.iter().all(|&t| t == root || reaches(t, root)))
-        .collect();
-    let [slow_path] = roots[..] else {
-        return Err(Refusal::NoSlowPath);
-    };
-    let (mallocs, news): (Vec<_>, Vec<_>) = shaped
-        .into_iter()
-        .partition(|(_, f, _)| f.slow_path == slow_path);
-    let count = mallocs.len();
-    let Ok([(address, fast, tables)]) = <[_; 1]>::try_from(mallocs) else {
-        return Err(Refusal::Mallocs(count));
-    };
-    Ok(Malloc {
-        address,
-        fast,
-        tables,
-        news: news.into_iter().map(|n| n.0).collect(),
-    })
 }
 
 /// The functions of the other shapes, once malloc's counters are known.
