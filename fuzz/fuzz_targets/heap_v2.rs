@@ -2,10 +2,12 @@
 //! panic, and whatever parses goes through the analyses without one either.
 #![no_main]
 
-use profiler::offline::{
-    analysis::{LeakOptions, diff, rank_sites},
-    reader::parse,
-    report::{Measure, rows},
+use profiler::{
+    offline::{
+        analysis::{LeakOptions, diff, rank_sites},
+        report::{Measure, rows},
+    },
+    output::heap_v2::read::parse,
 };
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {

@@ -83,7 +83,7 @@ pub enum Error {
     )]
     BadProfile {
         path: PathBuf,
-        cause: crate::offline::reader::ParseError,
+        cause: crate::output::heap_v2::read::ParseError,
     },
 
     #[error(

@@ -44,3 +44,30 @@ impl HeapProfile {
         self.stacks.iter().map(|s| s.alloc_bytes).sum()
     }
 }
+
+/// What was lost, so that the output can say so.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Drops {
+    /// Sampled allocations not tracked because the live table was full.
+    pub live_table_full: u64,
+    /// Sampled allocations the kernel could not track (its set was full).
+    pub untracked_in_kernel: u64,
+    /// Samples whose stack went to the overflow stack (stack table full).
+    pub stack_table_full: u64,
+    /// Returns with no sampled call before them (the call's record was lost).
+    pub unmatched_returns: u64,
+    /// Samples whose stack could not be walked.
+    pub stack_errors: u64,
+    /// Samples whose immediate caller was hidden by another tool's return
+    /// probe (the return address was the kernel's uretprobe trampoline).
+    pub trampoline_callers: u64,
+    /// Samples whose stack was unwound with DWARF CFI (the rest used the
+    /// frame-pointer walk alone).
+    pub dwarf_unwound: u64,
+    /// Samples whose stack stops short of the outermost frame: the unwind
+    /// needed more than the copied stack, or found no way up.
+    pub truncated_stacks: u64,
+    /// Samples walked by frame pointers alone because the process's walks
+    /// had proved as good as DWARF's.
+    pub trusted_frame_pointers: u64,
+}

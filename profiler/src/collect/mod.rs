@@ -13,7 +13,7 @@ pub use input::{HeapEvent, Sample};
 use crate::{
     collect::sampling::{sample_weight, window_weight},
     collect::size_class::usable_size_of,
-    profile::StackEstimate,
+    profile::{Drops, StackEstimate},
 };
 
 /// Caps of the userspace tables.
@@ -36,33 +36,6 @@ impl Default for CollectorOptions {
             max_stacks: 200_000,
         }
     }
-}
-
-/// What was lost, so that the output can say so.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Drops {
-    /// Sampled allocations not tracked because the live table was full.
-    pub live_table_full: u64,
-    /// Sampled allocations the kernel could not track (its set was full).
-    pub untracked_in_kernel: u64,
-    /// Samples whose stack went to the overflow stack (stack table full).
-    pub stack_table_full: u64,
-    /// Returns with no sampled call before them (the call's record was lost).
-    pub unmatched_returns: u64,
-    /// Samples whose stack could not be walked.
-    pub stack_errors: u64,
-    /// Samples whose immediate caller was hidden by another tool's return
-    /// probe (the return address was the kernel's uretprobe trampoline).
-    pub trampoline_callers: u64,
-    /// Samples whose stack was unwound with DWARF CFI (the rest used the
-    /// frame-pointer walk alone).
-    pub dwarf_unwound: u64,
-    /// Samples whose stack stops short of the outermost frame: the unwind
-    /// needed more than the copied stack, or found no way up.
-    pub truncated_stacks: u64,
-    /// Samples walked by frame pointers alone because the process's walks
-    /// had proved as good as DWARF's.
-    pub trusted_frame_pointers: u64,
 }
 
 #[derive(Clone, Copy, Debug)]

@@ -8,6 +8,7 @@ use std::{
 };
 
 use crate::{
+    discover::debug_files::DebugFile,
     discover::{
         Allocator, AllocatorKind, by_code, elf,
         elf::FunctionSymbols,
@@ -19,7 +20,6 @@ use crate::{
         placement::{self, Placement},
     },
     error::{Error, Result},
-    symbolize::debug_files::DebugFile,
 };
 
 /// What one file holds, for attaching and for saying what was found.

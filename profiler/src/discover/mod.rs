@@ -5,6 +5,7 @@
 pub mod allocators;
 pub mod by_code;
 pub mod code;
+pub mod debug_files;
 pub mod elf;
 pub mod entry_points;
 pub mod fast_path;

@@ -4,10 +4,9 @@ use aya::{Ebpf, EbpfLoader, maps::Array, programs::UProbe};
 use profiler_common::{globals, maps, programs};
 
 use crate::{
-    collect::sampling,
     error::{Error, Result},
     kernel::{
-        KernelProbes, OBJECT, PlacementMode, ReturnProbes, btf, foreign, mapped_code,
+        KernelProbes, OBJECT, PlacementMode, ReturnProbes, btf, countdowns, foreign, mapped_code,
         uprobe_multi::{LinkKind, MultiPrograms},
     },
 };
@@ -72,7 +71,7 @@ fn set_countdowns(ebpf: &mut Ebpf, sample_interval: u64) -> Result<()> {
             .ok_or_else(|| load_error(maps::EXP_QUANTILES, "missing"))?,
     )
     .map_err(|e| load_error(maps::EXP_QUANTILES, e))?;
-    for (index, value) in sampling::quantile_table(sample_interval)
+    for (index, value) in countdowns::quantile_table(sample_interval)
         .into_iter()
         .enumerate()
     {

@@ -4,6 +4,7 @@
 mod allocations_only;
 mod attach;
 mod calibration;
+mod countdowns;
 mod counters;
 mod link;
 mod link_failure;

@@ -3,7 +3,7 @@
 //! (working sets), which were released after a burst; and diffs of two.
 use std::{collections::HashMap, io, io::Write, time::Duration};
 
-use crate::{offline::reader::ParsedHeap, units::bytes};
+use crate::{output::heap_v2::read::ParsedHeap, units::bytes};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Trend {
@@ -266,7 +266,7 @@ pub fn write_diff<W: Write>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::offline::reader::ParsedStack;
+    use crate::output::heap_v2::read::ParsedStack;
 
     fn snapshot(t: f64, sites: &[(u64, f64)]) -> ParsedHeap {
         ParsedHeap {

@@ -1,7 +1,6 @@
 //! Commands on profiles already written: `leaks` over a run's snapshots and
 //! `diff` of two profiles (memprobe's or jemalloc's own dumps).
 pub mod analysis;
-pub mod reader;
 pub mod report;
 use std::{
     collections::BTreeMap,
@@ -12,7 +11,7 @@ use std::{
 use crate::{
     error::{Error, Result},
     offline::analysis::{LeakOptions, diff, rank_sites, write_diff, write_leak_report},
-    offline::reader::{ParsedHeap, parse},
+    output::heap_v2::read::{ParsedHeap, parse},
     symbolize::Namer,
 };
 

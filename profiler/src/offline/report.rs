@@ -5,7 +5,7 @@ use std::{
     io::{self, Write},
 };
 
-use crate::offline::reader::ParsedHeap;
+use crate::output::heap_v2::read::ParsedHeap;
 
 /// Which estimate to rank by, as jeprof's `--inuse_space` and friends.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -18,7 +18,7 @@ pub enum Measure {
 }
 
 impl Measure {
-    fn of(self, stack: &crate::offline::reader::ParsedStack) -> f64 {
+    fn of(self, stack: &crate::output::heap_v2::read::ParsedStack) -> f64 {
         match self {
             Measure::InuseSpace => stack.inuse_bytes,
             Measure::InuseObjects => stack.inuse_objects,
@@ -86,7 +86,7 @@ pub fn rows(
 /// `new` minus `base`, per identical stack, as `jeprof --base` computes it:
 /// each profile un-sampled on its own, then subtracted.
 pub fn subtract(new: &ParsedHeap, base: &ParsedHeap) -> ParsedHeap {
-    use crate::offline::reader::ParsedStack;
+    use crate::output::heap_v2::read::ParsedStack;
     let mut stacks: Vec<ParsedStack> = new.stacks.clone();
     let mut index: HashMap<Vec<u64>, usize> = stacks
         .iter()
@@ -155,7 +155,7 @@ pub fn write<W: Write>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::offline::reader::ParsedStack;
+    use crate::output::heap_v2::read::ParsedStack;
 
     #[test]
     fn flat_counts_leaves_and_cum_counts_each_stack_once() {

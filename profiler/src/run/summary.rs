@@ -5,8 +5,8 @@ use std::{path::PathBuf, time::Duration};
 use profiler_common::Counter;
 
 use crate::{
-    collect::Drops,
     kernel::{KernelCounters, KernelProbes},
+    profile::Drops,
     run::{
         SessionOptions,
         budget::Budget,

@@ -5,9 +5,9 @@ pub(crate) mod trust;
 pub(crate) mod unwind;
 
 use crate::{
-    collect::Drops,
     kernel::events::KernelSample,
     proc::{AddressRange, Mapping},
+    profile::Drops,
     stacks::{
         trust::FramePointerTrust,
         unwind::{ProcessUnwinder, UnwindEnd},

@@ -1,7 +1,6 @@
 //! Naming addresses of a profile with blazesym, from the binaries named in
 //! its `MAPPED_LIBRARIES`, in memprobe's process: never in the target.
 mod allocator_code;
-pub mod debug_files;
 mod frame;
 pub mod perfmap;
 
@@ -14,9 +13,10 @@ use std::{
 use blazesym::symbolize::{Input, Symbolized, Symbolizer, source::Elf, source::Source};
 
 use crate::{
+    discover::debug_files::DebugFile,
     discover::entry_points::{C_ENTRY_POINTS, CXX_ENTRY_POINTS},
     proc::{Mapping, parse_maps},
-    symbolize::{allocator_code::AllocatorCode, debug_files::DebugFile},
+    symbolize::allocator_code::AllocatorCode,
 };
 
 /// Names addresses of one process's profile.

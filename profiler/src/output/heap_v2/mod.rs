@@ -2,13 +2,15 @@
 //!
 //! jeprof un-samples every (count, bytes) pair itself, with the stack's
 //! average size; we keep unbiased per-sample estimates and write the values
-//! that jeprof's formula turns back into them (see `sampling::jeprof_encode`).
+//! that jeprof's formula turns back into them ([`numbers`]); read back by
+//! [`read`].
+mod numbers;
+pub mod read;
+
+pub use numbers::{jeprof_decode, jeprof_encode};
 use std::io::{self, Write};
 
-use crate::{
-    collect::sampling::jeprof_encode,
-    profile::{HeapProfile, StackEstimate},
-};
+use crate::profile::{HeapProfile, StackEstimate};
 
 /// The comment lines naming JIT code: `# jit_symbol 0xADDRESS name`.
 pub const JIT_SYMBOL: &str = "jit_symbol";
@@ -125,7 +127,7 @@ mod tests {
         write(&profile, &mut text).unwrap();
         let text = String::from_utf8(text).unwrap();
         assert!(text.contains("# jit_symbol 0x7f00deadbeef void HotAlloc.run(int)\n"));
-        let parsed = crate::offline::reader::parse(&text).unwrap();
+        let parsed = read::parse(&text).unwrap();
         assert_eq!(parsed.symbols[&0x7f00deadbeef], "void HotAlloc.run(int)");
         assert!(!parsed.notes.keys().any(|k| k.contains("jit")));
     }

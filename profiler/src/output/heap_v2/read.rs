@@ -3,7 +3,7 @@
 //! never a panic.
 use std::collections::HashMap;
 
-use crate::collect::sampling::jeprof_decode;
+use crate::output::heap_v2::jeprof_decode;
 
 /// A stack as read from a `.heap`, its frames raw return addresses like a
 /// live one's: the reader adds back the 1 that the file's first frame was
