@@ -7,7 +7,7 @@ use object::{
     SectionKind, SymbolKind,
 };
 
-use crate::{error::Result, proc::AddressRange};
+use crate::proc::AddressRange;
 
 /// One function symbol.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

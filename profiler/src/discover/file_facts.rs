@@ -10,7 +10,7 @@ use std::{
 use crate::{
     discover::debug_files::DebugFile,
     discover::{
-        Allocator, AllocatorKind, by_code, elf,
+        Allocator, AllocatorKind, DiscoverError, by_code, elf,
         elf::FunctionSymbols,
         entry_points::{self, EntryPoint, FoundEntryPoints, find_allocators},
         fast_path, file_name,
@@ -19,7 +19,6 @@ use crate::{
         own_sampling::OwnSampling,
         placement::{self, Placement},
     },
-    error::{Error, Result},
 };
 
 /// What one file holds, for attaching and for saying what was found.
@@ -237,7 +236,7 @@ pub fn allocators_in_file(
     path: &Path,
     debug_dir: Option<&Path>,
     wanted: &[AllocatorKind],
-) -> Result<Vec<Arc<Allocator>>> {
+) -> Result<Vec<Arc<Allocator>>, DiscoverError> {
     let debug = DebugLookup {
         name: path,
         root: PathBuf::from("/"),
@@ -245,7 +244,7 @@ pub fn allocators_in_file(
     };
     let facts = read_facts(path, &debug, wanted);
     if let Some(why) = facts.hides_jemalloc(wanted) {
-        return Err(Error::HiddenJemalloc {
+        return Err(DiscoverError::HiddenJemalloc {
             path: path.to_owned(),
             found: hidden_jemalloc(&file_name(&path.to_string_lossy()), why),
         });

@@ -8,6 +8,7 @@ pub mod code;
 pub mod debug_files;
 pub mod elf;
 pub mod entry_points;
+mod error;
 pub mod fast_path;
 mod file_facts;
 mod forwarding;
@@ -22,11 +23,11 @@ use std::{
 
 use crate::{
     discover::entry_points::EntryPoint,
-    error::{Error, Result},
     proc::{FileId, Mapping, proc_path},
 };
 
 pub use allocators::AllocatorKind;
+pub use error::DiscoverError;
 pub use file_facts::allocators_in_file;
 pub(crate) use file_facts::place_probe;
 use file_facts::{DebugLookup, FileFacts, read_facts};
@@ -126,7 +127,12 @@ impl AllocatorCache {
 
     /// Like [`find`](Self::find), but an error that says what was found
     /// instead when there is no allocator to probe.
-    pub fn require(&mut self, pid: u32, maps: &[Mapping], command: &str) -> Result<Vec<Found>> {
+    pub fn require(
+        &mut self,
+        pid: u32,
+        maps: &[Mapping],
+        command: &str,
+    ) -> Result<Vec<Found>, DiscoverError> {
         let found = self.find(pid, maps);
         // jemalloc linked in but unreadable is the process's allocator:
         // profiling only the others would give an empty profile.
@@ -134,7 +140,7 @@ impl AllocatorCache {
         if !found.is_empty() && !hidden {
             return Ok(found);
         }
-        Err(Error::NoAllocator {
+        Err(DiscoverError::NoAllocator {
             pid,
             command: command.to_owned(),
             found: self.describe_absence(maps),

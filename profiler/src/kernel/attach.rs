@@ -8,7 +8,7 @@ use profiler_common::{CallShape, cookie};
 
 use crate::{
     discover::{Allocator, entry_points::EntryPoint, placement::Placement},
-    error::{Error, Result},
+    kernel::error::{KernelError, Result},
     kernel::{AttachedProbe, KernelProbes, LinkFailure, PlacementMode, ProbeLinks, Scope},
     proc::FileId,
 };
@@ -31,7 +31,9 @@ impl<'a> Target<'a> {
         let (pid, uprobe_scope) = match scope {
             Scope::Process(pid) => (
                 pid,
-                UProbeScope::OneProcess(NonZeroU32::new(pid).ok_or(Error::NoSuchProcess(0))?),
+                UProbeScope::OneProcess(NonZeroU32::new(pid).ok_or(KernelError::Process(
+                    crate::proc::ProcessError::NoSuchProcess(0),
+                ))?),
             ),
             Scope::AllProcesses => (0, UProbeScope::AllProcesses),
         };
@@ -48,8 +50,8 @@ impl<'a> Target<'a> {
         })
     }
 
-    pub(super) fn error(&self, entry_point: &str, cause: LinkFailure) -> Error {
-        Error::Attach {
+    pub(super) fn error(&self, entry_point: &str, cause: LinkFailure) -> KernelError {
+        KernelError::Attach {
             pid: self.pid,
             entry_point: entry_point.into(),
             path: self.path.into(),
@@ -138,7 +140,7 @@ impl KernelProbes {
                     }
                     self.links.truncate(attached_before);
                     self.attached.truncate(attached_before);
-                    return Err(Error::AttachUndone {
+                    return Err(KernelError::AttachUndone {
                         cause: Box::new(error),
                         detached,
                     });
@@ -226,7 +228,7 @@ impl KernelProbes {
         let probe_index = u32::try_from(index)
             .ok()
             .filter(|&i| i < cookie::MAX_PROBES)
-            .ok_or(Error::TooManyCopies)?;
+            .ok_or(KernelError::TooManyCopies)?;
         let placement = match self.placement {
             PlacementMode::Emulated => entry.placement.clone(),
             PlacementMode::Entry => Placement::entry("--placement entry"),

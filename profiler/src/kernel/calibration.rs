@@ -6,7 +6,7 @@ use std::path::Path;
 use profiler_common::{cookie, programs};
 
 use crate::{
-    error::Result,
+    kernel::error::Result,
     kernel::{
         KernelProbes, OBJECT, ProbeLinks, Scope,
         attach::Target,

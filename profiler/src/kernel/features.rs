@@ -13,7 +13,7 @@ use aya::{
     sys::{BpfHelper, is_helper_supported, is_map_supported},
 };
 
-use crate::error::{Error, Result};
+use crate::kernel::error::{KernelError, Result};
 
 /// The kernel features memprobe uses, each with the first Linux release
 /// that has it.
@@ -113,7 +113,7 @@ fn sysfs() -> PathBuf {
 pub fn require_root() -> Result<()> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
-        return Err(Error::NotRoot);
+        return Err(KernelError::NotRoot);
     }
     Ok(())
 }
@@ -124,15 +124,15 @@ pub fn require_kernel_support() -> Result<()> {
     let sysfs = sysfs();
     let uprobe = sysfs.join("bus/event_source/devices/uprobe/type");
     if !uprobe.exists() {
-        return Err(Error::NoUprobes(uprobe));
+        return Err(KernelError::NoUprobes(uprobe));
     }
     let btf = sysfs.join("kernel/btf/vmlinux");
     if !btf.exists() {
-        return Err(Error::NoBtf(btf));
+        return Err(KernelError::NoBtf(btf));
     }
     for feature in KernelFeature::REQUIRED {
         if feature.present() == Some(false) {
-            return Err(Error::MissingKernelFeature(feature));
+            return Err(KernelError::MissingKernelFeature(feature));
         }
     }
     Ok(())
@@ -144,7 +144,7 @@ mod tests {
 
     #[test]
     fn missing_feature_says_which_and_since_when() {
-        let message = Error::MissingKernelFeature(KernelFeature::AttachCookie).to_string();
+        let message = KernelError::MissingKernelFeature(KernelFeature::AttachCookie).to_string();
         assert!(message.contains("BPF attach cookies for uprobes (Linux 5.15+)"));
         assert!(message.contains("Linux 5.15 or newer"));
         assert!(!message.contains('\n'));

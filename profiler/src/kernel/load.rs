@@ -4,7 +4,7 @@ use aya::{Ebpf, EbpfLoader, maps::Array, programs::UProbe};
 use profiler_common::{globals, maps, programs};
 
 use crate::{
-    error::{Error, Result},
+    kernel::error::{KernelError, Result},
     kernel::{
         KernelProbes, OBJECT, PlacementMode, ReturnProbes, btf, countdowns, foreign, mapped_code,
         uprobe_multi::{LinkKind, MultiPrograms},
@@ -56,8 +56,11 @@ fn task_fsbase_offset() -> u64 {
         .unwrap_or(0)
 }
 
-fn load_error(what: &str, cause: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Error {
-    Error::Load {
+fn load_error(
+    what: &str,
+    cause: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+) -> KernelError {
+    KernelError::Load {
         what: what.to_owned(),
         cause: cause.into(),
     }
@@ -94,7 +97,7 @@ fn load_sessions(
     }
     match MultiPrograms::load(ebpf, OBJECT, &programs::session::ALL, LinkKind::Session) {
         Ok(sessions) => Ok((Some(sessions), None)),
-        Err(e) if wanted == ReturnProbes::Sessions => Err(Error::SessionsRefused(e)),
+        Err(e) if wanted == ReturnProbes::Sessions => Err(KernelError::SessionsRefused(e)),
         Err(e) => Ok((None, Some(e.to_string()))),
     }
 }

@@ -6,6 +6,7 @@ mod attach;
 mod calibration;
 mod countdowns;
 mod counters;
+mod error;
 mod link;
 mod link_failure;
 mod load;
@@ -13,6 +14,7 @@ mod mapped_code;
 mod windows;
 pub use calibration::CalibrationProbes;
 pub use counters::KernelCounters;
+pub use error::KernelError;
 pub use link_failure::LinkFailure;
 pub use load::KernelOptions;
 pub mod btf;
@@ -32,9 +34,7 @@ use aya::{
 use profiler_common::{FastPathConfig, FastPathKey, maps};
 
 use crate::{
-    discover::placement::Placement,
-    error::{Error, Result},
-    kernel::uprobe_multi::MultiPrograms,
+    discover::placement::Placement, kernel::error::Result, kernel::uprobe_multi::MultiPrograms,
 };
 
 /// The eBPF object built from `profiler-ebpf`.
@@ -188,11 +188,11 @@ impl KernelProbes {
         let map = self
             .ebpf
             .take_map(maps::EVENTS)
-            .ok_or_else(|| Error::Events {
+            .ok_or_else(|| KernelError::Events {
                 what: "taking the ring buffer",
                 cause: "it was taken already".into(),
             })?;
-        RingBuf::try_from(map).map_err(|e| Error::Events {
+        RingBuf::try_from(map).map_err(|e| KernelError::Events {
             what: "opening the ring buffer",
             cause: e.into(),
         })

@@ -1,7 +1,10 @@
 //! Commands on profiles already written: `leaks` over a run's snapshots and
 //! `diff` of two profiles (memprobe's or jemalloc's own dumps).
 pub mod analysis;
+mod error;
 pub mod report;
+
+pub use error::OfflineError;
 use std::{
     collections::BTreeMap,
     io::Write,
@@ -9,8 +12,8 @@ use std::{
 };
 
 use crate::{
-    error::{Error, Result},
     offline::analysis::{LeakOptions, diff, rank_sites, write_diff, write_leak_report},
+    output::WriteError,
     output::heap_v2::read::{ParsedHeap, parse},
     symbolize::Namer,
 };
@@ -18,20 +21,20 @@ use crate::{
 /// Frames of a site shown in reports.
 const SITE_DEPTH: usize = 3;
 
-pub fn read_heap(path: &Path) -> Result<ParsedHeap> {
-    let text = std::fs::read(path).map_err(|cause| Error::Read {
+pub fn read_heap(path: &Path) -> Result<ParsedHeap, OfflineError> {
+    let text = std::fs::read(path).map_err(|cause| OfflineError::Read {
         path: path.to_owned(),
         cause,
     })?;
-    parse(&String::from_utf8_lossy(&text)).map_err(|cause| Error::BadProfile {
+    parse(&String::from_utf8_lossy(&text)).map_err(|cause| OfflineError::BadProfile {
         path: path.to_owned(),
         cause,
     })
 }
 
 /// `memprobe.<pid>.<seq>.heap` files in `dir`, by pid, in sequence order.
-pub fn snapshots_by_pid(dir: &Path) -> Result<BTreeMap<u32, Vec<PathBuf>>> {
-    let entries = std::fs::read_dir(dir).map_err(|cause| Error::Read {
+pub fn snapshots_by_pid(dir: &Path) -> Result<BTreeMap<u32, Vec<PathBuf>>, OfflineError> {
+    let entries = std::fs::read_dir(dir).map_err(|cause| OfflineError::Read {
         path: dir.to_owned(),
         cause,
     })?;
@@ -65,11 +68,11 @@ pub fn leaks_of<W: Write>(
     binaries: &Binaries,
     most: usize,
     out: W,
-) -> Result<()> {
+) -> Result<(), OfflineError> {
     let snapshots = files
         .iter()
         .map(|f| read_heap(f))
-        .collect::<Result<Vec<_>>>()?;
+        .collect::<Result<Vec<_>, OfflineError>>()?;
     let sites = rank_sites(&snapshots, options);
     let maps = snapshots
         .last()
@@ -80,7 +83,8 @@ pub fn leaks_of<W: Write>(
         .map(|s| s.symbols.clone())
         .unwrap_or_default();
     let mut namer = binaries.namer(maps).with_symbols(&symbols);
-    write_leak_report(&sites, most, |f| namer.site(f, SITE_DEPTH), out).map_err(Error::Output)
+    write_leak_report(&sites, most, |f| namer.site(f, SITE_DEPTH), out)
+        .map_err(OfflineError::Output)
 }
 
 /// `memprobe leaks DIR`: per process in DIR, its sites ranked.
@@ -90,19 +94,19 @@ pub fn leaks<W: Write>(
     options: &LeakOptions,
     binaries: &Binaries,
     mut out: W,
-) -> Result<()> {
+) -> Result<(), OfflineError> {
     let runs = snapshots_by_pid(dir)?;
     let runs: Vec<_> = runs
         .into_iter()
         .filter(|(p, _)| pid.is_none_or(|want| want == *p))
         .collect();
     if runs.is_empty() {
-        return Err(Error::NoSnapshots(dir.to_owned()));
+        return Err(OfflineError::NoSnapshots(dir.to_owned()));
     }
     for (pid, files) in runs {
-        writeln!(out, "pid {pid}: {} snapshots", files.len()).map_err(Error::Output)?;
+        writeln!(out, "pid {pid}: {} snapshots", files.len()).map_err(OfflineError::Output)?;
         leaks_of(&files, options, binaries, 20, &mut out)?;
-        writeln!(out).map_err(Error::Output)?;
+        writeln!(out).map_err(OfflineError::Output)?;
     }
     Ok(())
 }
@@ -140,7 +144,7 @@ pub fn report<W: Write>(
     binaries: &Binaries,
     most: usize,
     out: W,
-) -> Result<()> {
+) -> Result<(), OfflineError> {
     let heap = read_heap(file)?;
     let heap = match base {
         Some(base) => crate::offline::report::subtract(&heap, &read_heap(base)?),
@@ -148,7 +152,7 @@ pub fn report<W: Write>(
     };
     let mut namer = namer_for(&heap, binaries);
     let (rows, total) = crate::offline::report::rows(&heap, measure, |frames| namer.stack(frames));
-    crate::offline::report::write(&rows, total, measure, most, out).map_err(Error::Output)
+    crate::offline::report::write(&rows, total, measure, most, out).map_err(OfflineError::Output)
 }
 
 /// `memprobe convert FILE --to pprof|folded`.
@@ -157,7 +161,7 @@ pub fn convert<W: Write>(
     to: crate::output::Format,
     binaries: &Binaries,
     out: W,
-) -> Result<()> {
+) -> Result<(), OfflineError> {
     use crate::{
         output::{Format, folded, pprof},
         profile::HeapProfile,
@@ -176,21 +180,26 @@ pub fn convert<W: Write>(
         Format::Pprof => pprof::write(&profile, &mut namer, out),
         Format::Folded => folded::write(&named_inuse(&heap, &mut namer), out),
         Format::Heap | Format::Svg | Format::SymbolizedHeap => {
-            return Err(Error::Output(std::io::Error::other(format!(
+            return Err(OfflineError::Output(std::io::Error::other(format!(
                 "convert writes pprof or folded stacks, not {}",
                 to.extension()
             ))));
         }
     };
-    written.map_err(Error::Output)
+    written.map_err(OfflineError::Output)
 }
 
 /// `memprobe diff OLD NEW`: growth per site, in text.
-pub fn diff_files<W: Write>(old: &Path, new: &Path, binaries: &Binaries, out: W) -> Result<()> {
+pub fn diff_files<W: Write>(
+    old: &Path,
+    new: &Path,
+    binaries: &Binaries,
+    out: W,
+) -> Result<(), OfflineError> {
     let (before, after) = (read_heap(old)?, read_heap(new)?);
     let rows = diff(&before, &after);
     let mut namer = namer_for(&after, binaries);
-    write_diff(&rows, 30, |f| namer.site(f, SITE_DEPTH), out).map_err(Error::Output)
+    write_diff(&rows, 30, |f| namer.site(f, SITE_DEPTH), out).map_err(OfflineError::Output)
 }
 
 /// A profile's stacks, named, with their in-use bytes.
@@ -218,7 +227,7 @@ pub fn flamegraph_file(
     base: Option<&Path>,
     binaries: &Binaries,
     output: &Path,
-) -> Result<()> {
+) -> Result<(), OfflineError> {
     let after = read_heap(file)?;
     let mut namer = namer_for(&after, binaries);
     let after_lines = folded_inuse(&after, &mut namer);
@@ -236,9 +245,11 @@ pub fn flamegraph_file(
             )
         }
     };
-    let write_error = |cause| Error::Write {
-        path: output.to_owned(),
-        cause,
+    let write_error = |cause| {
+        OfflineError::Write(WriteError {
+            path: output.to_owned(),
+            cause,
+        })
     };
     written.map_err(write_error)?;
     std::fs::write(output, svg).map_err(write_error)

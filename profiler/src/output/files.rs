@@ -1,5 +1,6 @@
 //! Placing outputs on disk: atomically (a temporary file, then a rename
 //! that never replaces), never through a symlink, never over an existing file.
+use crate::output::WriteError;
 use std::{
     collections::HashMap,
     ffi::CString,
@@ -25,8 +26,8 @@ impl OutputDir {
     }
 
     /// Creates the folder if needed, before a run rather than at its end.
-    pub fn prepare(&self) -> crate::Result<()> {
-        std::fs::create_dir_all(&self.dir).map_err(|cause| crate::Error::Write {
+    pub fn prepare(&self) -> Result<(), WriteError> {
+        std::fs::create_dir_all(&self.dir).map_err(|cause| WriteError {
             path: self.dir.clone(),
             cause,
         })

@@ -1,5 +1,6 @@
 //! Writers, one module per format. Each takes a `W: Write` and never opens
 //! files itself; [`files`] places the results on disk.
+mod error;
 pub(crate) mod files;
 pub mod flamegraph;
 pub mod folded;
@@ -8,6 +9,8 @@ pub mod pprof;
 pub mod symbolized;
 
 use std::io::Write;
+
+pub use error::WriteError;
 
 use crate::{profile::HeapProfile, symbolize::Namer};
 

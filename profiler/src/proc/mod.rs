@@ -1,8 +1,9 @@
 //! The processes to profile, as /proc shows them: maps, names, pids, roots.
+mod error;
 pub mod rootfs;
 use std::path::PathBuf;
 
-use crate::error::{Error, Result};
+pub use error::ProcessError;
 
 /// One line of `/proc/PID/maps`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -125,19 +126,20 @@ impl ProcessMemory {
     }
 }
 
-/// Reads `/proc/PID/maps`; a missing process is [`Error::NoSuchProcess`],
+/// Reads `/proc/PID/maps`; a missing process is
+/// [`ProcessError::NoSuchProcess`],
 /// and so is one that has exited but not been reaped yet: a zombie's maps
 /// read as empty, and taken as its maps they would leave every frame of
 /// its last profile unnamed.
-pub fn read_maps(pid: u32) -> Result<String> {
+pub fn read_maps(pid: u32) -> Result<String, ProcessError> {
     let path = proc_path(pid, "maps");
     let maps = std::fs::read_to_string(&path).map_err(|cause| match cause.kind() {
-        std::io::ErrorKind::NotFound => Error::NoSuchProcess(pid),
-        _ if !proc_path(pid, "").exists() => Error::NoSuchProcess(pid),
-        _ => Error::Read { path, cause },
+        std::io::ErrorKind::NotFound => ProcessError::NoSuchProcess(pid),
+        _ if !proc_path(pid, "").exists() => ProcessError::NoSuchProcess(pid),
+        _ => ProcessError::Read { path, cause },
     })?;
     if maps.is_empty() {
-        return Err(Error::NoSuchProcess(pid));
+        return Err(ProcessError::NoSuchProcess(pid));
     }
     Ok(maps)
 }
@@ -244,7 +246,7 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
         assert!(zombie(), "the child became a zombie");
-        assert!(matches!(read_maps(pid), Err(Error::NoSuchProcess(p)) if p == pid));
+        assert!(matches!(read_maps(pid), Err(ProcessError::NoSuchProcess(p)) if p == pid));
         child.wait().expect("reaped");
         assert!(read_maps(std::process::id()).is_ok_and(|maps| !maps.is_empty()));
     }

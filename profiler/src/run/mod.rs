@@ -37,7 +37,7 @@ pub use summary::{ProcessSummary, Summary, summary_lines};
 use crate::{
     discover::{AllocatorCache, AllocatorKind},
     error::{Error, Result},
-    kernel::{KernelProbes, features},
+    kernel::{KernelError, KernelProbes, features},
     output::files::OutputDir,
     proc::FileId,
     run::{
@@ -179,8 +179,9 @@ fn events_error(
     what: &'static str,
     cause: impl Into<Box<dyn std::error::Error + Send + Sync>>,
 ) -> Error {
-    Error::Events {
+    KernelError::Events {
         what,
         cause: cause.into(),
     }
+    .into()
 }

@@ -15,7 +15,7 @@ use tokio_rustls::rustls::{
     server::WebPkiClientVerifier,
 };
 
-use crate::error::{Error, Result};
+use crate::serve::error::ServeError;
 
 /// The endpoints' access flags, as given.
 #[derive(Clone, Debug, Default)]
@@ -46,8 +46,8 @@ pub struct Access {
 
 impl Access {
     /// Reads the files and checks that `address` is not left open.
-    pub fn settle(options: &AccessOptions, address: SocketAddr) -> Result<Self> {
-        let refuse = |reason: &'static str| Error::UnsafeListen { address, reason };
+    pub fn settle(options: &AccessOptions, address: SocketAddr) -> Result<Self, ServeError> {
+        let refuse = |reason: &'static str| ServeError::UnsafeListen { address, reason };
         let tls = match (&options.tls_cert, &options.tls_key) {
             (Some(cert), Some(key)) => {
                 Some(server_config(cert, key, options.tls_client_ca.as_deref())?)
@@ -92,8 +92,8 @@ fn same_bytes(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-fn read_token(path: &Path) -> Result<Arc<str>> {
-    let unreadable = |cause: Box<dyn std::error::Error + Send + Sync>| Error::AccessFile {
+fn read_token(path: &Path) -> Result<Arc<str>, ServeError> {
+    let unreadable = |cause: Box<dyn std::error::Error + Send + Sync>| ServeError::AccessFile {
         what: "--auth-token-file",
         path: path.to_owned(),
         cause,
@@ -110,10 +110,10 @@ fn server_config(
     cert: &Path,
     key_path: &Path,
     client_ca: Option<&Path>,
-) -> Result<Arc<ServerConfig>> {
+) -> Result<Arc<ServerConfig>, ServeError> {
     let file_error = |what, path: &Path| {
         let path = path.to_owned();
-        move |cause: Box<dyn std::error::Error + Send + Sync>| Error::AccessFile {
+        move |cause: Box<dyn std::error::Error + Send + Sync>| ServeError::AccessFile {
             what,
             path,
             cause,

@@ -9,12 +9,14 @@
 //! a 503. Bad queries get a 4xx with a one-line reason. Who may ask is
 //! settled in [`access`]; TLS connections are served in [`tls`].
 mod access;
+mod error;
 mod index;
 mod metrics;
 mod pprof;
 mod tls;
 
 pub use access::{Access, AccessOptions};
+pub use error::ServeError;
 
 use std::{
     net::SocketAddr,
@@ -30,10 +32,7 @@ use axum::{
 use serde::Serialize;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
-use crate::{
-    error::{Error, Result},
-    profile::HeapProfile,
-};
+use crate::profile::HeapProfile;
 
 /// Requests served at once; more are refused with 503.
 pub const MAX_IN_FLIGHT: usize = 8;
@@ -98,9 +97,9 @@ struct AppState {
 
 impl Endpoints {
     /// Binds `address`, once `access` says it may be served so.
-    pub fn bind(address: SocketAddr, access: &AccessOptions) -> Result<Self> {
+    pub fn bind(address: SocketAddr, access: &AccessOptions) -> Result<Self, ServeError> {
         let access = Access::settle(access, address)?;
-        let bind_error = |cause| Error::Listen { address, cause };
+        let bind_error = |cause| ServeError::Listen { address, cause };
         let listener = std::net::TcpListener::bind(address).map_err(bind_error)?;
         listener.set_nonblocking(true).map_err(bind_error)?;
         let listener = tokio::net::TcpListener::from_std(listener).map_err(bind_error)?;

@@ -12,7 +12,8 @@ use std::{
 };
 
 use crate::{
-    error::{Error, Result},
+    error::Result,
+    output::WriteError,
     output::{self, Format, files::OutputDir, files::file_name},
     profile::HeapProfile,
     symbolize::{
@@ -215,7 +216,7 @@ fn write(output: &OutputDir, state: &mut WriterState, job: Job) -> Done {
                 return Done {
                     pid,
                     announce,
-                    files: Err(Error::Write { path, cause }),
+                    files: Err(WriteError { path, cause }.into()),
                 };
             }
         }

@@ -10,7 +10,8 @@ use std::path::Path;
 
 use crate::{
     discover::{Allocator, AllocatorKind, Found},
-    error::{Error, Result},
+    error::Result,
+    kernel::KernelError,
     kernel::Scope,
     proc::{all_pids, parse_maps, read_maps},
     run::{
@@ -21,7 +22,7 @@ use crate::{
 impl Session<'_> {
     pub(in crate::run) fn instance(&mut self) -> Result<u16> {
         let instance = self.next_instance;
-        self.next_instance = instance.checked_add(1).ok_or(Error::TooManyCopies)?;
+        self.next_instance = instance.checked_add(1).ok_or(KernelError::TooManyCopies)?;
         Ok(instance)
     }
 

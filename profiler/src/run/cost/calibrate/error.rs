@@ -26,5 +26,5 @@ pub enum CalibrationError {
     NotMapped,
 
     #[error("cannot attach the probes timed")]
-    Attach(#[source] Box<crate::error::Error>),
+    Attach(#[source] Box<crate::kernel::KernelError>),
 }

@@ -193,7 +193,7 @@ enum WindowRefused {
     #[error("the kernel's table of fast paths is full")]
     FastPathsFull,
     #[error("its probes could not be attached")]
-    Attach(#[source] Box<crate::error::Error>),
+    Attach(#[source] Box<crate::kernel::KernelError>),
 }
 
 /// How a copy's `malloc` and `operator new` are sampled, for the profile
