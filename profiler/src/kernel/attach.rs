@@ -56,6 +56,7 @@ impl<'a> Target<'a> {
             entry_point: entry_point.into(),
             path: self.path.into(),
             cause: Box::new(cause),
+            undone: 0,
         }
     }
 }
@@ -132,18 +133,17 @@ impl KernelProbes {
             let slot = slots.get(k).copied().filter(|&i| i < attached_before);
             match self.attach_entry(target, entry, allocator, instance, slot) {
                 Ok(index) => used.push(index),
-                Err(error) => {
-                    let detached = used.len();
+                Err(mut error) => {
+                    if let KernelError::Attach { undone, .. } = &mut error {
+                        *undone = used.len();
+                    }
                     for index in used {
                         let links = std::mem::take(&mut self.links[index]);
                         self.detach_links(links);
                     }
                     self.links.truncate(attached_before);
                     self.attached.truncate(attached_before);
-                    return Err(KernelError::AttachUndone {
-                        cause: Box::new(error),
-                        detached,
-                    });
+                    return Err(error);
                 }
             }
         }

@@ -46,19 +46,19 @@ pub enum KernelError {
     #[error("more than 65535 allocator copies to probe")]
     TooManyCopies,
 
-    #[error("attaching {entry_point} in {} of pid {pid} failed", path.display())]
+    #[error(
+        "attaching {entry_point} in {} of pid {pid} failed{}",
+        path.display(),
+        undone_note(*undone)
+    )]
     Attach {
         pid: u32,
         entry_point: String,
         path: PathBuf,
         #[source]
         cause: Box<LinkFailure>,
-    },
-
-    #[error("{cause}; the {detached} probes of this copy attached before it were detached")]
-    AttachUndone {
-        cause: Box<KernelError>,
-        detached: usize,
+        /// The copy's probes attached before this one, detached again.
+        undone: usize,
     },
 
     #[error("{what} failed")]
@@ -67,6 +67,14 @@ pub enum KernelError {
         #[source]
         cause: Box<dyn std::error::Error + Send + Sync>,
     },
+}
+
+/// What an attach that failed midway undid.
+fn undone_note(undone: usize) -> String {
+    match undone {
+        0 => String::new(),
+        n => format!(" (the {n} probes of this copy attached before it were detached)"),
+    }
 }
 
 pub type Result<T, E = KernelError> = std::result::Result<T, E>;
