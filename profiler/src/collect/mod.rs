@@ -5,14 +5,12 @@
 mod estimates;
 mod input;
 pub mod sampling;
-pub mod size_class;
 use std::collections::HashMap;
 
 pub use input::{HeapEvent, Sample};
 
 use crate::{
     collect::sampling::{sample_weight, window_weight},
-    collect::size_class::usable_size_of,
     profile::{Drops, StackEstimate},
 };
 
@@ -137,7 +135,7 @@ impl ProcessHeap {
             self.drops.stack_errors += 1;
         }
         let stack = self.stack_id(sample.frames);
-        let usable = usable_size_of(sample.allocator, sample.size, sample.align);
+        let usable = sample.allocator.usable_size(sample.size, sample.align);
         let interval = sample.interval.unwrap_or(self.sample_interval);
         let weight = match (sample.scale, sample.window) {
             // Sampled as though `window` bytes, in its thread's window.

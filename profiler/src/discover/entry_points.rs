@@ -99,13 +99,8 @@ pub fn find_allocators(
         .into_iter()
         .filter(|k| wanted.contains(k))
     {
-        let prefix = match kind {
-            AllocatorKind::Jemalloc => match detect_prefix(symbols) {
-                Some(prefix) => prefix,
-                None => continue,
-            },
-            _ if kind.is_in(symbols) => String::new(),
-            _ => continue,
+        let Some(prefix) = kind.family().recognise(symbols) else {
+            continue;
         };
         let entry_points: Vec<EntryPoint> = kind
             .entry_point_names(&prefix)
@@ -140,24 +135,6 @@ pub fn find_entry_points(symbols: &FunctionSymbols) -> Option<(String, Vec<Entry
     find_allocators(symbols, &[AllocatorKind::Jemalloc])
         .pop()
         .map(|found| (found.prefix, found.entry_points))
-}
-
-/// The prefix under which all of jemalloc's signature functions exist.
-fn detect_prefix(symbols: &FunctionSymbols) -> Option<String> {
-    let signature = AllocatorKind::Jemalloc.signature();
-    let mut candidates: Vec<String> = symbols
-        .names()
-        .filter_map(|name| name.strip_suffix(signature[0]))
-        .filter(|prefix| {
-            signature[1..]
-                .iter()
-                .all(|s| symbols.offset(&format!("{prefix}{s}")).is_some())
-        })
-        .map(str::to_owned)
-        .collect();
-    // Prefer the public names: the shortest prefix.
-    candidates.sort_by_key(|p| (p.len(), p.clone()));
-    candidates.into_iter().next()
 }
 
 #[cfg(test)]
