@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use crate::{
     clock::monotonic_ns,
     collect::ProcessHeap,
-    profile::{HeapProfile, StackEstimate},
+    profile::{HeapProfile, ProfileNotes, StackEstimate},
 };
 
 impl ProcessHeap {
@@ -47,23 +47,11 @@ impl ProcessHeap {
             let entry = oldest.entry(live.stack).or_insert(live.time_ns);
             *entry = (*entry).min(live.time_ns);
         }
-        let mut notes = vec![("memprobe_samples".to_owned(), self.samples.to_string())];
-        let d = &self.drops;
-        for (name, value) in [
-            ("dropped_live_table_full", d.live_table_full),
-            ("dropped_untracked_in_kernel", d.untracked_in_kernel),
-            ("dropped_stack_table_full", d.stack_table_full),
-            ("dropped_unmatched_returns", d.unmatched_returns),
-            ("stack_errors", d.stack_errors),
-            ("callers_hidden_by_other_uretprobes", d.trampoline_callers),
-            ("stacks_unwound_by_dwarf", d.dwarf_unwound),
-            ("stacks_truncated", d.truncated_stacks),
-            ("stacks_by_trusted_frame_pointers", d.trusted_frame_pointers),
-        ] {
-            if value > 0 {
-                notes.push((name.to_owned(), value.to_string()));
-            }
-        }
+        let notes = ProfileNotes {
+            samples: Some(self.samples),
+            drops: self.drops,
+            ..ProfileNotes::default()
+        };
         HeapProfile {
             jit_symbols: Vec::new(),
             pid: self.pid,

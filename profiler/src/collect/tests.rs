@@ -157,9 +157,11 @@ fn a_full_live_table_is_counted_and_reported() {
     assert_eq!(heap.live_samples(), 1);
     assert_eq!(heap.drops.live_table_full, 2);
     let profile = heap.snapshot(String::new());
+    assert_eq!(profile.notes.drops.live_table_full, 2);
     assert!(
         profile
             .notes
+            .lines()
             .contains(&("dropped_live_table_full".into(), "2".into()))
     );
 }

@@ -57,12 +57,7 @@ pub fn rank_sites(snapshots: &[ParsedHeap], options: &LeakOptions) -> Vec<SiteTr
     let times: Vec<f64> = snapshots
         .iter()
         .enumerate()
-        .map(|(i, s)| {
-            s.notes
-                .get("elapsed_s")
-                .and_then(|t| t.parse().ok())
-                .unwrap_or(i as f64)
-        })
+        .map(|(i, s)| s.notes.elapsed_s.unwrap_or(i as f64))
         .collect();
     let mut series: HashMap<Vec<u64>, SiteTrend> = HashMap::new();
     for (i, snapshot) in snapshots.iter().enumerate() {
@@ -266,12 +261,15 @@ pub fn write_diff<W: Write>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::output::heap_v2::read::ParsedStack;
+    use crate::{output::heap_v2::read::ParsedStack, profile::ProfileNotes};
 
     fn snapshot(t: f64, sites: &[(u64, f64)]) -> ParsedHeap {
         ParsedHeap {
             sample_interval: 65536,
-            notes: [("elapsed_s".to_owned(), t.to_string())].into(),
+            notes: ProfileNotes {
+                elapsed_s: Some(t),
+                ..ProfileNotes::default()
+            },
             stacks: sites
                 .iter()
                 .map(|&(frame, inuse)| ParsedStack {
@@ -332,7 +330,10 @@ mod tests {
             .enumerate()
             .map(|(i, &working)| ParsedHeap {
                 sample_interval: 65536,
-                notes: [("elapsed_s".to_owned(), i.to_string())].into(),
+                notes: ProfileNotes {
+                    elapsed_s: Some(i as f64),
+                    ..ProfileNotes::default()
+                },
                 stacks: vec![
                     stack(1, working * MIB, 65536.0),
                     stack(2, (i as f64 + 1.0) * MIB, 4096.0),

@@ -173,7 +173,7 @@ pub fn convert<W: Write>(
         sample_interval: heap.sample_interval,
         stacks: heap.stacks.clone(),
         mapped_libraries: heap.mapped_libraries.clone(),
-        notes: heap.notes.clone().into_iter().collect(),
+        notes: heap.notes.clone(),
         jit_symbols: Vec::new(),
     };
     let written = match to {

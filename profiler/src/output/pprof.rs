@@ -161,11 +161,11 @@ pub fn write<W: Write>(profile: &HeapProfile, namer: &mut Namer, out: W) -> io::
         samples.push(Sample { location_id, value });
     }
     let mut strings = tables.strings;
-    let comment = profile
-        .notes
+    let comment = profile.notes.lines();
+    let comment = comment
         .iter()
-        .map(|(k, v)| strings.id(&format!("{k}: {v}")))
-        .collect();
+        .map(|(k, v)| strings.id(&format!("{k}: {v}")));
+    let comment = comment.collect();
     let period_type = Some(ValueType {
         r#type: strings.id("space"),
         unit: strings.id("bytes"),
@@ -292,6 +292,7 @@ impl Tables {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::profile::ProfileNotes;
     use crate::profile::StackEstimate;
 
     #[test]
@@ -309,7 +310,10 @@ mod tests {
                 oldest_live_s: None,
             }],
             mapped_libraries: String::new(),
-            notes: vec![("reason".into(), "test".into())],
+            notes: ProfileNotes {
+                reason: Some("test".into()),
+                ..ProfileNotes::default()
+            },
         };
         let mut namer = Namer::new("", None);
         let mut gz = Vec::new();

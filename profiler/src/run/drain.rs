@@ -98,7 +98,7 @@ impl Session<'_> {
         let Some(t) = self.tracked.get_mut(&pid) else {
             return;
         };
-        let event = match &mut t.windows {
+        let event = match self.sampling.windows_mut(pid) {
             Some(windows) => windows.hold(event),
             None => Some(event),
         };
@@ -135,7 +135,8 @@ impl Session<'_> {
             // Weighed when its window closes.
             finished.scale = probe.windowed.then_some(1.0);
             if probe.shape == profiler_common::CallShape::OwnSample {
-                finished.interval = own_profiler::own_interval(&t.watched, probe.instance);
+                let watched = self.sampling.of(pid).map_or(&[][..], |s| &s.watched);
+                finished.interval = own_profiler::own_interval(watched, probe.instance);
             }
             if let Some(own_code) = &probe.own_code {
                 t.drop_allocator_frames(&probe.path, own_code, &mut finished.frames);

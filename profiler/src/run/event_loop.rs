@@ -16,9 +16,10 @@ use crate::{
         Session, SessionOptions,
         cost::CostLedger,
         events_error,
+        publish::Publishing,
         snapshots::SnapshotKind,
         targets::checked::LaunchedCommand,
-        waits::{Signals, next_request, sleep_until, tick_of, wait_launched},
+        waits::{Signals, sleep_until, tick_of, wait_launched},
     },
 };
 
@@ -116,7 +117,7 @@ impl Session<'_> {
                         return Ok((Stop::AllExited, None));
                     }
                 }
-                Some(request) = next_request(&mut self.snapshot_requests) => {
+                Some(request) = Publishing::next_request(self.publishing.as_mut()) => {
                     self.drain(ring.get_mut());
                     self.answer(request);
                 }
@@ -162,7 +163,7 @@ impl Session<'_> {
         if clocks.ticks.is_multiple_of(FOREIGN_LINKS_EVERY) {
             self.probes.read_foreign_links();
         }
-        let forced = self.ledger.update(&self.cost_model, &self.probes);
+        let forced = self.costs.price(&self.probes);
         self.say_forced_returns(&forced);
         self.keep_costs_measured();
         self.rescan()?;

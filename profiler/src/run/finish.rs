@@ -64,13 +64,13 @@ impl Session<'_> {
             status,
             mut snapshots,
             options,
-            cost_model,
-            mut ledger,
+            mut costs,
             budget,
             ..
         } = self;
-        ledger.update(&cost_model, &probes);
-        let mut summary = Summary::of_probes(&probes, &ledger, cost_model, elapsed, &options);
+        costs.price(&probes);
+        let mut summary =
+            Summary::of_probes(&probes, &costs.ledger, costs.model, elapsed, &options);
         // Detach before anything else: the targets run unprobed from here on.
         drop(ring);
         drop(probes);

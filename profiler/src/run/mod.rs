@@ -20,7 +20,6 @@ mod waits;
 use std::{
     collections::{BTreeMap, HashSet},
     io::Write,
-    sync::{Arc, Mutex},
     time::Instant,
 };
 
@@ -42,13 +41,15 @@ use crate::{
     proc::FileId,
     run::{
         budget::Budget,
-        cost::{CostLedger, CostModel, calibrate, recalibration::Recalibration},
+        cost::{Costs, calibrate},
         process::Tracked,
+        publish::Publishing,
+        sampling::SamplingState,
         scope::RunScope,
         snapshots::{Snapshots, writer::SnapshotWriter},
         targets::checked::check_targets,
     },
-    serve::{Endpoints, Published, SnapshotRequest},
+    serve::Endpoints,
 };
 
 struct Session<'a> {
@@ -72,15 +73,13 @@ struct Session<'a> {
     /// warnings.
     announced: bool,
     /// What `--listen`'s endpoints show, and their requests for profiles.
-    published: Option<Arc<Mutex<Published>>>,
-    snapshot_requests: Option<mpsc::Receiver<SnapshotRequest>>,
-    /// What a probe hit costs on this host, as last measured.
-    cost_model: CostModel,
-    recalibration: Recalibration,
-    /// The probes' hits and the time they added, priced each tick.
-    ledger: CostLedger,
+    publishing: Option<Publishing>,
+    /// What the probes cost: per hit, as last measured, and their hits.
+    costs: Costs,
     /// `--max-overhead`.
     budget: Budget,
+    /// How each process's calls are sampled beyond the byte countdown.
+    sampling: SamplingState,
 }
 
 /// Runs a session; status lines go to `status` (stderr in the binary).
@@ -154,12 +153,10 @@ impl<'a> Session<'a> {
             exits,
             started: Instant::now(),
             announced: false,
-            published: None,
-            snapshot_requests: None,
-            cost_model: CostModel::default(),
-            recalibration: Recalibration::default(),
-            ledger: CostLedger::default(),
+            publishing: None,
+            costs: Costs::default(),
             budget: Budget::new(budget),
+            sampling: SamplingState::default(),
         }
     }
 }

@@ -5,7 +5,6 @@ use crate::{
     collect::{CollectorOptions, ProcessHeap},
     discover::AllocatorKind,
     proc::{FileId, Mapping, command_name, namespace_pid, parse_maps},
-    run::sampling::{own_profiler::WatchedCopy, windows::Windows},
     stacks::ProcessStacks,
 };
 
@@ -30,16 +29,8 @@ pub(super) struct Tracked {
     pub silence_reported: bool,
     /// Its allocators and their allocation calls, as of its last snapshot.
     pub allocator_calls: Vec<(String, Option<u64>)>,
-    /// How jemalloc copies not in windows are sampled, and why (the
-    /// profile's note): at entry, or by jemalloc's own profiler.
-    pub sampling_notes: Vec<String>,
     /// How allocator copies were found where no symbol named them.
     pub found_notes: Vec<String>,
-    /// Copies whose jemalloc has a profiler, watched in case it is switched
-    /// on or off.
-    pub watched: Vec<WatchedCopy>,
-    /// Its jemalloc copies sampled in windows (the default).
-    pub windows: Option<Windows>,
 }
 
 impl Tracked {
@@ -56,10 +47,7 @@ impl Tracked {
             exited: false,
             silence_reported: false,
             allocator_calls: Vec::new(),
-            sampling_notes: Vec::new(),
             found_notes: Vec::new(),
-            watched: Vec::new(),
-            windows: None,
         };
         tracked.set_maps(Some(maps));
         tracked

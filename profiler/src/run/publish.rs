@@ -13,6 +13,23 @@ use crate::{
     serve::{Endpoints, MAX_IN_FLIGHT, ProcessStatus, Published, RunHandle, SnapshotRequest},
 };
 
+/// `--listen`'s side of the run: what its endpoints show, and their
+/// requests for profiles.
+pub(super) struct Publishing {
+    published: Arc<Mutex<Published>>,
+    requests: mpsc::Receiver<SnapshotRequest>,
+}
+
+impl Publishing {
+    /// The endpoints' next request for a profile.
+    pub async fn next_request(publishing: Option<&mut Self>) -> Option<SnapshotRequest> {
+        match publishing {
+            Some(publishing) => publishing.requests.recv().await,
+            None => std::future::pending().await,
+        }
+    }
+}
+
 impl Session<'_> {
     /// Starts serving the endpoints from this run.
     pub(super) fn serve(&mut self, endpoints: Endpoints) {
@@ -30,20 +47,22 @@ impl Session<'_> {
             published: published.clone(),
             snapshots,
         });
-        self.published = Some(published);
-        self.snapshot_requests = Some(requests);
+        self.publishing = Some(Publishing {
+            published,
+            requests,
+        });
         self.publish();
     }
 
     /// Refreshes what the endpoints show. Cheap: sums, no profile copies.
     pub(super) fn publish(&mut self) {
-        let Some(published) = &self.published else {
+        let Some(Publishing { published, .. }) = &self.publishing else {
             return;
         };
-        let mut per_pid = self.ledger.per_process(&self.probes.attached);
+        let mut per_pid = self.costs.ledger.per_process(&self.probes.attached);
         let mut files: HashMap<u32, Vec<String>> = HashMap::new();
         let mut system_wide_hits = 0;
-        let hits = self.ledger.hits();
+        let hits = self.costs.ledger.hits();
         for (index, probe) in self.probes.attached.iter().enumerate() {
             match probe.scope {
                 Scope::Process(pid) => {
@@ -80,7 +99,7 @@ impl Session<'_> {
             *published = Published {
                 processes,
                 system_wide_hits,
-                hit_costs: self.cost_model.measured_kinds(),
+                hit_costs: self.costs.model.measured_kinds(),
             };
         }
     }

@@ -128,7 +128,7 @@ impl Session<'_> {
     /// `--verbose`: probe hits per second per entry point since `previous`
     /// (the ledger as it was then); returns the ledger as it is now.
     pub(super) fn report_rates(&mut self, previous: &CostLedger, period: Duration) -> CostLedger {
-        let recent = self.ledger.since(previous);
+        let recent = self.costs.ledger.since(previous);
         let costs = recent.costs(&self.probes.attached);
         let (switches, switched) = recent.switch_costs();
         let added = costs.iter().map(|c| c.added).sum::<Duration>() + switched;
@@ -150,7 +150,7 @@ impl Session<'_> {
             },
             100.0 * added.as_secs_f64() / period.as_secs_f64()
         );
-        self.ledger.clone()
+        self.costs.ledger.clone()
     }
 
     pub(super) fn clear_progress(&mut self) {

@@ -15,7 +15,6 @@ use tokio::{
 use crate::{
     error::Result,
     run::{event_loop::Stop, events_error, targets::checked::LaunchedCommand},
-    serve::SnapshotRequest,
 };
 
 /// The signals that end a run or ask for a snapshot.
@@ -78,15 +77,6 @@ pub(super) async fn wait_launched(
         Some(receiver) => receiver
             .await
             .unwrap_or_else(|_| Err(std::io::Error::other("lost the launched command"))),
-        None => std::future::pending().await,
-    }
-}
-
-pub(super) async fn next_request(
-    requests: &mut Option<mpsc::Receiver<SnapshotRequest>>,
-) -> Option<SnapshotRequest> {
-    match requests {
-        Some(requests) => requests.recv().await,
         None => std::future::pending().await,
     }
 }

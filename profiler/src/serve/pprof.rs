@@ -154,9 +154,7 @@ fn delta(before: &HeapProfile, mut after: HeapProfile, seconds: u64) -> HeapProf
             || s.alloc_objects != 0.0
             || s.alloc_bytes != 0.0
     });
-    after
-        .notes
-        .push(("delta_seconds".into(), seconds.to_string()));
+    after.notes.delta_seconds = Some(seconds);
     after
 }
 
@@ -196,10 +194,6 @@ mod tests {
             (-5.0, 0.0)
         );
         assert_eq!(of(&[4]).inuse_objects, 1.0);
-        assert!(
-            change
-                .notes
-                .contains(&("delta_seconds".into(), "30".into()))
-        );
+        assert_eq!(change.notes.delta_seconds, Some(30));
     }
 }

@@ -45,7 +45,7 @@ pub fn write<W: Write>(profile: &HeapProfile, mut out: W) -> io::Result<()> {
         total[0], total[1], total[2], total[3]
     )?;
     // jeprof skips lines it does not know; these carry what it cannot.
-    for (key, value) in &profile.notes {
+    for (key, value) in profile.notes.lines() {
         writeln!(out, "# {key}: {value}")?;
     }
     for (address, name) in &profile.jit_symbols {
@@ -99,6 +99,7 @@ mod tests {
     use std::path::PathBuf;
 
     use super::*;
+    use crate::profile::ProfileNotes;
 
     fn golden(name: &str, actual: &str) {
         let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -129,7 +130,7 @@ mod tests {
         assert!(text.contains("# jit_symbol 0x7f00deadbeef void HotAlloc.run(int)\n"));
         let parsed = read::parse(&text).unwrap();
         assert_eq!(parsed.symbols[&0x7f00deadbeef], "void HotAlloc.run(int)");
-        assert!(!parsed.notes.keys().any(|k| k.contains("jit")));
+        assert!(!parsed.notes.other.iter().any(|(k, _)| k.contains("jit")));
     }
 
     fn example() -> HeapProfile {
@@ -171,7 +172,10 @@ mod tests {
             ],
             mapped_libraries: "55d0c0a00000-55d0c0a02000 r-xp 00001000 08:01 12 /usr/bin/demo\n"
                 .into(),
-            notes: vec![("dropped_samples".into(), "3".into())],
+            notes: ProfileNotes {
+                other: vec![("dropped_samples".into(), "3".into())],
+                ..ProfileNotes::default()
+            },
         }
     }
 

@@ -3,7 +3,7 @@
 //! never a panic.
 use std::collections::HashMap;
 
-use crate::output::heap_v2::jeprof_decode;
+use crate::{output::heap_v2::jeprof_decode, profile::ProfileNotes};
 
 /// A stack as read from a `.heap`, its frames raw return addresses like a
 /// live one's: the reader adds back the 1 that the file's first frame was
@@ -16,7 +16,7 @@ pub type ParsedStack = crate::profile::StackEstimate;
 pub struct ParsedHeap {
     pub sample_interval: u64,
     /// memprobe's `# key: value` lines before the first stack.
-    pub notes: HashMap<String, String>,
+    pub notes: ProfileNotes,
     pub stacks: Vec<ParsedStack>,
     /// The text after `MAPPED_LIBRARIES:`.
     pub mapped_libraries: String,
@@ -169,7 +169,7 @@ fn read_note(heap: &mut ParsedHeap, stack: Option<&mut ParsedStack>, note: &str)
         Some(stack) if key == "oldest_live_s" => stack.oldest_live_s = value.parse().ok(),
         Some(_) => {}
         None => {
-            heap.notes.insert(key.to_owned(), value.to_owned());
+            heap.notes.read(key, value);
         }
     }
 }
@@ -187,7 +187,7 @@ mod tests {
         .unwrap();
         let heap = parse(&text).unwrap();
         assert_eq!(heap.sample_interval, 524_288);
-        assert_eq!(heap.notes["dropped_samples"], "3");
+        assert_eq!(heap.notes.other, [("dropped_samples".into(), "3".into())]);
         assert_eq!(heap.stacks.len(), 3);
         // Written as return address - 1, read back as the return address.
         assert_eq!(heap.stacks[0].frames[0], 0x55d0c0a01163);

@@ -13,7 +13,7 @@ use crate::run::{
 impl Session<'_> {
     /// Each tick: the processes over budget made cheaper, a step each.
     pub(in crate::run) fn enforce_budget(&mut self) {
-        let added = self.ledger.per_process(&self.probes.attached);
+        let added = self.costs.ledger.per_process(&self.probes.attached);
         let spent: Vec<(u32, Spent)> = self
             .tracked
             .values()
@@ -57,7 +57,7 @@ impl Session<'_> {
         // The last profile whose in-use figures are exact: no event has
         // been applied since the frees were dropped.
         self.snapshot(pid, &reason, SnapshotKind::Requested, Announce::Nothing);
-        let forced = self.ledger.update(&self.cost_model, &self.probes);
+        let forced = self.costs.price(&self.probes);
         self.say_forced_returns(&forced);
         if let Some(t) = self.tracked.get_mut(&pid) {
             t.heap.track_allocations_only();
@@ -82,7 +82,7 @@ impl Session<'_> {
         // Its last hits, counted between this tick's reading and the
         // detach, belong to this tick: the endpoints then show its final
         // count at once, not one tick later.
-        let forced = self.ledger.update(&self.cost_model, &self.probes);
+        let forced = self.costs.price(&self.probes);
         self.say_forced_returns(&forced);
         if let Some(t) = self.tracked.get_mut(&pid) {
             t.exited = true;

@@ -10,3 +10,22 @@ mod model;
 
 pub use ledger::{CostLedger, ProbeCost, human_count, rates};
 pub use model::CostModel;
+
+use crate::kernel::KernelProbes;
+
+/// What the probes cost: what a hit costs on this host as last measured,
+/// when it is measured next, and the hits priced so far.
+#[derive(Default)]
+pub(in crate::run) struct Costs {
+    pub model: CostModel,
+    pub recalibration: recalibration::Recalibration,
+    pub ledger: CostLedger,
+}
+
+impl Costs {
+    /// Prices the hits since the last look at the costs of now; the
+    /// probes whose returns another's probe began forcing.
+    pub fn price(&mut self, probes: &KernelProbes) -> Vec<usize> {
+        self.ledger.update(&self.model, probes)
+    }
+}

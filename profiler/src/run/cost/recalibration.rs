@@ -32,11 +32,11 @@ impl Session<'_> {
         };
         // Costs that could not be measured at start are not tried again;
         // with `--all` the copy timed would be profiled too.
-        if !self.cost_model.measured || !self.scope.recalibrates() {
+        if !self.costs.model.measured || !self.scope.recalibrates() {
             return;
         }
         let now = Instant::now();
-        self.recalibration = match std::mem::take(&mut self.recalibration) {
+        self.costs.recalibration = match std::mem::take(&mut self.costs.recalibration) {
             Recalibration::Unscheduled => Recalibration::Due(self.started + every),
             Recalibration::Due(at) if now >= at => match Remeasurement::start(&mut self.probes) {
                 Ok(running) => Recalibration::Running(running),
@@ -62,7 +62,7 @@ impl Session<'_> {
     ) {
         let line = match measured {
             Ok(model) => {
-                self.cost_model = model;
+                self.costs.model = model;
                 format!(
                     "probe costs: {model}; on endbr64 (CET builds' first instruction) {:.1} µs",
                     model.endbr64.as_secs_f64() * 1e6
@@ -82,7 +82,7 @@ impl Session<'_> {
     fn take_costs(&mut self, measured: Result<CostModel, CalibrationError>) {
         let line = match measured {
             Ok(model) => {
-                self.cost_model = model;
+                self.costs.model = model;
                 format!("probe costs measured again: {model}")
             }
             Err(error) => format!(

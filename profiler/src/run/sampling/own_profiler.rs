@@ -94,12 +94,12 @@ impl Session<'_> {
         self.print_verbose_probes(before);
         let note = own_note(path, interval);
         if let Scope::Process(pid) = scope
-            && let Some(t) = self.tracked.get_mut(&pid)
+            && self.tracked.contains_key(&pid)
         {
             if self.options.verbose {
                 let _ = writeln!(self.status, "memprobe: pid {pid}: {note}");
             }
-            t.sampling_notes.push(note);
+            self.sampling.of_mut(pid).notes.push(note);
         }
         self.watch(
             scope,
@@ -128,8 +128,8 @@ impl Session<'_> {
         if allocator.own_sampling.is_none() {
             return;
         }
-        if let Some(t) = self.tracked.get_mut(&pid) {
-            t.watched.push(WatchedCopy {
+        if self.tracked.contains_key(&pid) {
+            self.sampling.of_mut(pid).watched.push(WatchedCopy {
                 path: path.to_owned(),
                 open_path: open_path.to_owned(),
                 allocator: allocator.clone(),
@@ -149,21 +149,27 @@ impl Session<'_> {
         let pids: Vec<u32> = self
             .tracked
             .values()
-            .filter(|t| !t.exited && !t.watched.is_empty())
+            .filter(|t| !t.exited)
+            .filter(|t| {
+                self.sampling
+                    .of(t.pid)
+                    .is_some_and(|s| !s.watched.is_empty())
+            })
             .map(|t| t.pid)
             .collect();
         for pid in pids {
-            let Some(t) = self.tracked.get_mut(&pid) else {
+            let Some(t) = self.tracked.get(&pid) else {
                 continue;
             };
+            let watched = &mut self.sampling.of_mut(pid).watched;
             let mut changed = Vec::new();
-            for mut copy in std::mem::take(&mut t.watched) {
+            for mut copy in std::mem::take(watched) {
                 let Some(own) = copy.allocator.own_sampling.as_ref() else {
                     continue;
                 };
                 let Some(state) = read_switches(pid, &t.maps, &copy.path, &own.switches) else {
                     // Unreadable: the process is exiting.
-                    t.watched.push(copy);
+                    watched.push(copy);
                     continue;
                 };
                 // prof.thread_active_init only matters for threads started
@@ -181,7 +187,7 @@ impl Session<'_> {
                 {
                     *interval = 1 << state.lg_sample;
                 }
-                t.watched.push(copy);
+                watched.push(copy);
             }
             for copy in changed {
                 self.change_sampling(pid, copy);
@@ -195,9 +201,10 @@ impl Session<'_> {
         let mut slots = copy.slots.clone();
         let mut forgotten = 0;
         if let Some(t) = self.tracked.get_mut(&pid) {
+            let sampling = self.sampling.of_mut(pid);
             let prefix = format!("{}: ", copy.path);
-            t.sampling_notes.retain(|n| !n.starts_with(&prefix));
-            if let Some(windows) = t.windows.as_mut() {
+            sampling.notes.retain(|n| !n.starts_with(&prefix));
+            if let Some(windows) = sampling.windows.as_mut() {
                 slots.extend(windows.remove_copy(copy.instance));
             }
             // jemalloc's samples free through probed paths; memprobe's own

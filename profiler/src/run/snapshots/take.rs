@@ -5,6 +5,7 @@ use std::time::Instant;
 use crate::{
     error::Result,
     output::Format,
+    profile::ProfileNotes,
     run::{
         Session,
         snapshots::{
@@ -72,14 +73,11 @@ impl Session<'_> {
             return;
         };
         t.allocator_calls = allocator_calls;
-        let Some(head) = self.profile_head(pid, reason) else {
-            return;
-        };
+        let mut profile = t.heap.snapshot(t.maps.clone());
+        self.note_the_run(pid, reason, &mut profile.notes);
         let Some(t) = self.tracked.get(&pid) else {
             return;
         };
-        let mut profile = t.heap.snapshot(t.maps.clone());
-        profile.notes.splice(0..0, head);
         self.snapshots.of_mut(pid).taken += 1;
         let symbolized = self.options.formats.iter().any(|f| *f != Format::Heap);
         let is_jvm = t.maps.contains("/libjvm.so");
@@ -96,50 +94,38 @@ impl Session<'_> {
         self.snapshots.writer.submit(job);
     }
 
-    /// The notes at the head of `pid`'s next profile: what it is, why it
-    /// was taken, and how its allocations were found, sampled and tracked.
-    fn profile_head(&self, pid: u32, reason: &str) -> Option<Vec<(String, String)>> {
-        let t = self.tracked.get(&pid)?;
+    /// `notes` with what `pid`'s profile says of the run: what it is, why
+    /// it was taken, and how its allocations were found, sampled and
+    /// tracked.
+    fn note_the_run(&self, pid: u32, reason: &str, notes: &mut ProfileNotes) {
+        let Some(t) = self.tracked.get(&pid) else {
+            return;
+        };
         let (taken, skipped) = self
             .snapshots
             .of(pid)
             .map_or((0, 0), |s| (s.taken, s.skipped));
-        let mut head = vec![
-            ("command".to_owned(), t.command.clone()),
-            ("reason".to_owned(), reason.to_owned()),
-            ("snapshot".to_owned(), taken.to_string()),
-            (
-                "elapsed_s".to_owned(),
-                format!("{:.3}", self.started.elapsed().as_secs_f64()),
-            ),
-        ];
-        if let Some(inner) = t.container_pid {
-            head.push(("container_pid".into(), inner.to_string()));
-        }
-        head.push(("allocators".into(), describe(&t.allocator_calls)));
-        if !t.found_notes.is_empty() {
-            head.push(("allocator".into(), t.found_notes.join("; ")));
-        }
-        let windowed = t
-            .windows
-            .iter()
-            .flat_map(|w| w.notes(&self.options.windows));
-        let notes: Vec<String> = windowed.chain(t.sampling_notes.iter().cloned()).collect();
-        if !notes.is_empty() {
-            head.push(("malloc_sampling".into(), notes.join("; ")));
-        }
-        if self.options.collector.allocations_only {
-            head.push((
-                "tracking".into(),
-                "allocations only (--track allocations): in use = allocated".into(),
-            ));
-        } else if let Some(dropped) = self.budget.frees_dropped(pid) {
-            head.push(("tracking".into(), dropped.note()));
-        }
-        if skipped > 0 {
-            head.push(("skipped_snapshots".into(), skipped.to_string()));
-        }
-        Some(head)
+        notes.command = Some(t.command.clone());
+        notes.reason = Some(reason.to_owned());
+        notes.snapshot = Some(taken);
+        notes.elapsed_s = Some(self.started.elapsed().as_secs_f64());
+        notes.container_pid = t.container_pid;
+        notes.allocators = Some(describe(&t.allocator_calls));
+        notes.allocator = (!t.found_notes.is_empty()).then(|| t.found_notes.join("; "));
+        let sampling: Vec<String> = self.sampling.of(pid).map_or(Vec::new(), |s| {
+            let windowed = s
+                .windows
+                .iter()
+                .flat_map(|w| w.notes(&self.options.windows));
+            windowed.chain(s.notes.iter().cloned()).collect()
+        });
+        notes.malloc_sampling = (!sampling.is_empty()).then(|| sampling.join("; "));
+        notes.tracking = if self.options.collector.allocations_only {
+            Some("allocations only (--track allocations): in use = allocated".into())
+        } else {
+            self.budget.frees_dropped(pid).map(|dropped| dropped.note())
+        };
+        notes.skipped_snapshots = (skipped > 0).then_some(skipped);
     }
 
     /// Records the snapshots the writer finished since the last look.

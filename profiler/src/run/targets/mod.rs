@@ -141,8 +141,8 @@ impl Session<'_> {
                 if self.options.verbose {
                     let _ = writeln!(self.status, "memprobe: pid {pid}: {note}");
                 }
-                if let Some(t) = self.tracked.get_mut(&pid) {
-                    t.sampling_notes.push(note);
+                if self.tracked.contains_key(&pid) {
+                    self.sampling.of_mut(pid).notes.push(note);
                 }
             }
             Err(_) => {}

@@ -15,7 +15,7 @@ impl Session<'_> {
         self.tracked
             .values()
             .filter(|t| !t.exited)
-            .filter_map(|t| t.windows.as_ref())
+            .filter_map(|t| self.sampling.windows(t.pid))
             .filter(|w| !w.copies.is_empty())
             .map(|w| w.next_change(timing))
             .min()
@@ -29,7 +29,7 @@ impl Session<'_> {
             .tracked
             .values()
             .filter(|t| !t.exited)
-            .filter_map(|t| Some((t.pid, t.windows.as_ref()?)))
+            .filter_map(|t| Some((t.pid, self.sampling.windows(t.pid)?)))
             .filter(|(_, w)| !w.copies.is_empty() && w.next_change(&timing) <= now)
             .map(|(pid, w)| (pid, w.open.is_some(), w.continuous()))
             .collect();
@@ -50,7 +50,7 @@ impl Session<'_> {
     fn judge_continuous(&mut self, pid: u32, ring: &mut RingBuf<MapData>) {
         let cost = self.read_costs(pid);
         let timing = self.options.windows;
-        let Some(windows) = self.tracked.get_mut(&pid).and_then(|t| t.windows.as_mut()) else {
+        let Some(windows) = self.sampling.windows_mut(pid) else {
             return;
         };
         windows.recent_cost = cost;
@@ -62,11 +62,11 @@ impl Session<'_> {
             // Closed while it stays open: what the ring still holds of it
             // is applied as it comes, as before.
             self.close_window(pid, Some(ring));
-            if let Some(w) = self.tracked.get_mut(&pid).and_then(|t| t.windows.as_mut()) {
+            if let Some(w) = self.sampling.windows_mut(pid) {
                 w.duty = duty;
             }
             self.schedule_next(pid);
-            let own = self.tracked.get(&pid).and_then(|t| t.windows.as_ref());
+            let own = self.sampling.windows(pid);
             let own = own.map_or(0.0, |w| w.own_cpu);
             self.say_verbose(&format!(
                 "pid {pid}: malloc in windows {:.1}% of the time from now (at every call it \
@@ -84,7 +84,7 @@ impl Session<'_> {
     fn after_window(&mut self, pid: u32) {
         let cost = self.read_costs(pid);
         let timing = self.options.windows;
-        let Some(windows) = self.tracked.get_mut(&pid).and_then(|t| t.windows.as_mut()) else {
+        let Some(windows) = self.sampling.windows_mut(pid) else {
             return;
         };
         let wanted = windows.next_duty(&timing, cost);
@@ -109,13 +109,13 @@ impl Session<'_> {
 
     fn schedule_next(&mut self, pid: u32) {
         let timing = self.options.windows;
-        if let Some(windows) = self.tracked.get_mut(&pid).and_then(|t| t.windows.as_mut()) {
+        if let Some(windows) = self.sampling.windows_mut(pid) {
             windows.next_open = Instant::now() + timing.gap(windows.duty);
         }
     }
 
     pub(super) fn open_window(&mut self, pid: u32) {
-        let Some(mut windows) = self.tracked.get_mut(&pid).and_then(|t| t.windows.take()) else {
+        let Some(mut windows) = self.sampling.of_mut(pid).windows.take() else {
             return;
         };
         let number = windows.opened + 1;
@@ -133,9 +133,7 @@ impl Session<'_> {
         }
         windows.opened = number;
         windows.open = Some((number, Instant::now()));
-        if let Some(t) = self.tracked.get_mut(&pid) {
-            t.windows = Some(windows);
-        }
+        self.sampling.of_mut(pid).windows = Some(windows);
         // Its cost is read from here.
         self.read_costs(pid);
     }
@@ -149,7 +147,7 @@ impl Session<'_> {
             .tracked
             .values()
             .filter(|t| !t.exited)
-            .filter_map(|t| Some((t.pid, t.windows.as_ref()?)))
+            .filter_map(|t| Some((t.pid, self.sampling.windows(t.pid)?)))
             .filter(|(_, w)| !w.copies.is_empty() && !w.continuous())
             .map(|(pid, w)| (pid, w.open.is_some()))
             .collect();
@@ -171,9 +169,8 @@ impl Session<'_> {
     /// it held is then in it); one that stays open holds nothing.
     pub(in crate::run) fn close_open_window(&mut self, pid: u32) {
         let open = self
-            .tracked
-            .get(&pid)
-            .and_then(|t| t.windows.as_ref())
+            .sampling
+            .windows(pid)
             .is_some_and(|w| w.open.is_some() && !w.continuous());
         if open {
             self.close_window(pid, None);
@@ -186,9 +183,8 @@ impl Session<'_> {
     /// was held.
     fn close_window(&mut self, pid: u32, ring: Option<&mut RingBuf<MapData>>) {
         let slots: Vec<usize> = self
-            .tracked
-            .get(&pid)
-            .and_then(|t| t.windows.as_ref())
+            .sampling
+            .windows(pid)
             .map(|w| {
                 w.copies
                     .iter()
@@ -203,7 +199,7 @@ impl Session<'_> {
         let Some(t) = self.tracked.get_mut(&pid) else {
             return;
         };
-        let Some(windows) = t.windows.as_mut() else {
+        let Some(windows) = self.sampling.windows_mut(pid) else {
             return;
         };
         let Some((number, opened)) = windows.open.take() else {

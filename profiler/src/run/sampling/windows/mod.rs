@@ -40,10 +40,11 @@ impl Session<'_> {
                 windows_note(&timing, None)
             );
         }
-        let Some(t) = self.tracked.get_mut(&pid) else {
+        if !self.tracked.contains_key(&pid) {
             return;
-        };
-        let windows = t.windows.get_or_insert_with(|| Windows::new(&timing));
+        }
+        let windows =
+            (self.sampling.of_mut(pid).windows).get_or_insert_with(|| Windows::new(&timing));
         let Some((number, _)) = windows.open else {
             let first = windows.opened == 0;
             windows.add(copy);
@@ -61,7 +62,7 @@ impl Session<'_> {
         let mut copy = copy;
         match self.attach_in_window(pid, &mut copy, number, shift) {
             Ok(()) => {
-                if let Some(w) = self.tracked.get_mut(&pid).and_then(|t| t.windows.as_mut()) {
+                if let Some(w) = self.sampling.windows_mut(pid) {
                     w.add(copy);
                 }
             }
@@ -120,17 +121,15 @@ impl Session<'_> {
                 Err(_) => "malloc and operator new are no longer sampled",
             }
         );
-        if let Some(t) = self.tracked.get_mut(&pid) {
-            t.sampling_notes.push(format!(
-                "{}: at entry (a window could not open: {why})",
-                copy.path
-            ));
-        }
+        self.sampling.of_mut(pid).notes.push(format!(
+            "{}: at entry (a window could not open: {why})",
+            copy.path
+        ));
     }
 
     /// The estimated seconds `pid`'s windowed probes have cost so far.
     fn windowed_seconds(&self, pid: u32) -> f64 {
-        let Some(windows) = self.tracked.get(&pid).and_then(|t| t.windows.as_ref()) else {
+        let Some(windows) = self.sampling.windows(pid) else {
             return 0.0;
         };
         let hits = self.probes.probe_hits();
@@ -139,7 +138,7 @@ impl Session<'_> {
             .iter()
             .flat_map(|c| c.slots.iter())
             .filter_map(|&i| Some((hits.get(i)?, self.probes.attached.get(i)?)))
-            .map(|(&n, probe)| n as f64 * self.cost_model.per_hit(probe, false).as_secs_f64())
+            .map(|(&n, probe)| n as f64 * self.costs.model.per_hit(probe, false).as_secs_f64())
             .sum()
     }
 
@@ -150,7 +149,7 @@ impl Session<'_> {
         let priced = self.windowed_seconds(pid);
         let cpu = crate::proc::cpu_seconds(pid);
         let now = Instant::now();
-        let Some(windows) = self.tracked.get_mut(&pid).and_then(|t| t.windows.as_mut()) else {
+        let Some(windows) = self.sampling.windows_mut(pid) else {
             return 0.0;
         };
         if let Some(cpu) = cpu {
@@ -170,7 +169,7 @@ impl Session<'_> {
     /// share of a CPU (their recent cost, less what [`MIN_DUTY`] keeps);
     /// `None` where they are at their least already.
     pub(in crate::run) fn narrowing_saves(&self, pid: u32) -> Option<f64> {
-        let windows = self.tracked.get(&pid)?.windows.as_ref()?;
+        let windows = self.sampling.windows(pid)?;
         if windows.copies.is_empty() || windows.narrowed.is_some() {
             return None;
         }
@@ -181,7 +180,7 @@ impl Session<'_> {
     /// step), for `why`: from their next judgement they open [`MIN_DUTY`]
     /// of the time (fixed ones too).
     pub(in crate::run) fn narrow_windows(&mut self, pid: u32, why: &str) {
-        if let Some(windows) = self.tracked.get_mut(&pid).and_then(|t| t.windows.as_mut()) {
+        if let Some(windows) = self.sampling.windows_mut(pid) {
             windows.narrowed = Some((std::time::SystemTime::now(), why.to_owned()));
         }
     }

@@ -1,4 +1,7 @@
 //! A finished heap profile of one process: what every writer takes.
+mod notes;
+
+pub use notes::ProfileNotes;
 
 /// Estimated allocations of one call stack.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -26,9 +29,8 @@ pub struct HeapProfile {
     pub stacks: Vec<StackEstimate>,
     /// `/proc/PID/maps` as last read.
     pub mapped_libraries: String,
-    /// `key: value` facts about the run (drops, reason for the dump), written
-    /// where each format keeps comments.
-    pub notes: Vec<(String, String)>,
+    /// What it says of itself (the run, drops, the reason for the dump).
+    pub notes: ProfileNotes,
     /// Names of JIT-compiled code in the stacks (a JVM's perf map is gone by
     /// the time anyone reads the profile), keyed by the address as looked
     /// up (return address - 1).
