@@ -106,7 +106,7 @@ fn attach_failing_half_way_detaches_the_copys_probes_and_the_run_goes_on() {
     assert!(stderr.contains(&library.display().to_string()), "{stderr}");
     // Half-way: some of the copy's probes were in place, and went again.
     let detached: usize = stderr
-        .split("; the ")
+        .split("(the ")
         .nth(1)
         .and_then(|rest| rest.split(' ').next()?.parse().ok())
         .unwrap_or_else(|| panic!("no count of detached probes:\n{stderr}"));
