@@ -3,7 +3,8 @@
 //! writing profiles that jeprof reads.
 //!
 //! One folder per stage of a run, in the order data flows:
-//! [`proc`] reads processes (maps, roots), [`discover`] finds allocators and
+//! [`proc`] reads processes (maps, roots), [`binary`] reads ELF files and
+//! decodes their code, [`discover`] finds allocators and
 //! where to probe them, [`kernel`] loads and attaches the eBPF programs and
 //! decodes their events, [`stacks`] unwinds sampled stacks, [`collect`]
 //! keeps live samples and per-stack estimates, [`symbolize`] names frames,
@@ -13,6 +14,7 @@
 //! them together. Each imports only the stages before it (checked by
 //! `tests/stages.rs`); each area has its own error type, which [`Error`]
 //! gathers for the run.
+pub(crate) mod binary;
 pub(crate) mod clock;
 pub mod collect;
 pub(crate) mod discover;

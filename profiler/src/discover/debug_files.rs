@@ -13,7 +13,7 @@ use std::{
 use memmap2::Mmap;
 use object::Object;
 
-use crate::{discover::elf::Segment, proc::rootfs::open_in_root_following};
+use crate::{binary::elf::Segment, proc::rootfs::open_in_root_following};
 
 const DEBUG_ROOT: &str = "/usr/lib/debug";
 

@@ -3,7 +3,8 @@ use std::collections::BTreeSet;
 
 use iced_x86::Register;
 
-use crate::discover::{allocators::AllocatorKind, elf::FunctionSymbols, placement::Placement};
+use crate::binary::{elf::FunctionSymbols, placement::Placement};
+use crate::discover::allocators::AllocatorKind;
 
 pub use profiler_common::CallShape;
 

@@ -7,7 +7,8 @@
 //! build.
 use iced_x86::{Code, Decoder, DecoderOptions, FlowControl, Instruction, OpKind, Register};
 
-use crate::discover::{by_code, elf::FunctionSymbols, entry_points, placement, served::SERVED};
+use crate::binary::{elf::FunctionSymbols, placement};
+use crate::discover::{by_code, entry_points, served::SERVED};
 
 /// Most instructions read from malloc's entry.
 const MAX_INSTRUCTIONS: usize = 24;
@@ -40,7 +41,7 @@ pub struct FastPath {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SlowPath {
     pub fast: FastPath,
-    pub placement: crate::discover::placement::Placement,
+    pub placement: crate::binary::placement::Placement,
     /// File-offset extents of jemalloc's own code between its slow path
     /// and the program: the served entry points and the functions they
     /// branch to (`operator new`'s fallback). A sample's leading frames
@@ -51,7 +52,7 @@ pub struct SlowPath {
 /// jemalloc's version string in an ELF file's read-only data: the release,
 /// before its build's git suffix.
 pub fn version_in_file(data: &[u8]) -> Option<String> {
-    crate::discover::elf::read_only_data(data)
+    crate::binary::elf::read_only_data(data)
         .into_iter()
         .find_map(version)
 }
@@ -242,7 +243,7 @@ pub(crate) fn own_code(
         let Some(code) = symbols.code(data, function.address, len) else {
             continue;
         };
-        for target in crate::discover::code::branch_targets(code, function.address) {
+        for target in crate::binary::code::branch_targets(code, function.address) {
             if target != function.address && symbols.is_function_start(target) {
                 extents.push((target, length(target, 0)));
             }

@@ -8,16 +8,19 @@ use std::{
 };
 
 use crate::{
+    binary::{
+        elf,
+        elf::FunctionSymbols,
+        placement::{self, Placement},
+    },
     discover::debug_files::DebugFile,
     discover::{
-        Allocator, AllocatorKind, DiscoverError, by_code, elf,
-        elf::FunctionSymbols,
+        Allocator, AllocatorKind, DiscoverError, by_code,
         entry_points::{self, EntryPoint, FoundEntryPoints, find_allocators},
         fast_path, file_name,
         forwarding::{may_forward, split_wrappers},
         hidden_jemalloc,
         own_sampling::OwnSampling,
-        placement::{self, Placement},
     },
 };
 

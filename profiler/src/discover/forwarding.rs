@@ -5,11 +5,11 @@
 //! realloc calls malloc) are marked, so that one call is not counted twice.
 use std::collections::HashMap;
 
-use crate::discover::{
+use crate::binary::{
     code::{branch_targets, plt_stub_symbol, straight_line_exit},
     elf::FunctionSymbols,
-    entry_points::EntryPoint,
 };
+use crate::discover::entry_points::EntryPoint;
 
 /// Separates entry points whose straight-line path calls or jumps to another
 /// entry point (directly or through the PLT) from those to probe.

@@ -4,16 +4,13 @@
 //! rescans for `dlopen`ed libraries and `--all` stay cheap.
 pub mod allocators;
 pub mod by_code;
-pub mod code;
 pub mod debug_files;
-pub mod elf;
 pub mod entry_points;
 mod error;
 pub mod fast_path;
 mod file_facts;
 mod forwarding;
 pub mod own_sampling;
-pub mod placement;
 pub mod served;
 use std::{
     collections::{BTreeSet, HashMap},

@@ -13,12 +13,14 @@ use std::{ops::Range, sync::Arc};
 use object::{Object, ObjectSymbol};
 use profiler_common::CallShape;
 
+use crate::binary::{
+    elf::{FunctionSymbols, Segment},
+    placement::Placement,
+};
 use crate::discover::{
     Allocator,
-    elf::{FunctionSymbols, Segment},
     entry_points::{C_ENTRY_POINTS, CXX_ENTRY_POINTS, EntryPoint},
     fast_path, place_probe,
-    placement::Placement,
 };
 
 /// Where a jemalloc copy keeps its profiler's switches. They live in

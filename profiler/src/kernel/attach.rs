@@ -7,7 +7,8 @@ use aya::programs::{UProbe, uprobe::UProbeScope};
 use profiler_common::{CallShape, cookie};
 
 use crate::{
-    discover::{Allocator, entry_points::EntryPoint, placement::Placement},
+    binary::placement::Placement,
+    discover::{Allocator, entry_points::EntryPoint},
     kernel::error::{KernelError, Result},
     kernel::{AttachedProbe, KernelProbes, LinkFailure, PlacementMode, ProbeLinks, Scope},
     proc::FileId,

@@ -34,7 +34,7 @@ use aya::{
 use profiler_common::{FastPathConfig, FastPathKey, maps};
 
 use crate::{
-    discover::placement::Placement, kernel::error::Result, kernel::uprobe_multi::MultiPrograms,
+    binary::placement::Placement, kernel::error::Result, kernel::uprobe_multi::MultiPrograms,
 };
 
 /// The eBPF object built from `profiler-ebpf`.

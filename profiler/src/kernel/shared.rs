@@ -64,7 +64,8 @@ mod tests {
     use profiler_common::CallShape;
 
     use super::*;
-    use crate::discover::{AllocatorKind, placement::Placement};
+    use crate::binary::placement::Placement;
+    use crate::discover::AllocatorKind;
 
     fn probe(pid: u32, inode: u64, offset: u64, return_half: ReturnHalf) -> AttachedProbe {
         let mut placement = Placement::entry("test");

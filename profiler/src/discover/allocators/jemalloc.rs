@@ -4,10 +4,8 @@
 //! 16-byte quantum), exact.
 use profiler_common::CallShape;
 
-use crate::discover::{
-    allocators::{Family, PAGE, quarter_doubling, round_up},
-    elf::FunctionSymbols,
-};
+use crate::binary::elf::FunctionSymbols;
+use crate::discover::allocators::{Family, PAGE, quarter_doubling, round_up};
 
 pub struct Jemalloc;
 

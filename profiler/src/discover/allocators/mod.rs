@@ -8,10 +8,8 @@ mod tcmalloc;
 
 use profiler_common::CallShape;
 
-use crate::discover::{
-    elf::FunctionSymbols,
-    entry_points::{C_ENTRY_POINTS, CXX_ENTRY_POINTS},
-};
+use crate::binary::elf::FunctionSymbols;
+use crate::discover::entry_points::{C_ENTRY_POINTS, CXX_ENTRY_POINTS};
 
 /// What memprobe knows of one allocator.
 pub trait Family: Sync {

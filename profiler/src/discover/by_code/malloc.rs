@@ -1,9 +1,8 @@
 //! The one `malloc` among the functions of its shape.
 use std::collections::BTreeSet;
 
-use crate::discover::{
-    by_code::Refusal, code::branch_targets, elf::FunctionSymbols, fast_path::FastPath,
-};
+use crate::binary::{code::branch_targets, elf::FunctionSymbols};
+use crate::discover::{by_code::Refusal, fast_path::FastPath};
 
 /// What `malloc`'s shape told.
 pub(super) struct Malloc {

@@ -27,12 +27,11 @@ use std::collections::BTreeSet;
 use iced_x86::{Decoder, DecoderOptions, Instruction, Register};
 use profiler_common::CallShape;
 
+use crate::binary::{elf::FunctionSymbols, placement::Placement};
 use crate::discover::{
     AllocatorKind,
-    elf::FunctionSymbols,
     entry_points::{EntryPoint, FoundEntryPoints},
     fast_path::{self, FastPath},
-    placement::Placement,
 };
 use malloc::{Malloc, find_malloc};
 use shapes::{

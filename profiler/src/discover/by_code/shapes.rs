@@ -7,10 +7,9 @@ use std::collections::BTreeSet;
 
 use iced_x86::{Code, FlowControl, Instruction, Mnemonic, OpKind, Register};
 
+use crate::binary::{code::straight_line_exit, elf::FunctionSymbols};
 use crate::discover::{
     by_code::Head,
-    code::straight_line_exit,
-    elf::FunctionSymbols,
     fast_path::{self, FastPath},
 };
 

@@ -215,7 +215,7 @@ mod tests {
     use profiler_common::CallShape;
 
     use super::*;
-    use crate::{discover::placement::Placement, kernel::ReturnHalf};
+    use crate::{binary::placement::Placement, kernel::ReturnHalf};
 
     fn probe(symbol: &str, emulated: bool, return_half: ReturnHalf) -> AttachedProbe {
         let mut placement = Placement::entry("test");

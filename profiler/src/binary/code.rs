@@ -2,7 +2,7 @@
 //! matching bytes by hand.
 use iced_x86::{Decoder, DecoderOptions, FlowControl, OpKind, Register};
 
-use crate::discover::elf::FunctionSymbols;
+use crate::binary::elf::FunctionSymbols;
 
 /// Most instructions followed on a straight-line path.
 const MAX_STRAIGHT_LINE: usize = 32;
