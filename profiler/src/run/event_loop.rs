@@ -167,8 +167,10 @@ impl Session<'_> {
         self.say_forced_returns(&forced);
         self.keep_costs_measured();
         self.rescan()?;
-        self.check_growth();
-        self.enforce_budget();
+        let grown = self.growth_actions();
+        self.apply(grown);
+        let over_budget = self.budget_actions();
+        self.apply(over_budget);
         self.watch_own_profilers();
         self.check_silent_allocators();
         self.publish();

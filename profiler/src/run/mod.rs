@@ -1,6 +1,7 @@
 //! One profiling run: check the targets, load and attach, collect until
 //! told to stop, write, detach. Rescans once a second for libraries loaded
 //! later and, with `--all`, for processes started later.
+mod actions;
 mod budget;
 pub mod cost;
 mod drain;

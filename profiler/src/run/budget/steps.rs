@@ -1,18 +1,20 @@
-//! The budget's steps, taken on the run's probes and snapshots: windows
-//! narrowed, frees dropped (after a last exact snapshot), probes detached
-//! (after a last snapshot).
+//! The budget's answer each tick (a step for each process over it), and
+//! its steps taken on the run's probes and snapshots: windows narrowed,
+//! frees dropped (after a last exact snapshot), probes detached (after a
+//! last snapshot).
 use std::time::Instant;
 
 use crate::run::{
     Session,
+    actions::Action,
     budget::{INDIRECT_ALLOWANCE, SUSTAINED, Spent, Step},
     sampling::windows::MIN_DUTY,
     snapshots::{SnapshotKind, writer::Announce},
 };
 
 impl Session<'_> {
-    /// Each tick: the processes over budget made cheaper, a step each.
-    pub(in crate::run) fn enforce_budget(&mut self) {
+    /// Each tick, the budget's answer: a step for each process over it.
+    pub(in crate::run) fn budget_actions(&mut self) -> Vec<Action> {
         let added = self.costs.ledger.per_process(&self.probes.attached);
         let spent: Vec<(u32, Spent)> = self
             .tracked
@@ -27,16 +29,23 @@ impl Session<'_> {
             })
             .collect();
         let frees_probed = !self.options.collector.allocations_only;
-        for (pid, share) in self.budget.over(Instant::now(), spent) {
-            let reason = over_budget(share, self.budget.limit().unwrap_or(0.0));
-            match self
-                .budget
-                .step(pid, self.narrowing_saves(pid), frees_probed)
-            {
-                Step::NarrowWindows => self.narrow_windows_for_budget(pid, &reason),
-                Step::DropFrees if self.probes.drop_frees(pid) > 0 => self.drop_frees(pid, reason),
-                Step::DropFrees | Step::Detach => self.detach_over_budget(pid, reason),
-            }
+        let over = self.budget.over(Instant::now(), spent);
+        over.into_iter()
+            .map(|(pid, share)| Action::Budget {
+                pid,
+                step: (self.budget).step(pid, self.narrowing_saves(pid), frees_probed),
+                reason: over_budget(share, self.budget.limit().unwrap_or(0.0)),
+            })
+            .collect()
+    }
+
+    /// Takes one of the budget's steps for `pid` (a process with no frees
+    /// left to drop is detached).
+    pub(in crate::run) fn take_step(&mut self, pid: u32, step: Step, reason: String) {
+        match step {
+            Step::NarrowWindows => self.narrow_windows_for_budget(pid, &reason),
+            Step::DropFrees if self.probes.drop_frees(pid) > 0 => self.drop_frees(pid, reason),
+            Step::DropFrees | Step::Detach => self.detach_over_budget(pid, reason),
         }
     }
 

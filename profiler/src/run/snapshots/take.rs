@@ -8,6 +8,7 @@ use crate::{
     profile::ProfileNotes,
     run::{
         Session,
+        actions::Action,
         snapshots::{
             SnapshotKind,
             writer::{Announce, Job},
@@ -40,19 +41,25 @@ impl Session<'_> {
         }
     }
 
-    /// `--dump-on-growth`: a snapshot of each process whose estimated
-    /// in-use bytes grew by the trigger's size within its window.
-    pub(in crate::run) fn check_growth(&mut self) {
+    /// `--dump-on-growth`'s answer each tick: a snapshot of each process
+    /// whose estimated in-use bytes grew by the trigger's size within its
+    /// window.
+    pub(in crate::run) fn growth_actions(&mut self) -> Vec<Action> {
         let inuse: Vec<(u32, f64)> = self
             .tracked
             .values()
             .filter(|t| !t.exited)
             .map(|t| (t.pid, t.heap.inuse_bytes()))
             .collect();
-        for (pid, reason) in self.snapshots.grown(Instant::now(), inuse) {
-            let announce = Announce::Growth(reason.clone());
-            self.snapshot(pid, &reason, SnapshotKind::Requested, announce);
-        }
+        let grown = self.snapshots.grown(Instant::now(), inuse);
+        grown
+            .into_iter()
+            .map(|(pid, reason)| Action::Snapshot {
+                pid,
+                announce: Announce::Growth(reason.clone()),
+                reason,
+            })
+            .collect()
     }
 
     /// Takes `pid`'s profile now and hands it to the writer.
