@@ -65,7 +65,10 @@ impl Session<'_> {
             return;
         }
         let event = match event {
-            Event::Sampled(sample) => self.finish_sample(pid, sample),
+            Event::Sampled(sample) => match self.finish_sample(pid, sample) {
+                Some(sample) => sample,
+                None => return,
+            },
             Event::Returned {
                 header,
                 ptr,
@@ -109,10 +112,10 @@ impl Session<'_> {
 
     /// A sample of `pid` made whole: its stack unwound, and what its probe
     /// samples (the allocator, the copy, the interval) looked up.
-    fn finish_sample(&mut self, pid: u32, mut sample: KernelSample) -> HeapEvent {
+    fn finish_sample(&mut self, pid: u32, mut sample: KernelSample) -> Option<HeapEvent> {
         let fast_path = self.probes.frame_pointer_fast_path();
         let probe = self.probes.attached.get(sample.header.probe as usize);
-        let t = self.tracked.get_mut(&pid).expect("tracked");
+        let t = self.tracked.get_mut(&pid)?;
         if t.comes_from_unmapped_code(&sample.frames) || t.stacks.needs_trampoline(&sample) {
             t.set_maps(read_maps(pid).ok());
         }
@@ -145,7 +148,7 @@ impl Session<'_> {
         if let Some(trusted) = trusted {
             self.probes.trust_frame_pointers(pid, trusted);
         }
-        HeapEvent::Sampled(finished)
+        Some(HeapEvent::Sampled(finished))
     }
 
     /// A sampled pointer returned to a process whose frees are no longer

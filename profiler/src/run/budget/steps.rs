@@ -15,6 +15,10 @@ use crate::run::{
 impl Session<'_> {
     /// Each tick, the budget's answer: a step for each process over it.
     pub(in crate::run) fn budget_actions(&mut self) -> Vec<Action> {
+        // No budget (`none`, or `--all`): nothing to read each tick.
+        let Some(limit) = self.budget.limit() else {
+            return Vec::new();
+        };
         let added = self.costs.ledger.per_process(&self.probes.attached);
         let spent: Vec<(u32, Spent)> = self
             .tracked
@@ -34,7 +38,7 @@ impl Session<'_> {
             .map(|(pid, share)| Action::Budget {
                 pid,
                 step: (self.budget).step(pid, self.narrowing_saves(pid), frees_probed),
-                reason: over_budget(share, self.budget.limit().unwrap_or(0.0)),
+                reason: over_budget(share, limit),
             })
             .collect()
     }
