@@ -106,6 +106,7 @@ impl KernelProbes {
     /// Loads the programs into the kernel; nothing is attached yet.
     pub fn load(options: &KernelOptions, sample_interval: u64) -> Result<Self> {
         let placement = options.placement;
+        let fsbase_offset = task_fsbase_offset();
         let mut ebpf = EbpfLoader::new()
             .map_max_entries(maps::SAMPLED, options.max_sampled_pointers)
             .map_max_entries(maps::EVENTS, options.ring_buffer_bytes)
@@ -115,7 +116,7 @@ impl KernelProbes {
                 &(options.ring_buffer_bytes as u64 / 2),
                 true,
             )
-            .override_global(globals::TASK_FSBASE, &task_fsbase_offset(), true)
+            .override_global(globals::TASK_FSBASE, &fsbase_offset, true)
             .override_global(globals::OWN_TGID, &std::process::id(), true)
             .load(OBJECT)
             .map_err(|e| load_error("eBPF object", e))?;
@@ -145,12 +146,13 @@ impl KernelProbes {
             allocations_only: options.allocations_only,
             frees_dropped: std::collections::HashSet::new(),
             mapped_code_unavailable,
+            knows_fsbase: fsbase_offset != 0,
         })
     }
 
     /// Whether the kernel's BTF told where a task's fs base is (what
-    /// sampling on jemalloc's slow path reads).
-    pub fn knows_fsbase() -> bool {
-        task_fsbase_offset() != 0
+    /// sampling on jemalloc's slow path reads): read once, at load.
+    pub fn knows_fsbase(&self) -> bool {
+        self.knows_fsbase
     }
 }

@@ -26,7 +26,7 @@ impl Session<'_> {
         if self.options.sampling == Sampling::Entry {
             return Err("--sampling entry");
         }
-        if !crate::kernel::KernelProbes::knows_fsbase() {
+        if !self.probes.knows_fsbase() {
             return Err("the kernel's BTF does not place a task's fs base");
         }
         let not_recognised = "its malloc fast path is not a jemalloc 5.3 build memprobe recognises";
