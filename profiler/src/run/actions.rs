@@ -1,10 +1,13 @@
 //! What the run's deciding parts answer a tick with, and the run carrying
-//! it out: the budget and the growth triggers decide on their own state
-//! and the facts they are given; the probes and the snapshots are the
-//! run's to act on.
+//! it out: the budget, the growth triggers, the watch on jemalloc's own
+//! profilers and the watch for silent allocators decide on their own state
+//! and the facts they are given; the probes, the snapshots and stderr are
+//! the run's to act on.
 use crate::run::{
     Session,
     budget::Step,
+    notice::Notice,
+    sampling::own_profiler::WatchedCopy,
     snapshots::{SnapshotKind, writer::Announce},
 };
 
@@ -21,6 +24,11 @@ pub(super) enum Action {
         step: Step,
         reason: String,
     },
+    /// `pid`'s copy whose jemalloc profiler was switched on or off: its
+    /// probes changed to the other kind.
+    ChangeSampling { pid: u32, copy: Box<WatchedCopy> },
+    /// A line for the user.
+    Say(Notice),
 }
 
 impl Session<'_> {
@@ -34,6 +42,8 @@ impl Session<'_> {
                     announce,
                 } => self.snapshot(pid, &reason, SnapshotKind::Requested, announce),
                 Action::Budget { pid, step, reason } => self.take_step(pid, step, reason),
+                Action::ChangeSampling { pid, copy } => self.change_sampling(pid, *copy),
+                Action::Say(notice) => self.say(notice),
             }
         }
     }

@@ -167,12 +167,16 @@ impl Session<'_> {
         self.say_forced_returns(&forced);
         self.keep_costs_measured();
         self.rescan()?;
+        // Each part's answer is carried out before the next is asked: a
+        // process the budget detaches is no longer watched.
         let grown = self.growth_actions();
         self.apply(grown);
         let over_budget = self.budget_actions();
         self.apply(over_budget);
-        self.watch_own_profilers();
-        self.check_silent_allocators();
+        let switched = self.own_profiler_actions();
+        self.apply(switched);
+        let silent = self.silence_actions();
+        self.apply(silent);
         self.publish();
         self.record_written()?;
         clocks.ticks += 1;

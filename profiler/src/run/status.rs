@@ -9,6 +9,7 @@ use crate::{
     run::{
         Session,
         cost::{CostLedger, rates},
+        notice::Notice,
         process::Tracked,
         scope::RunScope,
     },
@@ -98,35 +99,26 @@ impl Session<'_> {
     /// indexes) now trap at every return for another profiled process's
     /// probes at the same place (see `kernel::shared`).
     pub(super) fn say_forced_returns(&mut self, forced: &[usize]) {
-        let mut by_file: BTreeMap<(u32, &str), Vec<&str>> = BTreeMap::new();
+        let mut by_file: BTreeMap<(u32, &str), Vec<String>> = BTreeMap::new();
         for probe in forced.iter().filter_map(|&i| self.probes.attached.get(i)) {
             if let Scope::Process(pid) = probe.scope {
                 let symbols = by_file.entry((pid, &probe.path)).or_default();
-                symbols.push(&probe.symbol);
+                symbols.push(probe.symbol.clone());
             }
         }
-        let lines: Vec<String> = by_file
+        let notices: Vec<Notice> = by_file
             .into_iter()
-            .map(|((pid, path), symbols)| {
-                format!(
-                    "memprobe: pid {pid} maps {path} as another profiled process does: each \
-                     call of its {} now traps at its return too, sampled or not (a uprobe \
-                     session made for another process asks for the return half of every call \
-                     it is filtered out of); counted in its cost",
-                    symbols.join(", ")
-                )
+            .map(|((pid, path), symbols)| Notice::ForcedReturns {
+                pid,
+                path: path.to_owned(),
+                symbols,
             })
             .collect();
-        if !lines.is_empty() {
-            self.clear_progress();
-        }
-        for line in lines {
-            let _ = writeln!(self.status, "{line}");
+        for notice in notices {
+            self.say(notice);
         }
     }
 
-    /// `--verbose`: probe hits per second per entry point since `previous`
-    /// (the ledger as it was then); returns the ledger as it is now.
     pub(super) fn report_rates(&mut self, previous: &CostLedger, period: Duration) -> CostLedger {
         let recent = self.costs.ledger.since(previous);
         let costs = recent.costs(&self.probes.attached);

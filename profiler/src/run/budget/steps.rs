@@ -8,7 +8,7 @@ use crate::run::{
     Session,
     actions::Action,
     budget::{INDIRECT_ALLOWANCE, SUSTAINED, Spent, Step},
-    sampling::windows::MIN_DUTY,
+    notice::Notice,
     snapshots::{SnapshotKind, writer::Announce},
 };
 
@@ -56,12 +56,10 @@ impl Session<'_> {
     fn narrow_windows_for_budget(&mut self, pid: u32, reason: &str) {
         self.narrow_windows(pid, reason);
         self.budget.start_over(pid);
-        self.clear_progress();
-        let _ = writeln!(
-            self.status,
-            "memprobe: pid {pid}: sampling windows narrowed to {:.1}% of the time, {reason}",
-            MIN_DUTY * 100.0
-        );
+        self.say(Notice::WindowsNarrowed {
+            pid,
+            reason: reason.to_owned(),
+        });
     }
 
     /// `pid`'s frees were unprobed: its profile written as it was, and
@@ -75,12 +73,10 @@ impl Session<'_> {
         if let Some(t) = self.tracked.get_mut(&pid) {
             t.heap.track_allocations_only();
         }
-        self.clear_progress();
-        let _ = writeln!(
-            self.status,
-            "memprobe: pid {pid}: frees no longer tracked, {reason}; its profile counts \
-             allocations only from now on"
-        );
+        self.say(Notice::FreesDropped {
+            pid,
+            reason: reason.clone(),
+        });
         self.budget.note_frees_dropped(pid, reason);
     }
 

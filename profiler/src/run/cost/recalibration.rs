@@ -11,6 +11,7 @@ use crate::run::{
         CostModel,
         calibrate::{CalibrationError, Remeasurement},
     },
+    notice::Notice,
 };
 
 /// When the next measurement starts, or the one under way.
@@ -73,9 +74,7 @@ impl Session<'_> {
                 crate::error::chain(&error)
             ),
         };
-        if self.options.verbose {
-            let _ = writeln!(self.status, "memprobe: {line}");
-        }
+        self.say(Notice::ProbeCosts(line));
     }
 
     /// The new costs, or the old ones kept; said with `--verbose`.
@@ -90,8 +89,6 @@ impl Session<'_> {
                 crate::error::chain(&error)
             ),
         };
-        if self.options.verbose {
-            let _ = writeln!(self.status, "memprobe: {line}");
-        }
+        self.say(Notice::ProbeCosts(line));
     }
 }

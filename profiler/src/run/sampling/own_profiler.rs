@@ -9,7 +9,7 @@ use crate::{
     error::Result,
     kernel::Scope,
     proc::{ProcessMemory, mapped_address},
-    run::{Sampling, Session},
+    run::{Sampling, Session, actions::Action, notice::Notice},
 };
 
 /// jemalloc's profiler switches as a process has them now.
@@ -59,14 +59,12 @@ impl Session<'_> {
         let maps = &self.tracked.get(&pid)?.maps;
         let state = read_switches(pid, maps, path, &own.switches)?;
         if let Err(why) = state.samples() {
-            if let Some(why) = why
-                && self.options.verbose
-            {
-                let _ = writeln!(
-                    self.status,
-                    "memprobe: pid {pid}: {path}: jemalloc's profiler is built in and on but \
-                     {why}: its samples are not used"
-                );
+            if let Some(why) = why {
+                self.say(Notice::OwnProfilerUnused {
+                    pid,
+                    path: path.to_owned(),
+                    why: why.to_owned(),
+                });
             }
             return None;
         }
@@ -96,10 +94,8 @@ impl Session<'_> {
         if let Scope::Process(pid) = scope
             && self.tracked.contains_key(&pid)
         {
-            if self.options.verbose {
-                let _ = writeln!(self.status, "memprobe: pid {pid}: {note}");
-            }
-            self.sampling.of_mut(pid).notes.push(note);
+            self.sampling.of_mut(pid).notes.push(note.clone());
+            self.say(Notice::Sampling { pid, note });
         }
         self.watch(
             scope,
@@ -145,7 +141,7 @@ impl Session<'_> {
     /// sampling, one whose profiler was made active has its samples taken
     /// from then on; a changed `lg_prof_sample` (`prof.reset`) weighs the
     /// samples that follow.
-    pub(in crate::run) fn watch_own_profilers(&mut self) {
+    pub(in crate::run) fn own_profiler_actions(&mut self) -> Vec<Action> {
         let pids: Vec<u32> = self
             .tracked
             .values()
@@ -157,12 +153,12 @@ impl Session<'_> {
             })
             .map(|t| t.pid)
             .collect();
+        let mut changed = Vec::new();
         for pid in pids {
             let Some(t) = self.tracked.get(&pid) else {
                 continue;
             };
             let watched = &mut self.sampling.of_mut(pid).watched;
-            let mut changed = Vec::new();
             for mut copy in std::mem::take(watched) {
                 let Some(own) = copy.allocator.own_sampling.as_ref() else {
                     continue;
@@ -179,7 +175,8 @@ impl Session<'_> {
                     None => state.samples().is_err(),
                 };
                 if !keep {
-                    changed.push(copy);
+                    let copy = Box::new(copy);
+                    changed.push(Action::ChangeSampling { pid, copy });
                     continue;
                 }
                 if let Some(interval) = copy.taking.as_mut()
@@ -189,15 +186,13 @@ impl Session<'_> {
                 }
                 watched.push(copy);
             }
-            for copy in changed {
-                self.change_sampling(pid, copy);
-            }
         }
+        changed
     }
 
     /// Detaches a copy's probes (on its profiler, or memprobe's usual ones
     /// with their windows) and attaches the other kind, saying so.
-    fn change_sampling(&mut self, pid: u32, copy: WatchedCopy) {
+    pub(in crate::run) fn change_sampling(&mut self, pid: u32, copy: WatchedCopy) {
         let mut slots = copy.slots.clone();
         let mut forgotten = 0;
         if let Some(t) = self.tracked.get_mut(&pid) {
@@ -214,23 +209,12 @@ impl Session<'_> {
             }
         }
         self.probes.detach_probes(&slots);
-        self.clear_progress();
-        let now = match copy.taking {
-            Some(_) => {
-                "made inactive (prof.active false); memprobe samples its allocations itself \
-                     from now on"
-                    .to_owned()
-            }
-            None => format!(
-                "made active; memprobe takes its samples from now on, and no longer follows \
-                 the {forgotten} allocations in use it had sampled itself"
-            ),
-        };
-        let _ = writeln!(
-            self.status,
-            "memprobe: pid {pid}: {}: jemalloc's profiler was {now}",
-            copy.path
-        );
+        self.say(Notice::OwnProfilerSwitched {
+            pid,
+            path: copy.path.clone(),
+            active: copy.taking.is_none(),
+            forgotten,
+        });
         let file = (copy.path.as_str(), copy.open_path.as_path());
         let scope = Scope::Process(pid);
         let allocator = &copy.allocator;
@@ -246,12 +230,11 @@ impl Session<'_> {
                 .map(|_| ())
         });
         if let Err(error) = result {
-            let _ = writeln!(
-                self.status,
-                "memprobe: warning: pid {pid}: {}: {}; its allocations are no longer sampled",
-                copy.path,
-                crate::error::chain(&error)
-            );
+            self.say(Notice::SamplingLost {
+                pid,
+                path: copy.path.clone(),
+                error: crate::error::chain(&error),
+            });
         }
     }
 }

@@ -3,7 +3,10 @@
 //! memprobe does not probe would otherwise get a silent, empty profile.
 use std::{path::Path, time::Duration};
 
-use crate::{kernel::Scope, run::Session};
+use crate::{
+    kernel::Scope,
+    run::{Session, actions::Action, notice::Notice},
+};
 
 /// How long a process's probed allocators may go uncalled before memprobe
 /// says so.
@@ -50,10 +53,11 @@ impl Session<'_> {
     }
 
     /// Once a process's probes have been attached for [`SILENCE`] without
-    /// one allocation call, says so (once), naming the allocators probed.
-    pub(in crate::run) fn check_silent_allocators(&mut self) {
+    /// one allocation call, a word (once) naming the allocators probed.
+    pub(in crate::run) fn silence_actions(&mut self) -> Vec<Action> {
+        let mut actions = Vec::new();
         if !self.scope.tells_of_silence() || self.started.elapsed() < SILENCE {
-            return;
+            return actions;
         }
         let hits = self.probes.probe_hits();
         let pids: Vec<u32> = self
@@ -72,21 +76,15 @@ impl Session<'_> {
                 continue;
             }
             t.silence_reported = true;
-            let line = format!(
-                "memprobe: pid {} ({}): no allocation call in {}s through the allocators found \
-                 ({}): it allocates through another allocator, or is idle",
+            let notice = Notice::Silent {
                 pid,
-                t.command,
-                SILENCE.as_secs(),
-                calls
-                    .iter()
-                    .map(|(l, _)| l.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            );
-            self.clear_progress();
-            let _ = writeln!(self.status, "{line}");
+                command: t.command.clone(),
+                seconds: SILENCE.as_secs(),
+                allocators: calls.into_iter().map(|(label, _)| label).collect(),
+            };
+            actions.push(Action::Say(notice));
         }
+        actions
     }
 }
 

@@ -7,7 +7,7 @@ use crate::{
     discover::{Allocator, AllocatorKind},
     kernel::Scope,
     proc::Mapping,
-    run::Session,
+    run::{Session, notice::Notice},
 };
 
 impl Session<'_> {
@@ -24,11 +24,7 @@ impl Session<'_> {
             }
             let note = format!("{path}: jemalloc not probed ({why}), its allocations not seen");
             t.found_notes.push(note.clone());
-            self.clear_progress();
-            let _ = writeln!(
-                self.status,
-                "memprobe: warning: pid {pid}: {note}; give its debug file with --debug-dir"
-            );
+            self.say(Notice::NotProbed { pid, note });
         }
     }
 
@@ -44,22 +40,24 @@ impl Session<'_> {
             return;
         };
         let note = format!("{path}: {}", found.describe());
-        let whose = match scope {
-            Scope::Process(pid) => format!("pid {pid}: "),
-            Scope::AllProcesses => String::new(),
+        let pid = match scope {
+            Scope::Process(pid) => Some(pid),
+            Scope::AllProcesses => None,
         };
-        if self.options.verbose {
-            let _ = writeln!(self.status, "memprobe: {whose}{note}");
-        } else if !found.missing.is_empty() {
-            let name = Path::new(path).file_name().map(|n| n.to_string_lossy());
-            let _ = writeln!(
-                self.status,
-                "memprobe: {whose}{}: jemalloc's entry points found by their code; calls to {} \
-                 are not seen",
-                name.unwrap_or_default(),
-                found.missing.join(", ")
-            );
-        }
+        let notice = if self.options.verbose || found.missing.is_empty() {
+            Notice::FoundByCode {
+                pid,
+                note: note.clone(),
+            }
+        } else {
+            let name = Path::new(path).file_name().unwrap_or_default();
+            Notice::EntryPointsUnseen {
+                pid,
+                file: name.to_string_lossy().into_owned(),
+                missing: found.missing.iter().map(|m| m.to_string()).collect(),
+            }
+        };
+        self.say(notice);
         if let Scope::Process(pid) = scope
             && let Some(t) = self.tracked.get_mut(&pid)
             && !t.found_notes.contains(&note)

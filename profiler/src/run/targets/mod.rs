@@ -15,7 +15,8 @@ use crate::{
     kernel::Scope,
     proc::{all_pids, parse_maps, read_maps},
     run::{
-        Sampling, Session, process::Tracked, sampling::windows::WindowedCopy, waits::watch_exit,
+        Sampling, Session, notice::Notice, process::Tracked, sampling::windows::WindowedCopy,
+        waits::watch_exit,
     },
 };
 
@@ -73,12 +74,9 @@ impl Session<'_> {
     fn survive_late_failure(&mut self, result: Result<usize>) -> Result<usize> {
         match result {
             Err(e) if self.announced => {
-                self.clear_progress();
-                let _ = writeln!(
-                    self.status,
-                    "memprobe: warning: {}; profiling goes on without it",
-                    crate::error::chain(&e)
-                );
+                self.say(Notice::LateAttachFailed {
+                    error: crate::error::chain(&e),
+                });
                 Ok(0)
             }
             result => result,
@@ -138,12 +136,10 @@ impl Session<'_> {
             }
             Err(reason) if allocator.kind == AllocatorKind::Jemalloc => {
                 let note = format!("{path}: at entry ({reason})");
-                if self.options.verbose {
-                    let _ = writeln!(self.status, "memprobe: pid {pid}: {note}");
-                }
                 if self.tracked.contains_key(&pid) {
-                    self.sampling.of_mut(pid).notes.push(note);
+                    self.sampling.of_mut(pid).notes.push(note.clone());
                 }
+                self.say(Notice::Sampling { pid, note });
             }
             Err(_) => {}
         }
@@ -219,12 +215,9 @@ impl Session<'_> {
             return;
         }
         if let Err(e) = self.rescan_pid(pid, Some(mapped_at)) {
-            self.clear_progress();
-            let _ = writeln!(
-                self.status,
-                "memprobe: warning: {}",
-                crate::error::chain(&e)
-            );
+            self.say(Notice::RescanFailed {
+                error: crate::error::chain(&e),
+            });
         }
     }
 
@@ -250,26 +243,19 @@ impl Session<'_> {
                     .is_some_and(|t| !t.attached_files.contains(&f.key()))
             })
             .collect();
-        let paths: Vec<String> = new
+        let copies: Vec<String> = new
             .iter()
             .map(|f| format!("{} in {}", f.allocator.kind, f.path))
             .collect();
         let attached = self.attach_found(pid, new)?;
         if attached > 0 {
-            let after = mapped_at
-                .map(|at| {
-                    format!(
-                        ", {} ms after it was mapped",
-                        crate::clock::monotonic_ns().saturating_sub(at) / 1_000_000
-                    )
-                })
-                .unwrap_or_default();
-            self.clear_progress();
-            let _ = writeln!(
-                self.status,
-                "memprobe: pid {pid} loaded {}: attached {attached} probes{after}",
-                paths.join(", ")
-            );
+            self.say(Notice::Loaded {
+                pid,
+                copies,
+                probes: attached,
+                after_ms: mapped_at
+                    .map(|at| crate::clock::monotonic_ns().saturating_sub(at) / 1_000_000),
+            });
         }
         Ok(())
     }

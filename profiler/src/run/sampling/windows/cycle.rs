@@ -6,7 +6,11 @@ use std::time::Instant;
 use aya::maps::{MapData, RingBuf};
 
 use super::{account, timing};
-use crate::{collect::HeapEvent, kernel::ThreadWindow, run::Session};
+use crate::{
+    collect::HeapEvent,
+    kernel::ThreadWindow,
+    run::{Session, notice::Notice},
+};
 
 impl Session<'_> {
     /// When any process's window opens, closes or is judged next.
@@ -68,13 +72,12 @@ impl Session<'_> {
             self.schedule_next(pid);
             let own = self.sampling.windows(pid);
             let own = own.map_or(0.0, |w| w.own_cpu);
-            self.say_verbose(&format!(
-                "pid {pid}: malloc in windows {:.1}% of the time from now (at every call it \
-                 cost {:.1}% of a CPU; the process used {:.0}% of one itself)",
-                duty * 100.0,
-                cost * 100.0,
-                own * 100.0
-            ));
+            self.say(Notice::WindowsRarer {
+                pid,
+                duty,
+                cost,
+                own,
+            });
         }
     }
 
@@ -97,11 +100,7 @@ impl Session<'_> {
         }
         if windows.duty >= 1.0 {
             self.open_window(pid);
-            self.say_verbose(&format!(
-                "pid {pid}: malloc at every call again (in its last window it cost {:.1}% of \
-                 a CPU)",
-                cost * 100.0
-            ));
+            self.say(Notice::EveryCallAgain { pid, cost });
         } else {
             self.schedule_next(pid);
         }

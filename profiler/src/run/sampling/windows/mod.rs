@@ -26,20 +26,20 @@ use std::time::Instant;
 pub(in crate::run) use account::{WindowedCopy, Windows};
 pub use timing::{MIN_DUTY, WINDOWS_COST, WindowTiming};
 
-use crate::{kernel::Scope, run::Session};
+use crate::{
+    kernel::Scope,
+    run::{Session, notice::Notice},
+};
 
 impl Session<'_> {
     /// Samples `copy` of `pid` in windows from now on.
     pub(in crate::run) fn start_windows(&mut self, pid: u32, copy: WindowedCopy) {
         let timing = self.options.windows;
-        if self.options.verbose {
-            let _ = writeln!(
-                self.status,
-                "memprobe: pid {pid}: {}: {}",
-                copy.path,
-                windows_note(&timing, None)
-            );
-        }
+        self.say(Notice::WindowsStarted {
+            pid,
+            path: copy.path.clone(),
+            note: windows_note(&timing, None),
+        });
         if !self.tracked.contains_key(&pid) {
             return;
         }
@@ -111,16 +111,12 @@ impl Session<'_> {
             copy.instance,
             &copy.slots,
         );
-        self.clear_progress();
-        let _ = writeln!(
-            self.status,
-            "memprobe: warning: pid {pid}: {}: a sampling window could not open ({why}); {}",
-            copy.path,
-            match attached {
-                Ok(_) => "malloc and operator new sampled at every call from now on",
-                Err(_) => "malloc and operator new are no longer sampled",
-            }
-        );
+        self.say(Notice::WindowRefused {
+            pid,
+            path: copy.path.clone(),
+            why: why.clone(),
+            at_entry: attached.is_ok(),
+        });
         self.sampling.of_mut(pid).notes.push(format!(
             "{}: at entry (a window could not open: {why})",
             copy.path
@@ -156,13 +152,6 @@ impl Session<'_> {
             windows.own_cpu_since(cpu, priced, now);
         }
         windows.cost_since(priced, now)
-    }
-
-    fn say_verbose(&mut self, line: &str) {
-        if self.options.verbose {
-            self.clear_progress();
-            let _ = writeln!(self.status, "memprobe: {line}");
-        }
     }
 
     /// What narrowing `pid`'s windows to their least would save, as a

@@ -1,0 +1,297 @@
+//! What the run tells its user on stderr while it runs, as typed notices:
+//! the parts decide what happened, and the run says it, each line
+//! starting with `memprobe: ` and clearing the progress line first.
+use std::fmt;
+
+use crate::run::{Session, sampling::windows::MIN_DUTY};
+
+/// Something a part of the run has to tell the user.
+#[derive(Debug, Clone, PartialEq)]
+pub(in crate::run) enum Notice {
+    /// A library with an allocator mapped since the last look, probed.
+    Loaded {
+        pid: u32,
+        /// "jemalloc in /usr/lib/libjemalloc.so.2", one per copy.
+        copies: Vec<String>,
+        probes: usize,
+        /// How long after its mapping, where the kernel told of it.
+        after_ms: Option<u64>,
+    },
+    /// A copy found after the start that could not be probed.
+    LateAttachFailed { error: String },
+    /// A process's maps could not be rescanned.
+    RescanFailed { error: String },
+    /// A file with jemalloc that cannot be probed (`note` says why).
+    NotProbed { pid: u32, note: String },
+    /// jemalloc found by its code, and how (`--verbose`).
+    FoundByCode { pid: Option<u32>, note: String },
+    /// jemalloc found by its code with entry points it could not find.
+    EntryPointsUnseen {
+        pid: Option<u32>,
+        file: String,
+        missing: Vec<String>,
+    },
+    /// How a copy is sampled, and why (`--verbose`).
+    Sampling { pid: u32, note: String },
+    /// jemalloc's profiler is on but does not sample (`--verbose`).
+    OwnProfilerUnused { pid: u32, path: String, why: String },
+    /// jemalloc's profiler was switched on or off while profiled.
+    OwnProfilerSwitched {
+        pid: u32,
+        path: String,
+        active: bool,
+        /// In-use allocations memprobe had sampled itself, no longer
+        /// followed once jemalloc's samples are taken.
+        forgotten: usize,
+    },
+    /// A copy whose probes could not be attached again.
+    SamplingLost {
+        pid: u32,
+        path: String,
+        error: String,
+    },
+    /// A copy's sampling windows (`--verbose`): `note` says how.
+    WindowsStarted {
+        pid: u32,
+        path: String,
+        note: String,
+    },
+    /// Windows made rarer: at every call they cost `cost` of a CPU, the
+    /// process using `own` itself (`--verbose`).
+    WindowsRarer {
+        pid: u32,
+        duty: f64,
+        cost: f64,
+        own: f64,
+    },
+    /// Windows back to every call, cheap enough (`--verbose`).
+    EveryCallAgain { pid: u32, cost: f64 },
+    /// A window could not open; `at_entry` whether its calls are sampled
+    /// at every call instead.
+    WindowRefused {
+        pid: u32,
+        path: String,
+        why: String,
+        at_entry: bool,
+    },
+    /// The budget's first step.
+    WindowsNarrowed { pid: u32, reason: String },
+    /// The budget's second step.
+    FreesDropped { pid: u32, reason: String },
+    /// A uprobe session made for another process traps at these
+    /// functions' returns in this one too.
+    ForcedReturns {
+        pid: u32,
+        path: String,
+        symbols: Vec<String>,
+    },
+    /// No allocation call through any allocator found, for a while.
+    Silent {
+        pid: u32,
+        command: String,
+        seconds: u64,
+        allocators: Vec<String>,
+    },
+    /// Probe costs measured (`--verbose`).
+    ProbeCosts(String),
+}
+
+impl Notice {
+    /// Said only with `--verbose`.
+    fn verbose_only(&self) -> bool {
+        matches!(
+            self,
+            Notice::FoundByCode { .. }
+                | Notice::Sampling { .. }
+                | Notice::OwnProfilerUnused { .. }
+                | Notice::WindowsStarted { .. }
+                | Notice::WindowsRarer { .. }
+                | Notice::EveryCallAgain { .. }
+                | Notice::ProbeCosts(_)
+        )
+    }
+}
+
+/// "pid 12: " for one process, nothing for system-wide probes.
+fn whose(pid: Option<u32>) -> String {
+    pid.map_or(String::new(), |pid| format!("pid {pid}: "))
+}
+
+impl fmt::Display for Notice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Notice::Loaded {
+                pid,
+                copies,
+                probes,
+                after_ms,
+            } => {
+                write!(
+                    f,
+                    "pid {pid} loaded {}: attached {probes} probes",
+                    copies.join(", ")
+                )?;
+                match after_ms {
+                    Some(ms) => write!(f, ", {ms} ms after it was mapped"),
+                    None => Ok(()),
+                }
+            }
+            Notice::LateAttachFailed { error } => {
+                write!(f, "warning: {error}; profiling goes on without it")
+            }
+            Notice::RescanFailed { error } => write!(f, "warning: {error}"),
+            Notice::NotProbed { pid, note } => write!(
+                f,
+                "warning: pid {pid}: {note}; give its debug file with --debug-dir"
+            ),
+            Notice::FoundByCode { pid, note } => write!(f, "{}{note}", whose(*pid)),
+            Notice::EntryPointsUnseen { pid, file, missing } => write!(
+                f,
+                "{}{file}: jemalloc's entry points found by their code; calls to {} are not seen",
+                whose(*pid),
+                missing.join(", ")
+            ),
+            Notice::Sampling { pid, note } => write!(f, "pid {pid}: {note}"),
+            Notice::OwnProfilerUnused { pid, path, why } => write!(
+                f,
+                "pid {pid}: {path}: jemalloc's profiler is built in and on but {why}: its \
+                 samples are not used"
+            ),
+            Notice::OwnProfilerSwitched {
+                pid,
+                path,
+                active: false,
+                ..
+            } => write!(
+                f,
+                "pid {pid}: {path}: jemalloc's profiler was made inactive (prof.active false); \
+                 memprobe samples its allocations itself from now on"
+            ),
+            Notice::OwnProfilerSwitched {
+                pid,
+                path,
+                active: true,
+                forgotten,
+            } => write!(
+                f,
+                "pid {pid}: {path}: jemalloc's profiler was made active; memprobe takes its \
+                 samples from now on, and no longer follows the {forgotten} allocations in use \
+                 it had sampled itself"
+            ),
+            Notice::SamplingLost { pid, path, error } => write!(
+                f,
+                "warning: pid {pid}: {path}: {error}; its allocations are no longer sampled"
+            ),
+            Notice::WindowsStarted { pid, path, note } => write!(f, "pid {pid}: {path}: {note}"),
+            Notice::WindowsRarer {
+                pid,
+                duty,
+                cost,
+                own,
+            } => write!(
+                f,
+                "pid {pid}: malloc in windows {:.1}% of the time from now (at every call it \
+                 cost {:.1}% of a CPU; the process used {:.0}% of one itself)",
+                duty * 100.0,
+                cost * 100.0,
+                own * 100.0
+            ),
+            Notice::EveryCallAgain { pid, cost } => write!(
+                f,
+                "pid {pid}: malloc at every call again (in its last window it cost {:.1}% of a \
+                 CPU)",
+                cost * 100.0
+            ),
+            Notice::WindowRefused {
+                pid,
+                path,
+                why,
+                at_entry,
+            } => write!(
+                f,
+                "warning: pid {pid}: {path}: a sampling window could not open ({why}); {}",
+                if *at_entry {
+                    "malloc and operator new sampled at every call from now on"
+                } else {
+                    "malloc and operator new are no longer sampled"
+                }
+            ),
+            Notice::WindowsNarrowed { pid, reason } => write!(
+                f,
+                "pid {pid}: sampling windows narrowed to {:.1}% of the time, {reason}",
+                MIN_DUTY * 100.0
+            ),
+            Notice::FreesDropped { pid, reason } => write!(
+                f,
+                "pid {pid}: frees no longer tracked, {reason}; its profile counts allocations \
+                 only from now on"
+            ),
+            Notice::ForcedReturns { pid, path, symbols } => write!(
+                f,
+                "pid {pid} maps {path} as another profiled process does: each call of its {} \
+                 now traps at its return too, sampled or not (a uprobe session made for another \
+                 process asks for the return half of every call it is filtered out of); counted \
+                 in its cost",
+                symbols.join(", ")
+            ),
+            Notice::Silent {
+                pid,
+                command,
+                seconds,
+                allocators,
+            } => write!(
+                f,
+                "pid {pid} ({command}): no allocation call in {seconds}s through the allocators \
+                 found ({}): it allocates through another allocator, or is idle",
+                allocators.join(", ")
+            ),
+            Notice::ProbeCosts(line) => f.write_str(line),
+        }
+    }
+}
+
+impl Session<'_> {
+    /// Says `notice` on stderr (a `--verbose` one only with `--verbose`).
+    pub(in crate::run) fn say(&mut self, notice: Notice) {
+        if notice.verbose_only() && !self.options.verbose {
+            return;
+        }
+        self.clear_progress();
+        let _ = writeln!(self.status, "memprobe: {notice}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_loaded_library_says_how_soon_when_known() {
+        let notice = Notice::Loaded {
+            pid: 7,
+            copies: vec!["jemalloc in /lib/libjemalloc.so.2".into()],
+            probes: 9,
+            after_ms: Some(12),
+        };
+        assert_eq!(
+            notice.to_string(),
+            "pid 7 loaded jemalloc in /lib/libjemalloc.so.2: attached 9 probes, 12 ms after it \
+             was mapped"
+        );
+    }
+
+    #[test]
+    fn only_the_run_s_details_wait_for_verbose() {
+        assert!(Notice::ProbeCosts(String::new()).verbose_only());
+        let dropped = Notice::FreesDropped {
+            pid: 1,
+            reason: "over budget".into(),
+        };
+        assert!(!dropped.verbose_only());
+        assert_eq!(
+            dropped.to_string(),
+            "pid 1: frees no longer tracked, over budget; its profile counts allocations only \
+             from now on"
+        );
+    }
+}
