@@ -8,6 +8,14 @@ use crate::run::{Session, sampling::windows::MIN_DUTY};
 /// Something a part of the run has to tell the user.
 #[derive(Debug, Clone, PartialEq)]
 pub(in crate::run) enum Notice {
+    Targets(TargetNotice),
+    Sampling(SamplingNotice),
+    Cost(CostNotice),
+}
+
+/// What was found in the processes, or not, and how it was probed.
+#[derive(Debug, Clone, PartialEq)]
+pub(in crate::run) enum TargetNotice {
     /// A library with an allocator mapped since the last look, probed.
     Loaded {
         pid: u32,
@@ -31,6 +39,18 @@ pub(in crate::run) enum Notice {
         file: String,
         missing: Vec<String>,
     },
+    /// No allocation call through any allocator found, for a while.
+    Silent {
+        pid: u32,
+        command: String,
+        seconds: u64,
+        allocators: Vec<String>,
+    },
+}
+
+/// How a process's allocations are sampled, and changes to it.
+#[derive(Debug, Clone, PartialEq)]
+pub(in crate::run) enum SamplingNotice {
     /// How a copy is sampled, and why (`--verbose`).
     Sampling { pid: u32, note: String },
     /// jemalloc's profiler is on but does not sample (`--verbose`).
@@ -74,6 +94,11 @@ pub(in crate::run) enum Notice {
         why: String,
         at_entry: bool,
     },
+}
+
+/// What the probes cost, and the budget's steps.
+#[derive(Debug, Clone, PartialEq)]
+pub(in crate::run) enum CostNotice {
     /// The budget's first step.
     WindowsNarrowed { pid: u32, reason: String },
     /// The budget's second step.
@@ -85,13 +110,6 @@ pub(in crate::run) enum Notice {
         path: String,
         symbols: Vec<String>,
     },
-    /// No allocation call through any allocator found, for a while.
-    Silent {
-        pid: u32,
-        command: String,
-        seconds: u64,
-        allocators: Vec<String>,
-    },
     /// Probe costs measured (`--verbose`).
     ProbeCosts(String),
 }
@@ -101,14 +119,44 @@ impl Notice {
     fn verbose_only(&self) -> bool {
         matches!(
             self,
-            Notice::FoundByCode { .. }
-                | Notice::Sampling { .. }
-                | Notice::OwnProfilerUnused { .. }
-                | Notice::WindowsStarted { .. }
-                | Notice::WindowsRarer { .. }
-                | Notice::EveryCallAgain { .. }
-                | Notice::ProbeCosts(_)
+            Notice::Targets(TargetNotice::FoundByCode { .. })
+                | Notice::Sampling(
+                    SamplingNotice::Sampling { .. }
+                        | SamplingNotice::OwnProfilerUnused { .. }
+                        | SamplingNotice::WindowsStarted { .. }
+                        | SamplingNotice::WindowsRarer { .. }
+                        | SamplingNotice::EveryCallAgain { .. }
+                )
+                | Notice::Cost(CostNotice::ProbeCosts(_))
         )
+    }
+}
+
+impl fmt::Display for Notice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Notice::Targets(notice) => notice.fmt(f),
+            Notice::Sampling(notice) => notice.fmt(f),
+            Notice::Cost(notice) => notice.fmt(f),
+        }
+    }
+}
+
+impl From<TargetNotice> for Notice {
+    fn from(notice: TargetNotice) -> Self {
+        Notice::Targets(notice)
+    }
+}
+
+impl From<SamplingNotice> for Notice {
+    fn from(notice: SamplingNotice) -> Self {
+        Notice::Sampling(notice)
+    }
+}
+
+impl From<CostNotice> for Notice {
+    fn from(notice: CostNotice) -> Self {
+        Notice::Cost(notice)
     }
 }
 
@@ -117,10 +165,10 @@ fn whose(pid: Option<u32>) -> String {
     pid.map_or(String::new(), |pid| format!("pid {pid}: "))
 }
 
-impl fmt::Display for Notice {
+impl fmt::Display for TargetNotice {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Notice::Loaded {
+            Self::Loaded {
                 pid,
                 copies,
                 probes,
@@ -136,54 +184,59 @@ impl fmt::Display for Notice {
                     None => Ok(()),
                 }
             }
-            Notice::LateAttachFailed { error } => {
+            Self::LateAttachFailed { error } => {
                 write!(f, "warning: {error}; profiling goes on without it")
             }
-            Notice::RescanFailed { error } => write!(f, "warning: {error}"),
-            Notice::NotProbed { pid, note } => write!(
+            Self::RescanFailed { error } => write!(f, "warning: {error}"),
+            Self::NotProbed { pid, note } => write!(
                 f,
                 "warning: pid {pid}: {note}; give its debug file with --debug-dir"
             ),
-            Notice::FoundByCode { pid, note } => write!(f, "{}{note}", whose(*pid)),
-            Notice::EntryPointsUnseen { pid, file, missing } => write!(
+            Self::FoundByCode { pid, note } => write!(f, "{}{note}", whose(*pid)),
+            Self::EntryPointsUnseen { pid, file, missing } => write!(
                 f,
                 "{}{file}: jemalloc's entry points found by their code; calls to {} are not seen",
                 whose(*pid),
                 missing.join(", ")
             ),
-            Notice::Sampling { pid, note } => write!(f, "pid {pid}: {note}"),
-            Notice::OwnProfilerUnused { pid, path, why } => write!(
+            Self::Silent {
+                pid,
+                command,
+                seconds,
+                allocators,
+            } => write!(
+                f,
+                "pid {pid} ({command}): no allocation call in {seconds}s through the allocators \
+                 found ({}): it allocates through another allocator, or is idle",
+                allocators.join(", ")
+            ),
+        }
+    }
+}
+
+impl fmt::Display for SamplingNotice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Sampling { pid, note } => write!(f, "pid {pid}: {note}"),
+            Self::OwnProfilerUnused { pid, path, why } => write!(
                 f,
                 "pid {pid}: {path}: jemalloc's profiler is built in and on but {why}: its \
                  samples are not used"
             ),
-            Notice::OwnProfilerSwitched {
+            Self::OwnProfilerSwitched {
                 pid,
                 path,
-                active: false,
-                ..
-            } => write!(
-                f,
-                "pid {pid}: {path}: jemalloc's profiler was made inactive (prof.active false); \
-                 memprobe samples its allocations itself from now on"
-            ),
-            Notice::OwnProfilerSwitched {
-                pid,
-                path,
-                active: true,
+                active,
                 forgotten,
-            } => write!(
-                f,
-                "pid {pid}: {path}: jemalloc's profiler was made active; memprobe takes its \
-                 samples from now on, and no longer follows the {forgotten} allocations in use \
-                 it had sampled itself"
-            ),
-            Notice::SamplingLost { pid, path, error } => write!(
+            } => own_profiler_switched(f, (*pid, path), *active, *forgotten),
+            Self::SamplingLost { pid, path, error } => write!(
                 f,
                 "warning: pid {pid}: {path}: {error}; its allocations are no longer sampled"
             ),
-            Notice::WindowsStarted { pid, path, note } => write!(f, "pid {pid}: {path}: {note}"),
-            Notice::WindowsRarer {
+            Self::WindowsStarted { pid, path, note } => {
+                write!(f, "pid {pid}: {path}: {note}")
+            }
+            Self::WindowsRarer {
                 pid,
                 duty,
                 cost,
@@ -196,13 +249,13 @@ impl fmt::Display for Notice {
                 cost * 100.0,
                 own * 100.0
             ),
-            Notice::EveryCallAgain { pid, cost } => write!(
+            Self::EveryCallAgain { pid, cost } => write!(
                 f,
                 "pid {pid}: malloc at every call again (in its last window it cost {:.1}% of a \
                  CPU)",
                 cost * 100.0
             ),
-            Notice::WindowRefused {
+            Self::WindowRefused {
                 pid,
                 path,
                 why,
@@ -216,17 +269,45 @@ impl fmt::Display for Notice {
                     "malloc and operator new are no longer sampled"
                 }
             ),
-            Notice::WindowsNarrowed { pid, reason } => write!(
+        }
+    }
+}
+
+/// A copy's jemalloc profiler switched on (`active`) or off.
+fn own_profiler_switched(
+    f: &mut fmt::Formatter<'_>,
+    (pid, path): (u32, &str),
+    active: bool,
+    forgotten: usize,
+) -> fmt::Result {
+    write!(f, "pid {pid}: {path}: jemalloc's profiler was made ")?;
+    if active {
+        write!(
+            f,
+            "active; memprobe takes its samples from now on, and no longer follows the \
+             {forgotten} allocations in use it had sampled itself"
+        )
+    } else {
+        f.write_str(
+            "inactive (prof.active false); memprobe samples its allocations itself from now on",
+        )
+    }
+}
+
+impl fmt::Display for CostNotice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::WindowsNarrowed { pid, reason } => write!(
                 f,
                 "pid {pid}: sampling windows narrowed to {:.1}% of the time, {reason}",
                 MIN_DUTY * 100.0
             ),
-            Notice::FreesDropped { pid, reason } => write!(
+            Self::FreesDropped { pid, reason } => write!(
                 f,
                 "pid {pid}: frees no longer tracked, {reason}; its profile counts allocations \
                  only from now on"
             ),
-            Notice::ForcedReturns { pid, path, symbols } => write!(
+            Self::ForcedReturns { pid, path, symbols } => write!(
                 f,
                 "pid {pid} maps {path} as another profiled process does: each call of its {} \
                  now traps at its return too, sampled or not (a uprobe session made for another \
@@ -234,25 +315,15 @@ impl fmt::Display for Notice {
                  in its cost",
                 symbols.join(", ")
             ),
-            Notice::Silent {
-                pid,
-                command,
-                seconds,
-                allocators,
-            } => write!(
-                f,
-                "pid {pid} ({command}): no allocation call in {seconds}s through the allocators \
-                 found ({}): it allocates through another allocator, or is idle",
-                allocators.join(", ")
-            ),
-            Notice::ProbeCosts(line) => f.write_str(line),
+            Self::ProbeCosts(line) => f.write_str(line),
         }
     }
 }
 
 impl Session<'_> {
     /// Says `notice` on stderr (a `--verbose` one only with `--verbose`).
-    pub(in crate::run) fn say(&mut self, notice: Notice) {
+    pub(in crate::run) fn say(&mut self, notice: impl Into<Notice>) {
+        let notice = notice.into();
         if notice.verbose_only() && !self.options.verbose {
             return;
         }
@@ -267,7 +338,7 @@ mod tests {
 
     #[test]
     fn a_loaded_library_says_how_soon_when_known() {
-        let notice = Notice::Loaded {
+        let notice = TargetNotice::Loaded {
             pid: 7,
             copies: vec!["jemalloc in /lib/libjemalloc.so.2".into()],
             probes: 9,
@@ -282,11 +353,11 @@ mod tests {
 
     #[test]
     fn only_the_run_s_details_wait_for_verbose() {
-        assert!(Notice::ProbeCosts(String::new()).verbose_only());
-        let dropped = Notice::FreesDropped {
+        assert!(Notice::from(CostNotice::ProbeCosts(String::new())).verbose_only());
+        let dropped = Notice::from(CostNotice::FreesDropped {
             pid: 1,
             reason: "over budget".into(),
-        };
+        });
         assert!(!dropped.verbose_only());
         assert_eq!(
             dropped.to_string(),

@@ -9,7 +9,7 @@ use crate::{
     run::{
         Session,
         cost::{CostLedger, rates},
-        notice::Notice,
+        notice::CostNotice,
         process::Tracked,
         scope::RunScope,
     },
@@ -106,9 +106,9 @@ impl Session<'_> {
                 symbols.push(probe.symbol.clone());
             }
         }
-        let notices: Vec<Notice> = by_file
+        let notices: Vec<CostNotice> = by_file
             .into_iter()
-            .map(|((pid, path), symbols)| Notice::ForcedReturns {
+            .map(|((pid, path), symbols)| CostNotice::ForcedReturns {
                 pid,
                 path: path.to_owned(),
                 symbols,

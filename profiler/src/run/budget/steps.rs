@@ -8,7 +8,7 @@ use crate::run::{
     Session,
     actions::Action,
     budget::{INDIRECT_ALLOWANCE, SUSTAINED, Spent, Step},
-    notice::Notice,
+    notice::CostNotice,
     snapshots::{SnapshotKind, writer::Announce},
 };
 
@@ -56,7 +56,7 @@ impl Session<'_> {
     fn narrow_windows_for_budget(&mut self, pid: u32, reason: &str) {
         self.narrow_windows(pid, reason);
         self.budget.start_over(pid);
-        self.say(Notice::WindowsNarrowed {
+        self.say(CostNotice::WindowsNarrowed {
             pid,
             reason: reason.to_owned(),
         });
@@ -73,7 +73,7 @@ impl Session<'_> {
         if let Some(t) = self.tracked.get_mut(&pid) {
             t.heap.track_allocations_only();
         }
-        self.say(Notice::FreesDropped {
+        self.say(CostNotice::FreesDropped {
             pid,
             reason: reason.clone(),
         });

@@ -11,7 +11,7 @@ use crate::run::{
         CostModel,
         calibrate::{CalibrationError, Remeasurement},
     },
-    notice::Notice,
+    notice::CostNotice,
 };
 
 /// When the next measurement starts, or the one under way.
@@ -74,7 +74,7 @@ impl Session<'_> {
                 crate::error::chain(&error)
             ),
         };
-        self.say(Notice::ProbeCosts(line));
+        self.say(CostNotice::ProbeCosts(line));
     }
 
     /// The new costs, or the old ones kept; said with `--verbose`.
@@ -89,6 +89,6 @@ impl Session<'_> {
                 crate::error::chain(&error)
             ),
         };
-        self.say(Notice::ProbeCosts(line));
+        self.say(CostNotice::ProbeCosts(line));
     }
 }

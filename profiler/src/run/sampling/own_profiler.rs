@@ -9,7 +9,7 @@ use crate::{
     error::Result,
     kernel::Scope,
     proc::{ProcessMemory, mapped_address},
-    run::{Sampling, Session, actions::Action, notice::Notice},
+    run::{Sampling, Session, actions::Action, notice::SamplingNotice},
 };
 
 /// jemalloc's profiler switches as a process has them now.
@@ -60,7 +60,7 @@ impl Session<'_> {
         let state = read_switches(pid, maps, path, &own.switches)?;
         if let Err(why) = state.samples() {
             if let Some(why) = why {
-                self.say(Notice::OwnProfilerUnused {
+                self.say(SamplingNotice::OwnProfilerUnused {
                     pid,
                     path: path.to_owned(),
                     why: why.to_owned(),
@@ -95,7 +95,7 @@ impl Session<'_> {
             && self.tracked.contains_key(&pid)
         {
             self.sampling.of_mut(pid).notes.push(note.clone());
-            self.say(Notice::Sampling { pid, note });
+            self.say(SamplingNotice::Sampling { pid, note });
         }
         self.watch(
             scope,
@@ -209,7 +209,7 @@ impl Session<'_> {
             }
         }
         self.probes.detach_probes(&slots);
-        self.say(Notice::OwnProfilerSwitched {
+        self.say(SamplingNotice::OwnProfilerSwitched {
             pid,
             path: copy.path.clone(),
             active: copy.taking.is_none(),
@@ -230,7 +230,7 @@ impl Session<'_> {
                 .map(|_| ())
         });
         if let Err(error) = result {
-            self.say(Notice::SamplingLost {
+            self.say(SamplingNotice::SamplingLost {
                 pid,
                 path: copy.path.clone(),
                 error: crate::error::chain(&error),

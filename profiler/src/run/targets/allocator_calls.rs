@@ -5,7 +5,7 @@ use std::{path::Path, time::Duration};
 
 use crate::{
     kernel::Scope,
-    run::{Session, actions::Action, notice::Notice},
+    run::{Session, actions::Action, notice::TargetNotice},
 };
 
 /// How long a process's probed allocators may go uncalled before memprobe
@@ -76,13 +76,13 @@ impl Session<'_> {
                 continue;
             }
             t.silence_reported = true;
-            let notice = Notice::Silent {
+            let notice = TargetNotice::Silent {
                 pid,
                 command: t.command.clone(),
                 seconds: SILENCE.as_secs(),
                 allocators: calls.into_iter().map(|(label, _)| label).collect(),
             };
-            actions.push(Action::Say(notice));
+            actions.push(Action::Say(notice.into()));
         }
         actions
     }

@@ -7,7 +7,7 @@ use crate::{
     discover::{Allocator, AllocatorKind},
     kernel::Scope,
     proc::Mapping,
-    run::{Session, notice::Notice},
+    run::{Session, notice::TargetNotice},
 };
 
 impl Session<'_> {
@@ -24,7 +24,7 @@ impl Session<'_> {
             }
             let note = format!("{path}: jemalloc not probed ({why}), its allocations not seen");
             t.found_notes.push(note.clone());
-            self.say(Notice::NotProbed { pid, note });
+            self.say(TargetNotice::NotProbed { pid, note });
         }
     }
 
@@ -45,13 +45,13 @@ impl Session<'_> {
             Scope::AllProcesses => None,
         };
         let notice = if self.options.verbose || found.missing.is_empty() {
-            Notice::FoundByCode {
+            TargetNotice::FoundByCode {
                 pid,
                 note: note.clone(),
             }
         } else {
             let name = Path::new(path).file_name().unwrap_or_default();
-            Notice::EntryPointsUnseen {
+            TargetNotice::EntryPointsUnseen {
                 pid,
                 file: name.to_string_lossy().into_owned(),
                 missing: found.missing.iter().map(|m| m.to_string()).collect(),

@@ -15,7 +15,10 @@ use crate::{
     kernel::Scope,
     proc::{all_pids, parse_maps, read_maps},
     run::{
-        Sampling, Session, notice::Notice, process::Tracked, sampling::windows::WindowedCopy,
+        Sampling, Session,
+        notice::{SamplingNotice, TargetNotice},
+        process::Tracked,
+        sampling::windows::WindowedCopy,
         waits::watch_exit,
     },
 };
@@ -74,7 +77,7 @@ impl Session<'_> {
     fn survive_late_failure(&mut self, result: Result<usize>) -> Result<usize> {
         match result {
             Err(e) if self.announced => {
-                self.say(Notice::LateAttachFailed {
+                self.say(TargetNotice::LateAttachFailed {
                     error: crate::error::chain(&e),
                 });
                 Ok(0)
@@ -139,7 +142,7 @@ impl Session<'_> {
                 if self.tracked.contains_key(&pid) {
                     self.sampling.of_mut(pid).notes.push(note.clone());
                 }
-                self.say(Notice::Sampling { pid, note });
+                self.say(SamplingNotice::Sampling { pid, note });
             }
             Err(_) => {}
         }
@@ -215,7 +218,7 @@ impl Session<'_> {
             return;
         }
         if let Err(e) = self.rescan_pid(pid, Some(mapped_at)) {
-            self.say(Notice::RescanFailed {
+            self.say(TargetNotice::RescanFailed {
                 error: crate::error::chain(&e),
             });
         }
@@ -249,7 +252,7 @@ impl Session<'_> {
             .collect();
         let attached = self.attach_found(pid, new)?;
         if attached > 0 {
-            self.say(Notice::Loaded {
+            self.say(TargetNotice::Loaded {
                 pid,
                 copies,
                 probes: attached,

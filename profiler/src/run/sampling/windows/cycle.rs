@@ -9,7 +9,7 @@ use super::{account, timing};
 use crate::{
     collect::HeapEvent,
     kernel::ThreadWindow,
-    run::{Session, notice::Notice},
+    run::{Session, notice::SamplingNotice},
 };
 
 impl Session<'_> {
@@ -72,7 +72,7 @@ impl Session<'_> {
             self.schedule_next(pid);
             let own = self.sampling.windows(pid);
             let own = own.map_or(0.0, |w| w.own_cpu);
-            self.say(Notice::WindowsRarer {
+            self.say(SamplingNotice::WindowsRarer {
                 pid,
                 duty,
                 cost,
@@ -100,7 +100,7 @@ impl Session<'_> {
         }
         if windows.duty >= 1.0 {
             self.open_window(pid);
-            self.say(Notice::EveryCallAgain { pid, cost });
+            self.say(SamplingNotice::EveryCallAgain { pid, cost });
         } else {
             self.schedule_next(pid);
         }

@@ -28,14 +28,14 @@ pub use timing::{MIN_DUTY, WINDOWS_COST, WindowTiming};
 
 use crate::{
     kernel::Scope,
-    run::{Session, notice::Notice},
+    run::{Session, notice::SamplingNotice},
 };
 
 impl Session<'_> {
     /// Samples `copy` of `pid` in windows from now on.
     pub(in crate::run) fn start_windows(&mut self, pid: u32, copy: WindowedCopy) {
         let timing = self.options.windows;
-        self.say(Notice::WindowsStarted {
+        self.say(SamplingNotice::WindowsStarted {
             pid,
             path: copy.path.clone(),
             note: windows_note(&timing, None),
@@ -111,7 +111,7 @@ impl Session<'_> {
             copy.instance,
             &copy.slots,
         );
-        self.say(Notice::WindowRefused {
+        self.say(SamplingNotice::WindowRefused {
             pid,
             path: copy.path.clone(),
             why: why.clone(),
