@@ -36,15 +36,16 @@ pub mod maps {
     /// Processes (tgid -> u8) whose newly mapped code is told at once
     /// ([`EventKind::MappedCode`]).
     pub const WATCHED: &str = "WATCHED";
-    /// Threads of watched processes inside an `mmap` of a file's code
-    /// (pid_tgid -> u8), told of when it returns.
-    pub const MAPPING_CODE: &str = "MAPPING_CODE";
+    /// Threads of watched processes inside an `mmap` or `mremap` that
+    /// memprobe is to be told of when it returns (pid_tgid ->
+    /// [`crate::MapCall`]).
+    pub const MAP_CALLS: &str = "MAP_CALLS";
     /// Every map. The eBPF side must spell them in `#[map(name = ...)]`
     /// literals (the macro takes no path); a unit test of the profiler
     /// checks the built object has each of these.
     pub const ALL: [&str; 12] = [
         WATCHED,
-        MAPPING_CODE,
+        MAP_CALLS,
         FAST_PATHS,
         EVENTS,
         THREADS,
@@ -102,6 +103,11 @@ pub mod programs {
     /// `sys_exit_mmap`: code mapped by a watched process.
     pub const MMAP_ENTER: &str = "mmap_enter";
     pub const MMAP_EXIT: &str = "mmap_exit";
+    /// Of `sys_enter_munmap`, `sys_enter_mremap` and `sys_exit_mremap`:
+    /// mappings a watched process gives back or moves.
+    pub const MUNMAP_ENTER: &str = "munmap_enter";
+    pub const MREMAP_ENTER: &str = "mremap_enter";
+    pub const MREMAP_EXIT: &str = "mremap_exit";
     /// Every plain uprobe program.
     pub const ALL: [&str; 12] = [
         ALLOC_SLOW_PATH,
@@ -179,10 +185,16 @@ pub enum EventKind {
     /// An [`EventHeader`] alone: a watched process mapped a file's code (a
     /// `dlopen`ed library), at `time_ns`.
     MappedCode = 9,
+    /// A [`MappingEvent`]: a watched process mapped anonymous memory.
+    Mapped = 10,
+    /// A [`RemapEvent`]: a watched process unmapped a range.
+    Unmapped = 11,
+    /// A [`RemapEvent`]: a watched process moved or resized a mapping.
+    Remapped = 12,
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 9] = [
+    pub const ALL: [EventKind; 12] = [
         EventKind::Alloc,
         EventKind::AllocReturn,
         EventKind::Free,
@@ -192,6 +204,9 @@ impl EventKind {
         EventKind::FreeInResize,
         EventKind::Restored,
         EventKind::MappedCode,
+        EventKind::Mapped,
+        EventKind::Unmapped,
+        EventKind::Remapped,
     ];
 
     /// The kind a header's `kind` field names; `None` for one this build
@@ -298,6 +313,61 @@ pub struct AllocReturnEvent {
 pub struct FreeEvent {
     pub header: EventHeader,
     pub ptr: u64,
+}
+
+/// An `mmap` or `mremap` of a watched thread, between its entry and its
+/// return ([`maps::MAP_CALLS`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MapCall {
+    /// One of the `MAP_CALL_*` values.
+    pub what: u64,
+    /// `mmap`'s flags; `mremap`'s old address.
+    pub flags_or_old: u64,
+    /// The length asked for (`mremap`: its old length).
+    pub len: u64,
+    /// `mremap`'s new length.
+    pub new_len: u64,
+}
+
+/// A [`MapCall`] mapping a file's code.
+pub const MAP_CALL_CODE: u64 = 1;
+/// A [`MapCall`] mapping anonymous memory.
+pub const MAP_CALL_ANONYMOUS: u64 = 2;
+/// A [`MapCall`] of `mremap`.
+pub const MAP_CALL_REMAP: u64 = 3;
+
+/// Anonymous memory a watched process mapped, with the stack that mapped
+/// it: the frame-pointer walk, and the registers and stack bytes for DWARF
+/// unwinding (as a sampled call's).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct MappingEvent {
+    pub header: EventHeader,
+    pub addr: u64,
+    pub len: u64,
+    /// `mmap`'s flags (`MAP_SHARED` is 1).
+    pub flags: u64,
+    /// What `bpf_get_stack` returned: bytes written, or a negative errno.
+    pub stack_bytes: i64,
+    /// `stack[0]` is the instruction after the system call.
+    pub stack: [u64; MAX_STACK_DEPTH],
+    pub regs: UserRegs,
+    /// How many bytes of `stack_copy` were read (0 when none could be).
+    pub stack_copy_bytes: u64,
+    pub stack_copy: [u8; STACK_COPY_BYTES],
+}
+
+/// A range a watched process unmapped (`new_len` 0), or a mapping it moved
+/// or resized with `mremap`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RemapEvent {
+    pub header: EventHeader,
+    pub addr: u64,
+    pub len: u64,
+    pub new_addr: u64,
+    pub new_len: u64,
 }
 
 /// A sampled pointer was resized in place by `xallocx`.
@@ -466,10 +536,16 @@ pub enum Counter {
     /// Samples sent with a small stack copy because the ring buffer was
     /// too busy for a whole one.
     SmallStackCopies = 11,
+    /// Mappings, unmappings and remappings of watched processes not told
+    /// because the ring buffer was full.
+    MappingEventsLost = 12,
+    /// Mappings told without their stack copy because the ring buffer was
+    /// busy.
+    MappingStacksSkipped = 13,
 }
 
 impl Counter {
-    pub const COUNT: u32 = 12;
+    pub const COUNT: u32 = 14;
     pub const ALL: [Counter; Self::COUNT as usize] = [
         Counter::AllocCalls,
         Counter::SampledCalls,
@@ -483,6 +559,8 @@ impl Counter {
         Counter::FramePointerFastPath,
         Counter::InnerCalls,
         Counter::SmallStackCopies,
+        Counter::MappingEventsLost,
+        Counter::MappingStacksSkipped,
     ];
 }
 

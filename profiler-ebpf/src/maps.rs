@@ -7,7 +7,9 @@ use aya_ebpf::{
     macros::map,
     maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
 };
-use profiler_common::{FastPathConfig, FastPathKey, LiveKey, PendingCall, ThreadState, sampling};
+use profiler_common::{
+    FastPathConfig, FastPathKey, LiveKey, MapCall, PendingCall, ThreadState, sampling,
+};
 
 #[map(name = "EVENTS")]
 pub static EVENTS: RingBuf = RingBuf::with_byte_size(8 << 20, 0);
@@ -45,8 +47,8 @@ pub static PROBE_HITS: PerCpuArray<u64> =
 pub static WATCHED: HashMap<u32, u8> = HashMap::with_max_entries(8192, 0);
 
 /// LRU: a thread killed inside `mmap` leaves its mark behind.
-#[map(name = "MAPPING_CODE")]
-pub static MAPPING_CODE: LruHashMap<u64, u8> = LruHashMap::with_max_entries(4096, 0);
+#[map(name = "MAP_CALLS")]
+pub static MAP_CALLS: LruHashMap<u64, MapCall> = LruHashMap::with_max_entries(4096, 0);
 
 #[map(name = "FAST_PATHS")]
 pub static FAST_PATHS: HashMap<FastPathKey, FastPathConfig> = HashMap::with_max_entries(4096, 0);

@@ -8,12 +8,13 @@
 //! where to probe them, [`kernel`] loads and attaches the eBPF programs and
 //! decodes their events, [`stacks`] unwinds sampled stacks, [`collect`]
 //! keeps live samples and per-stack estimates, [`symbolize`] names frames,
-//! [`output`] writes profiles (and reads `heap_v2` back), [`offline`]
+//! [`account`] says whose a process's resident memory is, [`output`] writes profiles (and reads `heap_v2` back), [`offline`]
 //! reads written profiles back (report, diff, leaks, convert), [`serve`]
 //! answers scrapers while a run goes on (`--listen`), and [`run`] ties
 //! them together. Each imports only the stages before it (checked by
 //! `tests/stages.rs`); each area has its own error type, which [`Error`]
 //! gathers for the run.
+pub(crate) mod account;
 pub(crate) mod binary;
 pub(crate) mod clock;
 pub mod collect;

@@ -4,16 +4,18 @@
 use std::{collections::BTreeSet, fs, path::Path};
 
 /// Earliest first; `error` gathers every area's errors for the run.
-const STAGES: [&str; 15] = [
+const STAGES: [&str; 17] = [
     "units",
     "clock",
     "proc",
+    "binary",
     "profile",
     "discover",
     "kernel",
     "stacks",
     "collect",
     "symbolize",
+    "account",
     "output",
     "offline",
     "serve",

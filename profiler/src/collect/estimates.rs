@@ -54,6 +54,8 @@ impl ProcessHeap {
         };
         HeapProfile {
             jit_symbols: Vec::new(),
+            memory: None,
+            account: None,
             pid: self.pid,
             sample_interval: self.sample_interval,
             stacks: self

@@ -4,6 +4,7 @@
 //! did not fit is counted.
 mod estimates;
 mod input;
+pub mod mappings;
 pub mod sampling;
 use std::collections::HashMap;
 

@@ -3,7 +3,8 @@ use std::mem::size_of;
 
 use profiler_common::{
     AllocEvent, AllocReturnEvent, AllocStackEvent, EventHeader, EventKind, FreeEvent,
-    MAX_STACK_DEPTH, ResizeEvent, SMALL_STACK_COPY_BYTES, STACK_COPY_BYTES, UserRegs,
+    MAX_STACK_DEPTH, MappingEvent, RemapEvent, ResizeEvent, SMALL_STACK_COPY_BYTES,
+    STACK_COPY_BYTES, UserRegs,
 };
 
 /// One ring-buffer record, decoded.
@@ -33,6 +34,32 @@ pub enum Event {
     },
     /// The process mapped a file's code (a `dlopen`ed library).
     MappedCode { header: EventHeader },
+    /// The process mapped anonymous memory.
+    Mapped(KernelMapping),
+    /// The process unmapped `len` bytes at `addr`.
+    Unmapped {
+        header: EventHeader,
+        addr: u64,
+        len: u64,
+    },
+    /// The process moved or resized a mapping with `mremap`.
+    Remapped {
+        header: EventHeader,
+        addr: u64,
+        len: u64,
+        new_addr: u64,
+        new_len: u64,
+    },
+}
+
+/// Anonymous memory a process mapped, with the stack that mapped it (as a
+/// sample's, still to be unwound: its `size` is the length).
+#[derive(Clone, Debug, PartialEq)]
+pub struct KernelMapping {
+    pub addr: u64,
+    /// `MAP_SHARED`: shared memory, not the process's own.
+    pub shared: bool,
+    pub stack: KernelSample,
 }
 
 /// A sampled allocation call as the kernel told it: its stack is still to
@@ -66,7 +93,10 @@ impl Event {
             | Event::Freed { header, .. }
             | Event::Restored { header, .. }
             | Event::Resized { header, .. }
-            | Event::MappedCode { header } => header,
+            | Event::MappedCode { header }
+            | Event::Unmapped { header, .. }
+            | Event::Remapped { header, .. } => header,
+            Event::Mapped(mapping) => &mapping.stack.header,
         }
     }
 }
@@ -134,6 +164,25 @@ pub fn decode(bytes: &[u8]) -> Option<Event> {
             }
         }
         EventKind::MappedCode => Event::MappedCode { header },
+        EventKind::Mapped => mapped(header, bytes)?,
+        EventKind::Unmapped => {
+            let event: RemapEvent = read(bytes)?;
+            Event::Unmapped {
+                header,
+                addr: event.addr,
+                len: event.len,
+            }
+        }
+        EventKind::Remapped => {
+            let event: RemapEvent = read(bytes)?;
+            Event::Remapped {
+                header,
+                addr: event.addr,
+                len: event.len,
+                new_addr: event.new_addr,
+                new_len: event.new_len,
+            }
+        }
         EventKind::Resize => {
             let event: ResizeEvent = read(bytes)?;
             Event::Resized {
@@ -143,6 +192,42 @@ pub fn decode(bytes: &[u8]) -> Option<Event> {
             }
         }
     })
+}
+
+/// `MAP_SHARED` in `mmap`'s flags.
+const MAP_SHARED: u64 = 1;
+
+/// A mapping: its stack as a sampled call's, whose innermost frame (the
+/// instruction after the system call) is dropped like a probed
+/// instruction.
+fn mapped(header: EventHeader, bytes: &[u8]) -> Option<Event> {
+    // Boxed: a record is some 17 KiB.
+    let event: Box<MappingEvent> = Box::new(read(bytes)?);
+    let as_call = AllocEvent {
+        header,
+        size: event.len,
+        align: 0,
+        caller: 0,
+        stack_bytes: event.stack_bytes,
+        stack: event.stack,
+        regs: event.regs,
+        window: 0,
+        hijacked_slot: 0,
+        hijacked_return: 0,
+    };
+    let copied = (event.stack_copy_bytes as usize).min(STACK_COPY_BYTES);
+    let stack_copy = (copied > 0).then(|| StackCopy {
+        regs: event.regs,
+        bytes: event.stack_copy[..copied].to_vec(),
+    });
+    let Event::Sampled(stack) = sampled(header, &as_call, stack_copy) else {
+        return None;
+    };
+    Some(Event::Mapped(KernelMapping {
+        addr: event.addr,
+        shared: event.flags & MAP_SHARED != 0,
+        stack,
+    }))
 }
 
 fn sampled(header: EventHeader, event: &AllocEvent, stack_copy: Option<StackCopy>) -> Event {

@@ -6,7 +6,7 @@ use profiler_common::{globals, maps, programs};
 use crate::{
     kernel::error::{KernelError, Result},
     kernel::{
-        KernelProbes, OBJECT, PlacementMode, ReturnProbes, btf, countdowns, foreign, mapped_code,
+        KernelProbes, OBJECT, PlacementMode, ReturnProbes, btf, countdowns, foreign, mappings,
         uprobe_multi::{LinkKind, MultiPrograms},
     },
 };
@@ -129,7 +129,7 @@ impl KernelProbes {
                 .map_err(|e| load_error(name, e))?;
             program.load().map_err(|e| load_error(name, e))?;
         }
-        let mapped_code_unavailable = mapped_code::attach(&mut ebpf).err();
+        let mapped_code_unavailable = mappings::attach(&mut ebpf).err();
         let (sessions, sessions_unavailable) = load_sessions(&ebpf, options.return_probes)?;
         Ok(Self {
             entry_links: None,

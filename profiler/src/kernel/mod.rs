@@ -10,7 +10,7 @@ mod error;
 mod link;
 mod link_failure;
 mod load;
-mod mapped_code;
+mod mappings;
 mod windows;
 pub use calibration::CalibrationProbes;
 pub use counters::KernelCounters;

@@ -175,6 +175,8 @@ pub fn convert<W: Write>(
         mapped_libraries: heap.mapped_libraries.clone(),
         notes: heap.notes.clone(),
         jit_symbols: Vec::new(),
+        memory: None,
+        account: None,
     };
     let written = match to {
         Format::Pprof => pprof::write(&profile, &mut namer, out),

@@ -299,6 +299,8 @@ mod tests {
     fn decodes_back_with_four_sample_types_and_names() {
         let profile = HeapProfile {
             jit_symbols: Vec::new(),
+            memory: None,
+            account: None,
             pid: 1,
             sample_interval: 4096,
             stacks: vec![StackEstimate {

@@ -1,5 +1,6 @@
 //! The processes to profile, as /proc shows them: maps, names, pids, roots.
 mod error;
+pub mod resident;
 pub mod rootfs;
 use std::path::PathBuf;
 

@@ -1,6 +1,8 @@
 //! A finished heap profile of one process: what every writer takes.
+mod memory;
 mod notes;
 
+pub use memory::{MappedRange, MemoryAccount, MemoryReading, SiteMemory};
 pub use notes::ProfileNotes;
 
 /// Estimated allocations of one call stack.
@@ -35,6 +37,10 @@ pub struct HeapProfile {
     /// the time anyone reads the profile), keyed by the address as looked
     /// up (return address - 1).
     pub jit_symbols: Vec<(u64, String)>,
+    /// What the kernel said of its memory, where read (a live process).
+    pub memory: Option<MemoryReading>,
+    /// That memory accounted for, once its mappings' stacks are named.
+    pub account: Option<MemoryAccount>,
 }
 
 impl HeapProfile {

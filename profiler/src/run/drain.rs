@@ -37,6 +37,17 @@ impl Session<'_> {
         for event in batch {
             match event {
                 Event::MappedCode { header } => mapped.push((header.pid, header.time_ns)),
+                Event::Mapped(mapping) => self.mapped_memory(mapping),
+                Event::Unmapped { header, addr, len } => {
+                    self.unmapped_memory(header.pid, addr, len)
+                }
+                Event::Remapped {
+                    header,
+                    addr,
+                    len,
+                    new_addr,
+                    new_len,
+                } => self.remapped_memory(header.pid, (addr, len), (new_addr, new_len)),
                 event => self.handle(event),
             }
         }
@@ -96,7 +107,10 @@ impl Session<'_> {
                 ptr,
             },
             Event::Resized { ptr, new_size, .. } => HeapEvent::Resized { ptr, new_size },
-            Event::MappedCode { .. } => return,
+            Event::MappedCode { .. }
+            | Event::Mapped(_)
+            | Event::Unmapped { .. }
+            | Event::Remapped { .. } => return,
         };
         let Some(t) = self.tracked.get_mut(&pid) else {
             return;

@@ -7,6 +7,7 @@ pub mod cost;
 mod drain;
 mod event_loop;
 mod finish;
+mod memory;
 mod notice;
 mod options;
 mod process;

@@ -2,9 +2,10 @@
 use std::{collections::HashSet, ops::Range};
 
 use crate::{
-    collect::{CollectorOptions, ProcessHeap},
+    collect::{CollectorOptions, ProcessHeap, mappings::Mappings},
     discover::AllocatorKind,
     proc::{FileId, Mapping, command_name, namespace_pid, parse_maps},
+    profile::MemoryReading,
     stacks::ProcessStacks,
 };
 
@@ -21,6 +22,10 @@ pub(super) struct Tracked {
     mappings: Vec<Mapping>,
     /// Unwinding, frame-pointer trust, the uretprobe trampoline.
     pub stacks: ProcessStacks,
+    /// The anonymous memory it mapped while profiled, by stack.
+    pub mapped: Mappings,
+    /// What the kernel said of its memory when last read.
+    pub memory: Option<MemoryReading>,
     /// Allocators (per file) probed for this process (or whose attach
     /// failed: they are not tried again).
     pub attached_files: HashSet<(FileId, AllocatorKind)>,
@@ -43,6 +48,8 @@ impl Tracked {
             maps: String::new(),
             mappings: Vec::new(),
             stacks: ProcessStacks::default(),
+            mapped: Mappings::default(),
+            memory: None,
             attached_files: HashSet::new(),
             exited: false,
             silence_reported: false,

@@ -39,10 +39,18 @@ impl RunScope {
         self != RunScope::Launch
     }
 
-    /// Whether the kernel is to tell of code a process maps (with `--all`
-    /// every process is rescanned anyway).
+    /// Whether the kernel is to tell of what a process maps: code (with
+    /// `--all` every process is rescanned anyway) and anonymous memory for
+    /// its memory account (with `--all` that of every process on the host
+    /// would be sent).
     pub fn watches_mapped_code(self) -> bool {
         self != RunScope::All
+    }
+
+    /// Whether every mapping of the profiled process was seen, from its
+    /// start.
+    pub fn sees_every_mapping(self) -> bool {
+        self == RunScope::Launch
     }
 
     /// Whether the probes' costs are measured again as the run goes on

@@ -6,7 +6,7 @@ use profiler_common::Counter;
 
 use crate::{
     kernel::{KernelCounters, KernelProbes},
-    profile::Drops,
+    profile::{Drops, MemoryAccount},
     run::{
         SessionOptions,
         budget::Budget,
@@ -41,6 +41,9 @@ pub struct ProcessSummary {
     /// Its allocators ("glibc in libc.so.6") and their allocation calls
     /// (`None` where system-wide probes do not tell processes apart).
     pub allocator_calls: Vec<(String, Option<u64>)>,
+    /// Its resident memory accounted for, as of its last snapshot that
+    /// could read it.
+    pub memory: Option<MemoryAccount>,
 }
 
 impl ProcessSummary {
@@ -61,6 +64,7 @@ impl ProcessSummary {
             skipped_snapshots: snapshots.skipped,
             removed_snapshots,
             allocator_calls: t.allocator_calls,
+            memory: snapshots.account,
         }
     }
 }
@@ -239,6 +243,14 @@ fn process_lines(p: &ProcessSummary, summary: &Summary) -> Vec<String> {
         lines.push(format!("memprobe: pid {}: tracking {tracking}", p.pid));
     }
     lines.extend(uncalled_allocators_line(p));
+    if let Some(account) = &p.memory {
+        let account = account.lines();
+        lines.extend(
+            account
+                .iter()
+                .map(|l| format!("memprobe: pid {}: memory: {l}", p.pid)),
+        );
+    }
     if summary.verbose {
         lines.push(format!(
             "memprobe:   allocators: {}",

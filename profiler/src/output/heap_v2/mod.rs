@@ -10,7 +10,7 @@ pub mod read;
 pub use numbers::{jeprof_decode, jeprof_encode};
 use std::io::{self, Write};
 
-use crate::profile::{HeapProfile, StackEstimate};
+use crate::profile::{HeapProfile, MemoryAccount, StackEstimate};
 
 /// The comment lines naming JIT code: `# jit_symbol 0xADDRESS name`.
 pub const JIT_SYMBOL: &str = "jit_symbol";
@@ -51,6 +51,9 @@ pub fn write<W: Write>(profile: &HeapProfile, mut out: W) -> io::Result<()> {
     for (address, name) in &profile.jit_symbols {
         writeln!(out, "# {JIT_SYMBOL} 0x{address:x} {name}")?;
     }
+    if let Some(account) = &profile.account {
+        write_account(&mut out, account)?;
+    }
     for (stack, inuse, alloc) in encoded {
         write_stack(&mut out, stack, inuse, alloc)?;
     }
@@ -62,6 +65,38 @@ pub fn write<W: Write>(profile: &HeapProfile, mut out: W) -> io::Result<()> {
     }
     Ok(())
 }
+
+/// The memory account as comments, in bytes: `# memory: resident: N`,
+/// one `# memory: PART: N` per part (they add up to the resident total),
+/// and one `# memory_site:` per direct-mapping site.
+fn write_account<W: Write>(out: &mut W, account: &MemoryAccount) -> io::Result<()> {
+    writeln!(out, "# {MEMORY}: resident: {}", account.resident)?;
+    for (name, bytes, detail) in account.parts() {
+        let detail = if detail.is_empty() {
+            String::new()
+        } else {
+            format!(" ({detail})")
+        };
+        writeln!(out, "# {MEMORY}: {name}: {bytes}{detail}")?;
+    }
+    for site in &account.sites {
+        let frames: Vec<String> = site.frames.iter().map(|f| format!("0x{f:x}")).collect();
+        writeln!(
+            out,
+            "# {MEMORY_SITE}: {}: {} resident of {} mapped in {} mappings @ {}",
+            site.name,
+            site.resident,
+            site.mapped,
+            site.mappings,
+            frames.join(" ")
+        )?;
+    }
+    Ok(())
+}
+
+/// Comment keys of the memory account.
+pub const MEMORY: &str = "memory";
+pub const MEMORY_SITE: &str = "memory_site";
 
 /// One stack: its frames, its encoded in-use and allocated (count,
 /// bytes), and the age of its oldest live sample.
@@ -136,6 +171,8 @@ mod tests {
     fn example() -> HeapProfile {
         HeapProfile {
             jit_symbols: Vec::new(),
+            memory: None,
+            account: None,
             pid: 42,
             sample_interval: 524_288,
             stacks: vec![

@@ -18,6 +18,7 @@ use std::{
 use crate::{
     error::Result,
     output::Format,
+    profile::MemoryAccount,
     run::{
         GrowthTrigger,
         snapshots::{
@@ -52,6 +53,8 @@ pub(in crate::run) struct ProcessSnapshots {
     /// ones among them, in order.
     pub files: Vec<PathBuf>,
     pub heaps: Vec<PathBuf>,
+    /// Its memory accounted for, as of its last snapshot that read it.
+    pub account: Option<MemoryAccount>,
     kept: KeptSnapshots,
     growth: GrowthWindow,
 }
@@ -125,6 +128,9 @@ impl Snapshots {
         let files = done.files?;
         let retention = self.retention;
         let process = self.of_mut(done.pid);
+        if done.account.is_some() {
+            process.account = done.account;
+        }
         for (format, path) in &files {
             if *format == Format::Heap {
                 process.heaps.push(path.clone());

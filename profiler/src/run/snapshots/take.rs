@@ -82,6 +82,7 @@ impl Session<'_> {
         t.allocator_calls = allocator_calls;
         let mut profile = t.heap.snapshot(t.maps.clone());
         self.note_the_run(pid, reason, &mut profile.notes);
+        profile.memory = self.read_memory(pid);
         let Some(t) = self.tracked.get(&pid) else {
             return;
         };

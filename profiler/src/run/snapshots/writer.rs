@@ -12,10 +12,11 @@ use std::{
 };
 
 use crate::{
+    account,
     error::Result,
     output::WriteError,
     output::{self, Format, files::OutputDir, files::file_name},
-    profile::HeapProfile,
+    profile::{HeapProfile, MemoryAccount},
     symbolize::{
         Namer,
         perfmap::{self, RequestedPerfMap},
@@ -58,6 +59,8 @@ pub(in crate::run) struct Done {
     pub announce: Announce,
     /// The files written, in the order of the formats.
     pub files: Result<Vec<(Format, PathBuf)>>,
+    /// The process's memory accounted for, where it was read.
+    pub account: Option<MemoryAccount>,
 }
 
 pub(in crate::run) struct SnapshotWriter {
@@ -184,7 +187,8 @@ fn write(output: &OutputDir, state: &mut WriterState, job: Job) -> Done {
         ..
     } = job;
     let maps = &profile.mapped_libraries;
-    let symbolized = formats.iter().any(|f| *f != Format::Heap);
+    // A memory account names its mappings' stacks.
+    let symbolized = formats.iter().any(|f| *f != Format::Heap) || profile.memory.is_some();
     let namers = &mut state.namers;
     if symbolized && namers.get(&pid).is_none_or(|(known, _)| known != maps) {
         let namer = Namer::for_process(pid, maps).with_debug_dir(state.debug_dir.clone());
@@ -203,6 +207,10 @@ fn write(output: &OutputDir, state: &mut WriterState, job: Job) -> Done {
         let addresses = profile.stacks.iter().flat_map(|s| &s.frames);
         profile.jit_symbols = namer.jit_names(addresses.map(|f| f.saturating_sub(1)));
     }
+    if let (Some(reading), Some(namer)) = (&profile.memory, namer.as_deref_mut()) {
+        profile.account = Some(account::account(&profile, reading, namer));
+    }
+    let account = profile.account.clone();
     let mut files = Vec::new();
     for format in formats {
         let ext = format.extension();
@@ -217,6 +225,7 @@ fn write(output: &OutputDir, state: &mut WriterState, job: Job) -> Done {
                     pid,
                     announce,
                     files: Err(WriteError { path, cause }.into()),
+                    account,
                 };
             }
         }
@@ -225,5 +234,6 @@ fn write(output: &OutputDir, state: &mut WriterState, job: Job) -> Done {
         pid,
         announce,
         files: Ok(files),
+        account,
     }
 }

@@ -1,0 +1,129 @@
+//! The memory part of a run: the anonymous memory each process maps, with
+//! the stack that mapped it, kept as the kernel tells of it; and at each
+//! snapshot, what the kernel says is resident, for the memory account.
+use std::sync::Arc;
+
+use crate::{
+    kernel::events::KernelMapping,
+    proc::{
+        read_maps,
+        resident::{Pagemap, read_smaps},
+    },
+    profile::{MappedRange, MemoryReading},
+    run::Session,
+};
+
+/// Most address space whose resident pages a snapshot reads from pagemap
+/// (8 bytes read per 4 KiB page: 32 MiB read at most); past it, a
+/// mapping's resident bytes are its share of its smaps entry's.
+const PAGEMAP_MOST: u64 = 16 << 30;
+
+/// Ticks (rescan intervals) between two readings of a process's memory
+/// besides its snapshots': smaps walks the process's page tables.
+const READ_EVERY: u64 = 5;
+
+impl Session<'_> {
+    /// Anonymous memory `mapping.stack.header.pid` mapped: kept with its
+    /// stack, unwound as a sample's.
+    pub(super) fn mapped_memory(&mut self, mut mapping: KernelMapping) {
+        let pid = mapping.stack.header.pid;
+        let fast_path = self.probes.frame_pointer_fast_path();
+        let Some(t) = self.tracked.get_mut(&pid) else {
+            return;
+        };
+        if t.comes_from_unmapped_code(&mapping.stack.frames) {
+            t.set_maps(read_maps(pid).ok());
+        }
+        t.stacks
+            .complete(&mut mapping.stack, fast_path, &mut t.heap.drops);
+        let frames: Arc<[u64]> = mapping.stack.frames.into();
+        let len = mapping.stack.size;
+        t.mapped.map(mapping.addr, len, frames, mapping.shared);
+    }
+
+    pub(super) fn unmapped_memory(&mut self, pid: u32, addr: u64, len: u64) {
+        if let Some(t) = self.tracked.get_mut(&pid) {
+            t.mapped.unmap(addr, len);
+        }
+    }
+
+    pub(super) fn remapped_memory(&mut self, pid: u32, old: (u64, u64), new: (u64, u64)) {
+        if let Some(t) = self.tracked.get_mut(&pid) {
+            t.mapped.remap(old, new);
+        }
+    }
+
+    /// Reads the memory of every live process (once every
+    /// [`READ_EVERY`] ticks): its last snapshot, taken once it exited, has
+    /// its memory as last read.
+    pub(super) fn keep_memory_read(&mut self, ticks: u64) {
+        if !ticks.is_multiple_of(READ_EVERY) || !self.scope.watches_mapped_code() {
+            return;
+        }
+        let pids: Vec<u32> = self.live_pids();
+        for pid in pids {
+            self.read_memory(pid);
+        }
+    }
+
+    /// What the kernel says of `pid`'s memory now, with the mappings it
+    /// made while profiled and their resident bytes, kept; once it is gone,
+    /// as last read.
+    pub(super) fn read_memory(&mut self, pid: u32) -> Option<MemoryReading> {
+        let reading = self.memory_now(pid);
+        let t = self.tracked.get_mut(&pid)?;
+        if reading.is_some() {
+            t.memory = reading;
+        }
+        t.memory.clone()
+    }
+
+    fn memory_now(&self, pid: u32) -> Option<MemoryReading> {
+        let t = self.tracked.get(&pid)?;
+        let resident = read_smaps(pid).ok().filter(|r| !r.is_empty())?;
+        let pagemap = Pagemap::open(pid).ok();
+        let mut pagemap_left = PAGEMAP_MOST;
+        let mut ranges = Vec::with_capacity(t.mapped.len());
+        for (start, mapping) in t.mapped.iter() {
+            let end = start + mapping.len;
+            let from_pagemap = match &pagemap {
+                Some(pagemap) if mapping.len <= pagemap_left => {
+                    pagemap_left -= mapping.len;
+                    pagemap.resident(start, end).ok()
+                }
+                _ => None,
+            };
+            let resident = from_pagemap.unwrap_or_else(|| share_of_smaps(&resident, start, end));
+            ranges.push(MappedRange {
+                start,
+                len: mapping.len,
+                frames: mapping.frames.to_vec(),
+                shared: mapping.shared,
+                resident,
+            });
+        }
+        Some(MemoryReading {
+            resident,
+            mapped: ranges,
+            mappings_dropped: t.mapped.dropped,
+            since_start: self.scope.sees_every_mapping(),
+        })
+    }
+}
+
+/// `[start, end)`'s share of the resident bytes of the smaps entries it
+/// overlaps, by length.
+fn share_of_smaps(
+    resident: &[crate::proc::resident::ResidentMapping],
+    start: u64,
+    end: u64,
+) -> u64 {
+    resident
+        .iter()
+        .filter(|m| m.start < end && start < m.end)
+        .map(|m| {
+            let overlap = end.min(m.end) - start.max(m.start);
+            (m.resident as f64 * overlap as f64 / m.len().max(1) as f64) as u64
+        })
+        .sum()
+}
