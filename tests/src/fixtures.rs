@@ -68,6 +68,15 @@ pub fn allocators_fixture() -> PathBuf {
     build_once("allocators", |out| compile("cc", out, "allocators.c", &[]))
 }
 
+/// Memory beyond the heap: a buffer pool over its own mapping, glibc and
+/// jemalloc allocations and threads, or jemalloc fragmented
+/// (`FIXTURE_MODE=fragment`); linked to libjemalloc.so.2.
+pub fn memory_account_fixture() -> PathBuf {
+    build_once("memory_account", |out| {
+        compile("cc", out, "memory_account.c", &["-ljemalloc", "-lpthread"])
+    })
+}
+
 /// Two sites in a fixed 64-byte cycle (or irregular sizes), which
 /// jemalloc's 64 KiB thread threshold aliases with, for sampling in
 /// windows; linked to libjemalloc.so.2.

@@ -12,7 +12,7 @@ pub use classify::Owner;
 
 use crate::{
     proc::{parse_maps, resident::ResidentMapping},
-    profile::{HeapProfile, MemoryAccount, MemoryReading, SiteMemory},
+    profile::{HeapProfile, MappedRange, MemoryAccount, MemoryReading, SiteMemory},
     symbolize::Namer,
 };
 
@@ -24,20 +24,34 @@ struct ByKind {
     brk_heap: u64,
     main_stack: u64,
     file_backed: u64,
+    /// Anonymous memory right after a file's mapping that memprobe did not
+    /// see mapped: the file's zeroed static data (`.bss`), which the
+    /// kernel maps with the executable.
+    static_data: u64,
     shared: u64,
     private_anonymous: u64,
 }
 
-fn by_kind(resident: &[ResidentMapping]) -> ByKind {
+fn by_kind(resident: &[ResidentMapping], mapped: &[MappedRange]) -> ByKind {
     let mut kinds = ByKind::default();
+    let mut previous: Option<&ResidentMapping> = None;
     for m in resident {
         let name = m.name.as_deref().unwrap_or("");
+        let after_file = previous.is_some_and(|p| {
+            p.end == m.start && p.name.as_deref().is_some_and(|n| n.starts_with('/'))
+        });
+        previous = Some(m);
+        let seen = mapped
+            .iter()
+            .any(|r| r.start < m.end && m.start < r.start + r.len);
         let part = if name == "[heap]" {
             &mut kinds.brk_heap
         } else if name == "[stack]" {
             &mut kinds.main_stack
         } else if m.shared || name.starts_with("/dev/shm/") || name.starts_with("/memfd:") {
             &mut kinds.shared
+        } else if m.is_private_anonymous() && after_file && !seen && m.name.is_none() {
+            &mut kinds.static_data
         } else if m.is_private_anonymous() {
             &mut kinds.private_anonymous
         } else {
@@ -97,12 +111,12 @@ fn site_name(namer: &mut Namer, frames: &[u64]) -> String {
         .find(|n| !n.contains("mmap"))
         .or(names.first())
         .cloned()
-        .unwrap_or_else(|| "(unknown)".into())
+        .unwrap_or_else(|| "(no stack)".into())
 }
 
 /// `profile`'s process's memory as `reading` found it, accounted for.
 pub fn account(profile: &HeapProfile, reading: &MemoryReading, namer: &mut Namer) -> MemoryAccount {
-    let kinds = by_kind(&reading.resident);
+    let kinds = by_kind(&reading.resident, &reading.mapped);
     let seen = seen(profile, reading, namer);
     let mut allocators: Vec<(String, u64)> = seen
         .allocators
@@ -135,6 +149,7 @@ pub fn account(profile: &HeapProfile, reading: &MemoryReading, namer: &mut Namer
         thread_stacks: kinds.main_stack + seen.thread_stacks,
         jvm: seen.jvm,
         file_backed: kinds.file_backed,
+        static_data: kinds.static_data,
         shared: kinds.shared,
         before_attach: if reading.since_start { 0 } else { rest_unseen },
         unexplained: if reading.since_start { rest_unseen } else { 0 },
@@ -150,7 +165,7 @@ pub fn account(profile: &HeapProfile, reading: &MemoryReading, namer: &mut Namer
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::profile::{MappedRange, StackEstimate};
+    use crate::profile::StackEstimate;
 
     fn anonymous(start: u64, len: u64, resident: u64) -> ResidentMapping {
         ResidentMapping {

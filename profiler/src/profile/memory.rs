@@ -66,6 +66,8 @@ pub struct MemoryAccount {
     /// The mappings a JVM's libjvm made: its heap, code cache, metaspace.
     pub jvm: u64,
     pub file_backed: u64,
+    /// Files' zeroed static data (`.bss`) the kernel mapped with them.
+    pub static_data: u64,
     pub shared: u64,
     /// Anonymous memory mapped before memprobe attached, beyond the heap
     /// in use: whose it is was not seen.
@@ -105,6 +107,7 @@ impl MemoryAccount {
             ("thread stacks", self.thread_stacks, String::new()),
             ("JVM", self.jvm, String::new()),
             ("file-backed", self.file_backed, String::new()),
+            ("static data", self.static_data, ".bss".into()),
             ("shared memory", self.shared, String::new()),
             ("mapped before attach", self.before_attach, String::new()),
             ("unexplained", self.unexplained, dropped),

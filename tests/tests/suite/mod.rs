@@ -6,6 +6,7 @@ mod heap_profile;
 mod intake;
 mod kernel_features;
 mod locations;
+mod memory;
 mod outputs;
 mod over_time;
 mod overhead;

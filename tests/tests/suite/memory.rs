@@ -1,0 +1,143 @@
+//! The memory account (#33): a process's resident memory split into the
+//! heap in use, allocator footprint, direct mappings by site, thread
+//! stacks, a JVM's own, file-backed, shared and unexplained memory, adding
+//! up to what the kernel says is resident.
+use std::{collections::HashMap, path::Path, time::Duration};
+
+use tests::*;
+
+/// The `# memory:` parts of a `.heap` (bytes), and its `# memory_site:`
+/// lines.
+fn account(heap: &Path) -> (HashMap<String, f64>, Vec<String>) {
+    let text = std::fs::read_to_string(heap).unwrap();
+    let mut parts = HashMap::new();
+    let mut sites = Vec::new();
+    for line in text.lines().take_while(|l| !l.starts_with('@')) {
+        if let Some(site) = line.strip_prefix("# memory_site: ") {
+            sites.push(site.to_owned());
+        } else if let Some(part) = line.strip_prefix("# memory: ") {
+            let (name, value) = part.split_once(": ").unwrap();
+            let bytes = value.split(' ').next().unwrap().parse::<f64>().unwrap();
+            parts.insert(name.to_owned(), bytes);
+        }
+    }
+    (parts, sites)
+}
+
+/// `VmRSS` of `pid`, in bytes.
+fn resident(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    let kib: f64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    kib * 1024.0
+}
+
+/// Launches the memory fixture in `mode` under memprobe, lets it do its
+/// work, and has a snapshot taken while it lives (SIGUSR1): that
+/// snapshot's account, the process's own resident bytes read right after,
+/// and memprobe's stderr.
+fn account_of(mode: &str, test: &str) -> (HashMap<String, f64>, Vec<String>, f64, String) {
+    let binary = memory_account_fixture();
+    let out = output_dir(test);
+    let args = [
+        "--format",
+        "heap",
+        "--sample-interval",
+        "64KiB",
+        "-o",
+        out.to_str().unwrap(),
+    ];
+    let (memprobe, mut launched) = Memprobe::launch(&args, &binary, &[("FIXTURE_MODE", mode)]);
+    let ready = launched.read_line();
+    let pid: u32 = ready.strip_prefix("ready ").unwrap().parse().unwrap();
+    assert_eq!(launched.send("go"), "done");
+    memprobe.signal(libc::SIGUSR1);
+    let first = out.join(format!("memprobe.{pid}.0.heap"));
+    let started = std::time::Instant::now();
+    while !first.exists() && started.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        first.exists(),
+        "no snapshot on SIGUSR1:\n{}",
+        memprobe.stderr_text()
+    );
+    let rss = resident(pid);
+    launched.close();
+    let (status, stderr) = memprobe.wait();
+    assert!(status.success(), "{stderr}");
+    let (parts, sites) = account(&first);
+    (parts, sites, rss, stderr)
+}
+
+fn assert_adds_up(parts: &HashMap<String, f64>, rss: f64, stderr: &str) {
+    let total = parts["resident"];
+    let sum: f64 = parts
+        .iter()
+        .filter(|(name, _)| *name != "resident")
+        .map(|(_, bytes)| bytes)
+        .sum();
+    assert_eq!(sum, total, "the parts add up to the total: {parts:?}");
+    assert_within(
+        "the account's resident total against VmRSS",
+        total,
+        rss,
+        0.05,
+    );
+    assert!(
+        parts["unexplained"] < 0.05 * total,
+        "launched, every mapping was seen: {parts:?}\n{stderr}"
+    );
+}
+
+#[test]
+fn a_buffer_pool_over_its_own_mapping_is_named_with_its_resident_bytes() {
+    let _guard = shared();
+    let (parts, sites, rss, stderr) = account_of("pool", "memory_pool");
+    assert_adds_up(&parts, rss, &stderr);
+    let pool = sites
+        .iter()
+        .find(|s| s.starts_with("pool_reserve: "))
+        .unwrap_or_else(|| panic!("no pool_reserve site: {sites:?}\n{stderr}"));
+    let resident: f64 = pool["pool_reserve: ".len()..]
+        .split(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_within("the pool's resident bytes", resident, 64.0 * MIB, 0.05);
+    assert!(
+        pool.contains(&format!("of {} mapped", 1u64 << 30)),
+        "{pool}"
+    );
+    // 16 MiB of glibc chunks and 8 MiB of jemalloc's: the heap, not sites.
+    assert_within("the heap in use", parts["heap in use"], 24.0 * MIB, 0.25);
+    assert!(
+        parts["direct mappings"] < 66.0 * MIB,
+        "glibc's and jemalloc's mappings are theirs: {parts:?}"
+    );
+    assert!(parts["thread stacks"] > 0.0, "{parts:?}");
+    assert!(
+        stderr.contains("memory:   direct mapping by pool_reserve"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn fragmentation_shows_as_allocator_footprint_not_heap() {
+    let _guard = shared();
+    let (parts, _, rss, stderr) = account_of("fragment", "memory_fragment");
+    assert_adds_up(&parts, rss, &stderr);
+    // 131072 objects of 256 B left of twice as many.
+    let in_use = 32.0 * MIB;
+    assert_within("the heap in use", parts["heap in use"], in_use, 0.15);
+    assert!(
+        parts["allocator footprint"] > 0.8 * in_use,
+        "the freed half stays jemalloc's: {parts:?}\n{stderr}"
+    );
+    assert!(parts["direct mappings"] < MIB, "{parts:?}");
+    assert!(
+        parts["static data"] >= 2.0 * MIB,
+        "its 2 MiB array of pointers: {parts:?}"
+    );
+}
