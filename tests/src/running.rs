@@ -212,14 +212,28 @@ impl Memprobe {
     /// Starts memprobe on `program` (launch mode) with `args`, both with
     /// `env`; the program's stdin and stdout, which are memprobe's.
     pub fn launch(args: &[&str], program: &Path, env: &[(&str, &str)]) -> (Self, Launched) {
+        let mut command = Command::new(program);
+        command.envs(env.iter().copied());
+        Self::launch_command(args, &command)
+    }
+
+    /// Starts memprobe on `program` (launch mode) as `program` says: its
+    /// arguments and environment.
+    pub fn launch_command(args: &[&str], program: &Command) -> (Self, Launched) {
         let mut command = Command::new(memprobe_bin());
         command
             .args(args)
             .arg("--")
-            .arg(program)
-            .envs(env.iter().copied())
+            .arg(program.get_program())
+            .args(program.get_args())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped());
+        for (key, value) in program.get_envs() {
+            match value {
+                Some(value) => command.env(key, value),
+                None => command.env_remove(key),
+            };
+        }
         let mut memprobe = Self::start_command(command);
         let stdin = memprobe.child.stdin.take().unwrap();
         let stdout = BufReader::new(memprobe.child.stdout.take().unwrap());

@@ -155,10 +155,12 @@ pub fn account(profile: &HeapProfile, reading: &MemoryReading, namer: &mut Namer
         unexplained: if reading.since_start { rest_unseen } else { 0 },
         mappings_dropped: reading.mappings_dropped,
     };
-    // pagemap and smaps are read a moment apart: what they disagree on is
-    // unexplained too, never a part above the total.
+    // pagemap and smaps are read a moment apart, while the process runs:
+    // pages they disagree on are unexplained when fewer, and the total is
+    // the parts' when more (touched between the two readings).
     let parts: u64 = account.parts().iter().map(|(_, bytes, _)| bytes).sum();
     account.unexplained += account.resident.saturating_sub(parts);
+    account.resident = account.resident.max(parts);
     account
 }
 

@@ -7,7 +7,7 @@ use crate::{
     kernel::events::KernelMapping,
     proc::{
         read_maps,
-        resident::{Pagemap, read_smaps},
+        resident::{Pagemap, ResidentMapping, read_smaps},
     },
     profile::{MappedRange, MemoryReading},
     run::Session,
@@ -86,20 +86,30 @@ impl Session<'_> {
         let mut ranges = Vec::with_capacity(t.mapped.len());
         for (start, mapping) in t.mapped.iter() {
             let end = start + mapping.len;
-            let from_pagemap = match &pagemap {
-                Some(pagemap) if mapping.len <= pagemap_left => {
-                    pagemap_left -= mapping.len;
-                    pagemap.resident(start, end).ok()
-                }
-                _ => None,
-            };
-            let resident = from_pagemap.unwrap_or_else(|| share_of_smaps(&resident, start, end));
+            // Only what is still the process's own anonymous memory: a file
+            // mapped over part of it (a JVM's class archive over its
+            // reservation) is the file's.
+            let own = resident
+                .iter()
+                .filter(|m| m.is_private_anonymous() && m.start < end && start < m.end);
+            let mut bytes = 0;
+            for m in own {
+                let (from, to) = (start.max(m.start), end.min(m.end));
+                let read = match &pagemap {
+                    Some(pagemap) if to - from <= pagemap_left => {
+                        pagemap_left -= to - from;
+                        pagemap.resident(from, to).ok()
+                    }
+                    _ => None,
+                };
+                bytes += read.unwrap_or_else(|| share_of(m, from, to));
+            }
             ranges.push(MappedRange {
                 start,
                 len: mapping.len,
                 frames: mapping.frames.to_vec(),
                 shared: mapping.shared,
-                resident,
+                resident: bytes,
             });
         }
         Some(MemoryReading {
@@ -111,19 +121,7 @@ impl Session<'_> {
     }
 }
 
-/// `[start, end)`'s share of the resident bytes of the smaps entries it
-/// overlaps, by length.
-fn share_of_smaps(
-    resident: &[crate::proc::resident::ResidentMapping],
-    start: u64,
-    end: u64,
-) -> u64 {
-    resident
-        .iter()
-        .filter(|m| m.start < end && start < m.end)
-        .map(|m| {
-            let overlap = end.min(m.end) - start.max(m.start);
-            (m.resident as f64 * overlap as f64 / m.len().max(1) as f64) as u64
-        })
-        .sum()
+/// `[from, to)`'s share of `mapping`'s resident bytes, by length.
+fn share_of(mapping: &ResidentMapping, from: u64, to: u64) -> u64 {
+    (mapping.resident as f64 * (to - from) as f64 / mapping.len().max(1) as f64) as u64
 }

@@ -2,7 +2,7 @@
 //! heap in use, allocator footprint, direct mappings by site, thread
 //! stacks, a JVM's own, file-backed, shared and unexplained memory, adding
 //! up to what the kernel says is resident.
-use std::{collections::HashMap, path::Path, time::Duration};
+use std::{collections::HashMap, path::Path, process::Command, time::Duration};
 
 use tests::*;
 
@@ -37,7 +37,16 @@ fn resident(pid: u32) -> f64 {
 /// snapshot's account, the process's own resident bytes read right after,
 /// and memprobe's stderr.
 fn account_of(mode: &str, test: &str) -> (HashMap<String, f64>, Vec<String>, f64, String) {
-    let binary = memory_account_fixture();
+    let mut fixture = Command::new(memory_account_fixture());
+    fixture.env("FIXTURE_MODE", mode);
+    account_of_command(&fixture, test)
+}
+
+/// As [`account_of`], for any fixture `command`.
+fn account_of_command(
+    command: &Command,
+    test: &str,
+) -> (HashMap<String, f64>, Vec<String>, f64, String) {
     let out = output_dir(test);
     let args = [
         "--format",
@@ -47,7 +56,7 @@ fn account_of(mode: &str, test: &str) -> (HashMap<String, f64>, Vec<String>, f64
         "-o",
         out.to_str().unwrap(),
     ];
-    let (memprobe, mut launched) = Memprobe::launch(&args, &binary, &[("FIXTURE_MODE", mode)]);
+    let (memprobe, mut launched) = Memprobe::launch_command(&args, command);
     let ready = launched.read_line();
     let pid: u32 = ready.strip_prefix("ready ").unwrap().parse().unwrap();
     assert_eq!(launched.send("go"), "done");
@@ -140,4 +149,17 @@ fn fragmentation_shows_as_allocator_footprint_not_heap() {
         parts["static data"] >= 2.0 * MIB,
         "its 2 MiB array of pointers: {parts:?}"
     );
+}
+
+#[test]
+fn a_jvms_heap_is_named_as_the_jvms() {
+    let _guard = shared();
+    let java = java_command_with("DirectBuffers", &["-Xms64m", "-XX:+AlwaysPreTouch"]);
+    let (parts, _, rss, stderr) = account_of_command(&java, "memory_jvm");
+    assert_adds_up(&parts, rss, &stderr);
+    // Its 64 MiB heap, touched at start, and its code cache and metaspace.
+    assert!(parts["JVM"] >= 64.0 * MIB, "{parts:?}\n{stderr}");
+    // 64 direct buffers of 1 MiB, through glibc's malloc.
+    assert_within("the heap in use", parts["heap in use"], 64.0 * MIB, 0.25);
+    assert!(parts["thread stacks"] > 0.0, "{parts:?}");
 }
