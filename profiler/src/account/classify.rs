@@ -18,6 +18,18 @@ pub enum Owner {
     Site,
 }
 
+impl Owner {
+    /// How profiles label it.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Owner::Allocator(name) => name,
+            Owner::ThreadStack => "thread stack",
+            Owner::Jvm => "JVM",
+            Owner::Site => "direct",
+        }
+    }
+}
+
 /// glibc functions that map memory for malloc: its entry points (named in
 /// any libc), and its internals (named where libc has its symbols).
 const GLIBC_MALLOC: [&str; 26] = [

@@ -74,12 +74,24 @@ struct Seen {
     private: u64,
 }
 
-fn seen(profile: &HeapProfile, reading: &MemoryReading, namer: &mut Namer) -> Seen {
+/// Each mapping of its own the process was seen to make, with its owner.
+pub fn owned<'a>(
+    profile: &HeapProfile,
+    reading: &'a MemoryReading,
+    namer: &mut Namer,
+) -> Vec<(Owner, &'a MappedRange)> {
     let mappings = parse_maps(&profile.mapped_libraries);
+    (reading.mapped.iter())
+        .filter(|r| !r.shared)
+        .map(|r| (classify::owner(&r.frames, namer, &mappings), r))
+        .collect()
+}
+
+fn seen(profile: &HeapProfile, reading: &MemoryReading, namer: &mut Namer) -> Seen {
     let mut seen = Seen::default();
-    for range in reading.mapped.iter().filter(|r| !r.shared) {
+    for (owner, range) in owned(profile, reading, namer) {
         seen.private += range.resident;
-        match classify::owner(&range.frames, namer, &mappings) {
+        match owner {
             Owner::Allocator(name) => *seen.allocators.entry(name).or_default() += range.resident,
             Owner::ThreadStack => seen.thread_stacks += range.resident,
             Owner::Jvm => seen.jvm += range.resident,

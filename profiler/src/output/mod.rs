@@ -5,6 +5,7 @@ pub(crate) mod files;
 pub mod flamegraph;
 pub mod folded;
 pub mod heap_v2;
+pub mod mappings;
 pub mod pprof;
 pub mod symbolized;
 

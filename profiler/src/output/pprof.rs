@@ -51,6 +51,16 @@ struct Sample {
     location_id: Vec<u64>,
     #[prost(int64, repeated, tag = "2")]
     value: Vec<i64>,
+    #[prost(message, repeated, tag = "3")]
+    label: Vec<Label>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct Label {
+    #[prost(int64, tag = "1")]
+    key: i64,
+    #[prost(int64, tag = "2")]
+    str: i64,
 }
 
 #[derive(Clone, PartialEq, Message)]
@@ -127,58 +137,101 @@ impl Strings {
 
 /// Writes `profile` as a gzipped pprof protobuf, naming frames with `namer`.
 pub fn write<W: Write>(profile: &HeapProfile, namer: &mut Namer, out: W) -> io::Result<()> {
-    let mut tables = Tables::default();
-    let sample_type = [
-        "alloc_objects",
-        "alloc_space",
-        "inuse_objects",
-        "inuse_space",
-    ]
-    .iter()
-    .zip(["count", "bytes", "count", "bytes"])
-    .map(|(t, u)| ValueType {
-        r#type: tables.strings.id(t),
-        unit: tables.strings.id(u),
-    })
-    .collect();
-    tables.add_mappings(&profile.mapped_libraries);
-    let mut samples = Vec::new();
-    for stack in &profile.stacks {
-        let location_id = stack
-            .frames
-            .iter()
-            // The call instruction: return address - 1, leaf included.
-            .map(|&frame| tables.location(frame.saturating_sub(1), namer))
-            .collect();
-        let value = [
+    let types = [
+        ("alloc_objects", "count"),
+        ("alloc_space", "bytes"),
+        ("inuse_objects", "count"),
+        ("inuse_space", "bytes"),
+    ];
+    let samples = profile.stacks.iter().map(|stack| {
+        let values = [
             stack.alloc_objects,
             stack.alloc_bytes,
             stack.inuse_objects,
             stack.inuse_bytes,
-        ]
-        .map(|v| v.round() as i64)
-        .to_vec();
-        samples.push(Sample { location_id, value });
+        ];
+        (
+            stack.frames.as_slice(),
+            values.map(|v| v.round() as i64).to_vec(),
+            None,
+        )
+    });
+    let contents = Contents {
+        types: &types,
+        period: profile.sample_interval as i64,
+        comments: profile.notes.lines(),
+    };
+    encode(&contents, samples, &profile.mapped_libraries, namer, out)
+}
+
+/// What a pprof file holds besides its samples.
+pub struct Contents<'a> {
+    /// Each sample type and its unit.
+    pub types: &'a [(&'a str, &'a str)],
+    /// Bytes per sample (the profile's `period`, of type space).
+    pub period: i64,
+    /// `key: value` comments.
+    pub comments: Vec<(String, String)>,
+}
+
+/// One sample: return addresses (innermost first), a value per sample
+/// type, and an optional `(key, value)` label.
+pub type LabeledSample<'a> = (&'a [u64], Vec<i64>, Option<(&'a str, &'a str)>);
+
+/// Encodes `samples` as a gzipped pprof protobuf.
+pub fn encode<'a, W: Write>(
+    contents: &Contents<'_>,
+    samples: impl Iterator<Item = LabeledSample<'a>>,
+    maps: &str,
+    namer: &mut Namer,
+    out: W,
+) -> io::Result<()> {
+    let mut tables = Tables::default();
+    let sample_type = contents
+        .types
+        .iter()
+        .map(|(t, u)| ValueType {
+            r#type: tables.strings.id(t),
+            unit: tables.strings.id(u),
+        })
+        .collect();
+    tables.add_mappings(maps);
+    let mut sample = Vec::new();
+    for (frames, value, label) in samples {
+        let location_id = frames
+            .iter()
+            // The call instruction: return address - 1, leaf included.
+            .map(|&frame| tables.location(frame.saturating_sub(1), namer))
+            .collect();
+        let label = label.map_or(Vec::new(), |(key, value)| {
+            vec![Label {
+                key: tables.strings.id(key),
+                str: tables.strings.id(value),
+            }]
+        });
+        sample.push(Sample {
+            location_id,
+            value,
+            label,
+        });
     }
     let mut strings = tables.strings;
-    let comment = profile.notes.lines();
-    let comment = comment
-        .iter()
-        .map(|(k, v)| strings.id(&format!("{k}: {v}")));
-    let comment = comment.collect();
+    let comment = (contents.comments.iter())
+        .map(|(k, v)| strings.id(&format!("{k}: {v}")))
+        .collect();
     let period_type = Some(ValueType {
         r#type: strings.id("space"),
         unit: strings.id("bytes"),
     });
     let message = Profile {
         sample_type,
-        sample: samples,
+        sample,
         mapping: tables.mappings,
         location: tables.locations,
         function: tables.functions,
         string_table: strings.table,
         period_type,
-        period: profile.sample_interval as i64,
+        period: contents.period,
         comment,
     };
     let mut gz = GzEncoder::new(out, Compression::default());

@@ -32,25 +32,34 @@ fn resident(pid: u32) -> f64 {
     kib * 1024.0
 }
 
+/// What a snapshot taken while a launched fixture lived said of its
+/// memory.
+struct Accounted {
+    /// The `.heap`'s `# memory:` parts.
+    parts: HashMap<String, f64>,
+    /// Its `# memory_site:` lines.
+    sites: Vec<String>,
+    /// The process's own `VmRSS`, read right after the snapshot.
+    rss: f64,
+    stderr: String,
+    /// The snapshot's files but the extension: `OUT/memprobe.PID.0`.
+    files: std::path::PathBuf,
+}
+
 /// Launches the memory fixture in `mode` under memprobe, lets it do its
-/// work, and has a snapshot taken while it lives (SIGUSR1): that
-/// snapshot's account, the process's own resident bytes read right after,
-/// and memprobe's stderr.
-fn account_of(mode: &str, test: &str) -> (HashMap<String, f64>, Vec<String>, f64, String) {
+/// work, and has a snapshot taken while it lives (SIGUSR1).
+fn account_of(mode: &str, test: &str, formats: &str) -> Accounted {
     let mut fixture = Command::new(memory_account_fixture());
     fixture.env("FIXTURE_MODE", mode);
-    account_of_command(&fixture, test)
+    account_of_command(&fixture, test, formats)
 }
 
 /// As [`account_of`], for any fixture `command`.
-fn account_of_command(
-    command: &Command,
-    test: &str,
-) -> (HashMap<String, f64>, Vec<String>, f64, String) {
+fn account_of_command(command: &Command, test: &str, formats: &str) -> Accounted {
     let out = output_dir(test);
     let args = [
         "--format",
-        "heap",
+        formats,
         "--sample-interval",
         "64KiB",
         "-o",
@@ -76,7 +85,13 @@ fn account_of_command(
     let (status, stderr) = memprobe.wait();
     assert!(status.success(), "{stderr}");
     let (parts, sites) = account(&first);
-    (parts, sites, rss, stderr)
+    Accounted {
+        parts,
+        sites,
+        rss,
+        stderr,
+        files: out.join(format!("memprobe.{pid}.0")),
+    }
 }
 
 fn assert_adds_up(parts: &HashMap<String, f64>, rss: f64, stderr: &str) {
@@ -102,7 +117,14 @@ fn assert_adds_up(parts: &HashMap<String, f64>, rss: f64, stderr: &str) {
 #[test]
 fn a_buffer_pool_over_its_own_mapping_is_named_with_its_resident_bytes() {
     let _guard = shared();
-    let (parts, sites, rss, stderr) = account_of("pool", "memory_pool");
+    let all = "heap,pb.gz,folded,svg";
+    let Accounted {
+        parts,
+        sites,
+        rss,
+        stderr,
+        files,
+    } = account_of("pool", "memory_pool", all);
     assert_adds_up(&parts, rss, &stderr);
     let pool = sites
         .iter()
@@ -135,7 +157,9 @@ fn a_buffer_pool_over_its_own_mapping_is_named_with_its_resident_bytes() {
 #[test]
 fn fragmentation_shows_as_allocator_footprint_not_heap() {
     let _guard = shared();
-    let (parts, _, rss, stderr) = account_of("fragment", "memory_fragment");
+    let Accounted {
+        parts, rss, stderr, ..
+    } = account_of("fragment", "memory_fragment", "heap");
     assert_adds_up(&parts, rss, &stderr);
     // 131072 objects of 256 B left of twice as many.
     let in_use = 32.0 * MIB;
@@ -155,7 +179,9 @@ fn fragmentation_shows_as_allocator_footprint_not_heap() {
 fn a_jvms_heap_is_named_as_the_jvms() {
     let _guard = shared();
     let java = java_command_with("DirectBuffers", &["-Xms64m", "-XX:+AlwaysPreTouch"]);
-    let (parts, _, rss, stderr) = account_of_command(&java, "memory_jvm");
+    let Accounted {
+        parts, rss, stderr, ..
+    } = account_of_command(&java, "memory_jvm", "heap");
     assert_adds_up(&parts, rss, &stderr);
     // Its 64 MiB heap, touched at start, and its code cache and metaspace.
     assert!(parts["JVM"] >= 64.0 * MIB, "{parts:?}\n{stderr}");

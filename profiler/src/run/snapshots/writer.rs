@@ -211,29 +211,59 @@ fn write(output: &OutputDir, state: &mut WriterState, job: Job) -> Done {
         profile.account = Some(account::account(&profile, reading, namer));
     }
     let account = profile.account.clone();
-    let mut files = Vec::new();
-    for format in formats {
-        let ext = format.extension();
-        let written = output.write_file(pid, seq, ext, |w| {
-            output::write_format(format, &profile, namer.as_deref_mut(), w)
-        });
-        match written {
-            Ok(path) => files.push((format, path)),
-            Err(cause) => {
-                let path = output.path().join(file_name(pid, seq, ext));
-                return Done {
-                    pid,
-                    announce,
-                    files: Err(WriteError { path, cause }.into()),
-                    account,
-                };
-            }
-        }
-    }
+    let files =
+        write_files(output, (pid, seq), &profile, &formats, namer).map_err(|error| error.into());
     Done {
         pid,
         announce,
-        files: Ok(files),
+        files,
         account,
     }
+}
+
+/// Writes the snapshot in each of `formats`, and its mappings' profiles
+/// where it has them; the files in that order.
+fn write_files(
+    output: &OutputDir,
+    (pid, seq): (u32, u64),
+    profile: &HeapProfile,
+    formats: &[Format],
+    mut namer: Option<&mut Namer>,
+) -> std::result::Result<Vec<(Format, PathBuf)>, WriteError> {
+    let mut files = Vec::new();
+    let mut write_one = |format: Format, ext: &str, mappings: bool, namer: Option<&mut Namer>| {
+        let written = output.write_file(pid, seq, ext, |w| match (mappings, namer) {
+            (true, Some(namer)) => output::mappings::write(format, profile, namer, w),
+            (true, None) => Ok(()),
+            (false, namer) => output::write_format(format, profile, namer, w),
+        });
+        match written {
+            Ok(path) => {
+                files.push((format, path));
+                Ok(())
+            }
+            Err(cause) => {
+                let path = output.path().join(file_name(pid, seq, ext));
+                Err(WriteError { path, cause })
+            }
+        }
+    };
+    for &format in formats {
+        write_one(format, format.extension(), false, namer.as_deref_mut())?;
+    }
+    let has_mappings = profile
+        .memory
+        .as_ref()
+        .is_some_and(|m| !m.mapped.is_empty());
+    let with_mappings = if has_mappings && namer.is_some() {
+        formats
+    } else {
+        &[]
+    };
+    for &format in with_mappings {
+        if let Some(ext) = output::mappings::extension(format) {
+            write_one(format, ext, true, namer.as_deref_mut())?;
+        }
+    }
+    Ok(files)
 }
