@@ -152,6 +152,27 @@ fn a_buffer_pool_over_its_own_mapping_is_named_with_its_resident_bytes() {
         stderr.contains("memory:   direct mapping by pool_reserve"),
         "{stderr}"
     );
+    // The mappings' profiles: pprof by owner, folded stacks, a flame graph.
+    let pprof = files.with_extension("0.mappings.pb.gz");
+    let resident = pprof_top(&pprof, "resident_space", &["-tagfocus=owner=direct"]);
+    let in_pprof = pprof_flat(&resident, "pool_reserve");
+    assert_within("pool_reserve's resident_space", in_pprof, 64.0 * MIB, 0.05);
+    let mapped = pprof_top(&pprof, "mapped_space", &[]);
+    let mapped = pprof_flat(&mapped, "pool_reserve");
+    assert_within("its mapped_space", mapped, 1024.0 * MIB, 0.01);
+    let folded = std::fs::read_to_string(files.with_extension("0.mappings.folded")).unwrap();
+    assert!(
+        folded
+            .lines()
+            .any(|l| l.starts_with("[direct];") && l.contains(";pool_reserve ")),
+        "{folded}"
+    );
+    assert!(
+        folded.lines().any(|l| l.starts_with("[glibc];")),
+        "{folded}"
+    );
+    let svg = std::fs::read_to_string(files.with_extension("0.mappings.svg")).unwrap();
+    assert!(svg.contains("pool_reserve"), "the flame graph names it");
 }
 
 #[test]
