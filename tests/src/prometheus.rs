@@ -10,6 +10,13 @@ use crate::http_get;
 /// Runs Prometheus scraping `target` every second with `scrape` added to
 /// its job, and queries what it stored for `pid`'s memprobe_inuse_bytes.
 pub fn scraped_by_prometheus(dir: &Path, target: &str, pid: u32, scrape: &str) -> f64 {
+    let selector = format!("memprobe_inuse_bytes{{pid=\"{pid}\"}}");
+    scraped_series(dir, target, &selector, scrape)
+}
+
+/// Runs Prometheus scraping `target` every second with `scrape` added to
+/// its job, and queries the value it stored for the series `selector`.
+pub fn scraped_series(dir: &Path, target: &str, selector: &str, scrape: &str) -> f64 {
     let web = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let web_address = web.local_addr().unwrap().to_string();
     drop(web);
@@ -33,7 +40,14 @@ pub fn scraped_by_prometheus(dir: &Path, target: &str, pid: u32, scrape: &str) -
         .stderr(Stdio::null())
         .spawn()
         .expect("starting prometheus");
-    let query = format!("/api/v1/query?query=memprobe_inuse_bytes%7Bpid%3D%22{pid}%22%7D");
+    let encoded: String = selector
+        .bytes()
+        .map(|b| match b {
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'_' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect();
+    let query = format!("/api/v1/query?query={encoded}");
     let started = Instant::now();
     let found = loop {
         let answer = std::net::TcpStream::connect(&web_address)
@@ -52,5 +66,5 @@ pub fn scraped_by_prometheus(dir: &Path, target: &str, pid: u32, scrape: &str) -
     };
     let _ = prometheus.kill();
     let _ = prometheus.wait();
-    found.expect("prometheus stored no memprobe_inuse_bytes within 30 s")
+    found.unwrap_or_else(|| panic!("prometheus stored no {selector} within 30 s"))
 }

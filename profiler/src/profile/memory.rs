@@ -36,7 +36,7 @@ impl MemoryReading {
 }
 
 /// Direct anonymous mappings made by one stack.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
 pub struct SiteMemory {
     /// The innermost named frame of the program's that mapped it.
     pub name: String,
@@ -48,7 +48,7 @@ pub struct SiteMemory {
 
 /// A process's resident memory, accounted for: the parts add up to
 /// `resident`.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
 pub struct MemoryAccount {
     pub resident: u64,
     /// The heap in use, as estimated from the samples (at most what the

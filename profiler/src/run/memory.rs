@@ -10,7 +10,10 @@ use crate::{
         resident::{Pagemap, ResidentMapping, read_smaps},
     },
     profile::{MappedRange, MemoryReading},
-    run::Session,
+    run::{
+        Session,
+        snapshots::writer::{Announce, Job},
+    },
 };
 
 /// Most address space whose resident pages a snapshot reads from pagemap
@@ -63,7 +66,32 @@ impl Session<'_> {
         let pids: Vec<u32> = self.live_pids();
         for pid in pids {
             self.read_memory(pid);
+            if self.publishing.is_some() {
+                self.account_for_endpoints(pid);
+            }
         }
+    }
+
+    /// Has the writer account for `pid`'s memory as last read, writing no
+    /// file: `/metrics` shows it.
+    fn account_for_endpoints(&mut self, pid: u32) {
+        let Some(t) = self.tracked.get(&pid) else {
+            return;
+        };
+        if t.memory.is_none() || self.snapshots.writer.busy_with(pid) {
+            return;
+        }
+        let mut profile = t.heap.snapshot(t.maps.clone());
+        profile.memory = t.memory.clone();
+        self.snapshots.writer.submit(Job {
+            pid,
+            seq: 0,
+            profile,
+            formats: Vec::new(),
+            jvm_perfmap: None,
+            last: false,
+            announce: Announce::Nothing,
+        });
     }
 
     /// What the kernel says of `pid`'s memory now, with the mappings it

@@ -92,6 +92,7 @@ impl Session<'_> {
                     probe_hits,
                     added_seconds,
                     exited: t.exited,
+                    memory: self.snapshots.of(t.pid).and_then(|s| s.account.clone()),
                 }
             })
             .collect();

@@ -83,6 +83,7 @@ fn exposition(published: &Published, resident_bytes: Option<u64>) -> String {
             );
         }
     }
+    memory_series(&mut text, published);
     let _ = writeln!(
         text,
         "# HELP memprobe_system_wide_probe_hits_total Calls that trapped into system-wide \
@@ -112,6 +113,45 @@ fn exposition(published: &Published, resident_bytes: Option<u64>) -> String {
         );
     }
     text
+}
+
+/// Each process's memory account: its resident bytes, and one series per
+/// part (label `part`), which add up to them.
+fn memory_series(text: &mut String, published: &Published) {
+    let accounted: Vec<_> = (published.processes.iter())
+        .filter_map(|p| Some((p, p.memory.as_ref()?)))
+        .collect();
+    if accounted.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        text,
+        "# HELP memprobe_resident_bytes The process's resident memory, as its memory account \
+         last read it.\n# TYPE memprobe_resident_bytes gauge"
+    );
+    for (p, account) in &accounted {
+        let labels = format!("pid=\"{}\",comm=\"{}\"", p.pid, label_value(&p.command));
+        let _ = writeln!(
+            text,
+            "memprobe_resident_bytes{{{labels}}} {}",
+            account.resident
+        );
+    }
+    let _ = writeln!(
+        text,
+        "# HELP memprobe_memory_bytes The process's resident memory by part (heap in use, \
+         allocator footprint, direct mappings, thread stacks, ...), adding up to \
+         memprobe_resident_bytes.\n# TYPE memprobe_memory_bytes gauge"
+    );
+    for (p, account) in &accounted {
+        let labels = format!("pid=\"{}\",comm=\"{}\"", p.pid, label_value(&p.command));
+        for (part, bytes, _) in account.parts() {
+            let _ = writeln!(
+                text,
+                "memprobe_memory_bytes{{{labels},part=\"{part}\"}} {bytes}"
+            );
+        }
+    }
 }
 
 /// A label value with `\`, `"` and newlines escaped, as the format asks.

@@ -32,7 +32,7 @@ use axum::{
 use serde::Serialize;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
-use crate::profile::HeapProfile;
+use crate::profile::{HeapProfile, MemoryAccount};
 
 /// Requests served at once; more are refused with 503.
 pub const MAX_IN_FLIGHT: usize = 8;
@@ -55,6 +55,8 @@ pub struct ProcessStatus {
     /// Time the probes added to the process, estimated from per-hit costs.
     pub added_seconds: f64,
     pub exited: bool,
+    /// Its resident memory accounted for, as last read.
+    pub memory: Option<MemoryAccount>,
 }
 
 /// What the run publishes once a tick.

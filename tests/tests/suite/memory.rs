@@ -210,3 +210,57 @@ fn a_jvms_heap_is_named_as_the_jvms() {
     assert_within("the heap in use", parts["heap in use"], 64.0 * MIB, 0.25);
     assert!(parts["thread stacks"] > 0.0, "{parts:?}");
 }
+
+#[test]
+fn a_real_prometheus_scrapes_the_memory_account_by_part() {
+    let _guard = shared();
+    let out = output_dir("memory_metrics");
+    let args = ["--listen", "127.0.0.1:0", "-o", out.to_str().unwrap()];
+    let mut fixture = Command::new(memory_account_fixture());
+    fixture.env("FIXTURE_MODE", "pool");
+    let (memprobe, mut launched) = Memprobe::launch_command(&args, &fixture);
+    let pid: u32 = launched.read_line()["ready ".len()..].parse().unwrap();
+    let address = memprobe.listening_on();
+    assert_eq!(launched.send("go"), "done");
+    let direct = format!("memprobe_memory_bytes{{pid=\"{pid}\",part=\"direct mappings\"}}");
+    // The account is read every few seconds: wait for one after the work.
+    let started = std::time::Instant::now();
+    let series = format!(
+        "memprobe_memory_bytes{{pid=\"{pid}\",comm=\"memory_account\",part=\"direct mappings\"}} "
+    );
+    let served = |metrics: &str| -> Option<f64> {
+        let line = metrics.lines().find(|l| l.starts_with(&series))?;
+        line.rsplit(' ').next()?.parse().ok()
+    };
+    while served(&http_get(&address, "/metrics").1).is_none_or(|b| b < 32.0 * MIB) {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "{}",
+            memprobe.stderr_text()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let scraped = scraped_series(&out, &address, &direct, "");
+    assert_within(
+        "the pool's direct mappings, scraped",
+        scraped,
+        64.0 * MIB,
+        0.1,
+    );
+    let (status, metrics) = http_get(&address, "/metrics");
+    assert_eq!(status, 200);
+    let total = format!("memprobe_resident_bytes{{pid=\"{pid}\",comm=\"memory_account\"}} ");
+    let resident: f64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(&total)?.parse().ok())
+        .unwrap_or_else(|| panic!("{metrics}"));
+    let parts: f64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("memprobe_memory_bytes{") && l.contains(&format!("\"{pid}\"")))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+        .sum();
+    assert_eq!(parts, resident, "the parts add up: {metrics}");
+    launched.close();
+    let (status, stderr) = memprobe.wait();
+    assert!(status.success(), "{stderr}");
+}

@@ -131,6 +131,10 @@ impl Snapshots {
         if done.account.is_some() {
             process.account = done.account;
         }
+        // An account alone (for the endpoints) wrote no file.
+        if files.is_empty() {
+            return Ok(());
+        }
         for (format, path) in &files {
             if *format == Format::Heap {
                 process.heaps.push(path.clone());
