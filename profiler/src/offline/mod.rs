@@ -146,13 +146,27 @@ pub fn report<W: Write>(
     out: W,
 ) -> Result<(), OfflineError> {
     let heap = read_heap(file)?;
-    let heap = match base {
-        Some(base) => crate::offline::report::subtract(&heap, &read_heap(base)?),
+    let base = base.map(read_heap).transpose()?;
+    let account = heap.account.clone();
+    let heap = match &base {
+        Some(base) => crate::offline::report::subtract(&heap, base),
         None => heap,
     };
     let mut namer = namer_for(&heap, binaries);
     let (rows, total) = crate::offline::report::rows(&heap, measure, |frames| namer.stack(frames));
-    crate::offline::report::write(&rows, total, measure, most, out).map_err(OfflineError::Output)
+    let mut out = out;
+    crate::offline::report::write(&rows, total, measure, most, &mut out)
+        .map_err(OfflineError::Output)?;
+    let Some(account) = account else {
+        return Ok(());
+    };
+    let base = base.and_then(|b| b.account);
+    let name = |frames: &[u64]| {
+        let names = namer.stack(frames);
+        names.into_iter().take(4).collect::<Vec<_>>().join(" < ")
+    };
+    crate::offline::report::write_memory(&account, base.as_ref(), name, out)
+        .map_err(OfflineError::Output)
 }
 
 /// `memprobe convert FILE --to pprof|folded`.

@@ -5,7 +5,7 @@ use std::{
     io::{self, Write},
 };
 
-use crate::output::heap_v2::read::ParsedHeap;
+use crate::{output::heap_v2::read::ParsedHeap, profile::MemoryAccount};
 
 /// Which estimate to rank by, as jeprof's `--inuse_space` and friends.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -147,6 +147,64 @@ pub fn write<W: Write>(
             row.cum / scale,
             percent(row.cum),
             row.name
+        )?;
+    }
+    Ok(())
+}
+
+/// The memory account under the sites, pmap-like: each part of the
+/// resident total with its share (and its change since `base`'s, given
+/// one), then the direct mappings by site, `name` naming their stacks.
+pub fn write_memory<W: Write>(
+    account: &MemoryAccount,
+    base: Option<&MemoryAccount>,
+    mut name: impl FnMut(&[u64]) -> String,
+    mut out: W,
+) -> io::Result<()> {
+    let mib = |bytes: u64| bytes as f64 / (1024.0 * 1024.0);
+    let share = |bytes: u64| 100.0 * bytes as f64 / account.resident.max(1) as f64;
+    writeln!(out)?;
+    writeln!(
+        out,
+        "Resident: {:.1} MB, accounted for:",
+        mib(account.resident)
+    )?;
+    let before: Vec<(&str, u64, String)> = base.map_or(Vec::new(), MemoryAccount::parts);
+    for (part, bytes, detail) in account.parts() {
+        let change = match before.iter().find(|(p, ..)| *p == part) {
+            Some((_, then, _)) => format!(" {:>+9.1}", mib(bytes) - mib(*then)),
+            None => String::new(),
+        };
+        let detail = if detail.is_empty() {
+            String::new()
+        } else {
+            format!("  ({detail})")
+        };
+        writeln!(
+            out,
+            "{:>8.1} {:>5.1}%{change}  {part}{detail}",
+            mib(bytes),
+            share(bytes)
+        )?;
+    }
+    if account.sites.is_empty() {
+        return Ok(());
+    }
+    writeln!(out)?;
+    writeln!(out, "Direct mappings (MB):")?;
+    writeln!(
+        out,
+        "{:>8} {:>9} {:>8}  site",
+        "resident", "mapped", "mappings"
+    )?;
+    for site in &account.sites {
+        writeln!(
+            out,
+            "{:>8.1} {:>9.1} {:>8}  {}",
+            mib(site.resident),
+            mib(site.mapped),
+            site.mappings,
+            name(&site.frames)
         )?;
     }
     Ok(())

@@ -114,6 +114,25 @@ impl MemoryAccount {
         ]
     }
 
+    /// The part named `name` (as [`parts`](Self::parts) names it), to be
+    /// set from a written account; `None` for "direct mappings", which
+    /// its sites make, and names it does not know.
+    pub fn part_mut(&mut self, name: &str) -> Option<&mut u64> {
+        Some(match name {
+            "resident" => &mut self.resident,
+            "heap in use" => &mut self.heap_in_use,
+            "allocator footprint" => &mut self.allocator_footprint,
+            "thread stacks" => &mut self.thread_stacks,
+            "JVM" => &mut self.jvm,
+            "file-backed" => &mut self.file_backed,
+            "static data" => &mut self.static_data,
+            "shared memory" => &mut self.shared,
+            "mapped before attach" => &mut self.before_attach,
+            "unexplained" => &mut self.unexplained,
+            _ => return None,
+        })
+    }
+
     /// The account for people: the total, then each part that holds
     /// anything, then the largest direct-mapping sites.
     pub fn lines(&self) -> Vec<String> {

@@ -173,6 +173,25 @@ fn a_buffer_pool_over_its_own_mapping_is_named_with_its_resident_bytes() {
     );
     let svg = std::fs::read_to_string(files.with_extension("0.mappings.svg")).unwrap();
     assert!(svg.contains("pool_reserve"), "the flame graph names it");
+    // memprobe report: the account under the sites, a pmap-like table.
+    let heap = files.with_extension("0.heap");
+    let (status, report) = memprobe_stdout(&["report", heap.to_str().unwrap()]);
+    assert!(status.success(), "{report}");
+    let row = report
+        .lines()
+        .find(|l| l.contains("pool_reserve < "))
+        .unwrap_or_else(|| panic!("{report}"));
+    let numbers: Vec<f64> = row
+        .split_whitespace()
+        .take(3)
+        .map(|n| n.parse().unwrap())
+        .collect();
+    assert_within("report: the pool's resident MB", numbers[0], 64.0, 0.05);
+    assert_eq!(numbers[1..], [1024.0, 1.0], "{row}");
+    assert!(
+        report.contains("% heap in use") || report.contains("%  heap in use"),
+        "{report}"
+    );
 }
 
 #[test]

@@ -168,6 +168,42 @@ mod tests {
         assert!(!parsed.notes.other.iter().any(|(k, _)| k.contains("jit")));
     }
 
+    /// The memory account travels in comment lines jeprof skips too, and
+    /// comes back whole.
+    #[test]
+    fn the_memory_account_is_written_and_read_back() {
+        let mut profile = example();
+        let account = MemoryAccount {
+            resident: 100 << 20,
+            heap_in_use: 20 << 20,
+            allocator_footprint: 5 << 20,
+            allocators: Vec::new(),
+            sites: vec![crate::profile::SiteMemory {
+                name: "pool_reserve".into(),
+                frames: vec![0x401234, 0x401000],
+                mappings: 1,
+                mapped: 1 << 30,
+                resident: 64 << 20,
+            }],
+            thread_stacks: 1 << 20,
+            file_backed: 10 << 20,
+            ..MemoryAccount::default()
+        };
+        profile.account = Some(account.clone());
+        let mut text = Vec::new();
+        write(&profile, &mut text).unwrap();
+        let text = String::from_utf8(text).unwrap();
+        let parsed = read::parse(&text).unwrap();
+        assert_eq!(parsed.account, Some(account));
+        assert!(
+            !parsed
+                .notes
+                .other
+                .iter()
+                .any(|(k, _)| k.starts_with("memory"))
+        );
+    }
+
     fn example() -> HeapProfile {
         HeapProfile {
             jit_symbols: Vec::new(),

@@ -3,7 +3,10 @@
 //! never a panic.
 use std::collections::HashMap;
 
-use crate::{output::heap_v2::jeprof_decode, profile::ProfileNotes};
+use crate::{
+    output::heap_v2::{MEMORY, MEMORY_SITE, jeprof_decode},
+    profile::{MemoryAccount, ProfileNotes, SiteMemory},
+};
 
 /// A stack as read from a `.heap`, its frames raw return addresses like a
 /// live one's: the reader adds back the 1 that the file's first frame was
@@ -23,6 +26,8 @@ pub struct ParsedHeap {
     /// Names from a self-symbolized profile's `--- symbol` section, keyed by
     /// the address as jeprof looks it up.
     pub symbols: HashMap<u64, String>,
+    /// The process's memory account, where the snapshot had one.
+    pub account: Option<MemoryAccount>,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -168,10 +173,57 @@ fn read_note(heap: &mut ParsedHeap, stack: Option<&mut ParsedStack>, note: &str)
     match stack {
         Some(stack) if key == "oldest_live_s" => stack.oldest_live_s = value.parse().ok(),
         Some(_) => {}
+        None if key == MEMORY => read_part(heap.account.get_or_insert_default(), value),
+        None if key == MEMORY_SITE => {
+            let account = heap.account.get_or_insert_default();
+            account.sites.extend(read_site(value));
+        }
         None => {
             heap.notes.read(key, value);
         }
     }
+}
+
+/// `part: BYTES (detail)`; one memprobe does not know is left out.
+fn read_part(account: &mut MemoryAccount, value: &str) {
+    let Some((name, rest)) = value.split_once(": ") else {
+        return;
+    };
+    let bytes = rest.split(' ').next().and_then(|b| b.parse().ok());
+    if let (Some(part), Some(bytes)) = (account.part_mut(name), bytes) {
+        *part = bytes;
+    }
+}
+
+/// `NAME: R resident of M mapped in N mappings @ 0xFRAME ...`.
+fn read_site(value: &str) -> Option<SiteMemory> {
+    let (head, frames) = value.rsplit_once(" @")?;
+    let (name, numbers) = head.rsplit_once(": ")?;
+    let words: Vec<&str> = numbers.split(' ').collect();
+    let [
+        resident,
+        "resident",
+        "of",
+        mapped,
+        "mapped",
+        "in",
+        mappings,
+        "mappings",
+    ] = words[..]
+    else {
+        return None;
+    };
+    let frames = frames
+        .split_whitespace()
+        .filter_map(|f| u64::from_str_radix(f.trim_start_matches("0x"), 16).ok())
+        .collect();
+    Some(SiteMemory {
+        name: name.to_owned(),
+        frames,
+        mappings: mappings.parse().ok()?,
+        mapped: mapped.parse().ok()?,
+        resident: resident.parse().ok()?,
+    })
 }
 
 #[cfg(test)]
