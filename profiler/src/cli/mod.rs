@@ -45,6 +45,9 @@ Examples:
   20 MiB within 10 minutes; `kill -USR1 <memprobe pid>` takes one at once:
     sudo memprobe --pid 1234 --interval 1m --dump-on-growth 20MiB/10m
 
+  A snapshot whenever resident memory grows by 1 GiB in an hour, heap or not:
+    sudo memprobe --pid 1234 --dump-on-growth rss:1GiB/1h
+
   Every process that uses jemalloc, including those started during the run:
     sudo memprobe --all --allocator jemalloc --duration 5m
 
@@ -137,10 +140,12 @@ pub struct Cli {
     pub interval: Option<Duration>,
 
     /// Write a snapshot of a process whenever its estimated in-use heap grew
-    /// by SIZE within WINDOW (default 10m), e.g. 20MiB/10m; at most once per
-    /// --min-dump-gap. Each snapshot says why it was taken.
-    #[arg(long, value_name = "SIZE[/WINDOW]", value_parser = parse_growth)]
-    pub dump_on_growth: Option<GrowthTrigger>,
+    /// by SIZE within WINDOW (default 10m), e.g. 20MiB/10m, or, with rss:,
+    /// its resident memory (rss:256MiB/10m: mappings and fragmentation grow
+    /// it too); at most once per --min-dump-gap. May be given twice, for
+    /// both. Each snapshot says why it was taken.
+    #[arg(long, value_name = "[rss:]SIZE[/WINDOW]", value_parser = parse_growth)]
+    pub dump_on_growth: Vec<GrowthTrigger>,
 
     /// Least time between two growth-triggered snapshots of one process.
     #[arg(long, value_name = "DUR", default_value = "10s", value_parser = parse_duration)]

@@ -34,7 +34,7 @@ impl Cli {
             verbose: self.verbose,
             progress,
             snapshot_interval: self.interval,
-            dump_on_growth: self.dump_on_growth,
+            dump_on_growth: self.dump_on_growth.clone(),
             min_dump_gap: self.min_dump_gap,
             java_perfmap: !self.no_java_perfmap,
             debug_dir: self.debug_dir.clone(),

@@ -7,7 +7,7 @@ use profiler::{
     AllocatorKind,
     offline::{Binaries, report::Measure},
     output::Format,
-    run::{GrowthTrigger, WindowTiming},
+    run::{Growing, GrowthTrigger, WindowTiming},
 };
 
 /// Where offline commands find the profiled binaries and their debug files.
@@ -224,11 +224,16 @@ pub fn parse_windows(text: &str) -> Result<WindowTiming, ValueError> {
 }
 
 pub fn parse_growth(text: &str) -> Result<GrowthTrigger, ValueError> {
+    let (of, text) = match text.strip_prefix("rss:") {
+        Some(rest) => (Growing::Resident, rest),
+        None => (Growing::Heap, text.strip_prefix("heap:").unwrap_or(text)),
+    };
     let (size, window) = match text.split_once('/') {
         Some((size, window)) => (size, parse_duration(window)?),
         None => (text, Duration::from_secs(600)),
     };
     Ok(GrowthTrigger {
+        of,
         size: parse_size(size)?,
         window,
     })
@@ -289,10 +294,13 @@ mod tests {
         assert_eq!(
             parse_growth("20MiB/10m"),
             Ok(GrowthTrigger {
+                of: Growing::Heap,
                 size: 20 << 20,
                 window: Duration::from_secs(600)
             })
         );
+        assert_eq!(parse_growth("rss:1GiB/1h").unwrap().of, Growing::Resident);
+        assert_eq!(parse_growth("rss:1GiB/1h").unwrap().size, 1 << 30);
         assert_eq!(parse_growth("1M").unwrap().window, Duration::from_secs(600));
         assert!(parse_growth("20MiB/never").is_err());
     }

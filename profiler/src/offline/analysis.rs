@@ -162,7 +162,7 @@ fn classify(site: &mut SiteTrend, times: &[f64], interval: f64) {
         };
 }
 
-fn slope(times: &[f64], values: &[f64]) -> f64 {
+pub(super) fn slope(times: &[f64], values: &[f64]) -> f64 {
     let n = times.len() as f64;
     if times.len() < 2 {
         return 0.0;

@@ -3,6 +3,7 @@
 pub mod analysis;
 mod error;
 pub mod report;
+pub mod resident;
 
 pub use error::OfflineError;
 use std::{
@@ -83,7 +84,13 @@ pub fn leaks_of<W: Write>(
         .map(|s| s.symbols.clone())
         .unwrap_or_default();
     let mut namer = binaries.namer(maps).with_symbols(&symbols);
-    write_leak_report(&sites, most, |f| namer.site(f, SITE_DEPTH), out)
+    let mut out = out;
+    write_leak_report(&sites, most, |f| namer.site(f, SITE_DEPTH), &mut out)
+        .map_err(OfflineError::Output)?;
+    let Some((parts, sites)) = resident::resident_growth(&snapshots) else {
+        return Ok(());
+    };
+    resident::write(&parts, &sites, |f| namer.site(f, SITE_DEPTH), out)
         .map_err(OfflineError::Output)
 }
 

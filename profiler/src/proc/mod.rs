@@ -178,6 +178,16 @@ pub fn main_thread_switches(pid: u32) -> Option<u64> {
     context_switches(&status)
 }
 
+/// `pid`'s resident bytes (`statm`: the kernel's counters, no walk of its
+/// page tables); `None` once it is gone.
+pub fn resident_bytes(pid: u32) -> Option<u64> {
+    let statm = std::fs::read_to_string(proc_path(pid, "statm")).ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    Some(pages * page.max(1) as u64)
+}
+
 /// The CPU time `pid` has used so far, all its threads, user and system
 /// (probe traps included: they run in its threads), in seconds.
 pub fn cpu_seconds(pid: u32) -> Option<f64> {

@@ -31,7 +31,7 @@ use tokio::{
     sync::mpsc,
 };
 
-pub use options::{GrowthTrigger, Sampling, SessionOptions, Targets};
+pub use options::{Growing, GrowthTrigger, Sampling, SessionOptions, Targets};
 pub use sampling::windows::WindowTiming;
 pub use snapshots::retention::Retention;
 pub use summary::{ProcessSummary, Summary, summary_lines};
@@ -140,7 +140,7 @@ impl<'a> Session<'a> {
         let snapshots = Snapshots::new(
             SnapshotWriter::start(output.clone(), options.debug_dir.clone()),
             options.retention,
-            options.dump_on_growth.map(|t| (t, options.min_dump_gap)),
+            (options.dump_on_growth.clone(), options.min_dump_gap),
         );
         Self {
             scope,

@@ -56,7 +56,7 @@ pub struct SessionOptions {
     /// Write a full snapshot of every process this often. Default: none.
     pub snapshot_interval: Option<Duration>,
     /// Write a snapshot when a process's estimated in-use heap grew this much.
-    pub dump_on_growth: Option<GrowthTrigger>,
+    pub dump_on_growth: Vec<GrowthTrigger>,
     /// Least time between two growth-triggered snapshots of one process.
     /// Default: 10 s.
     pub min_dump_gap: Duration,
@@ -107,11 +107,23 @@ impl Targets {
     }
 }
 
-/// `--dump-on-growth SIZE[/WINDOW]`: growth of `size` bytes within `window`.
+/// `--dump-on-growth [rss:]SIZE[/WINDOW]`: growth of `size` bytes within
+/// `window`, of the heap in use or of resident memory.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct GrowthTrigger {
+    pub of: Growing,
     pub size: u64,
     pub window: Duration,
+}
+
+/// What a growth trigger watches.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Growing {
+    /// The estimated heap in use.
+    #[default]
+    Heap,
+    /// The process's resident memory (RSS), as the kernel counts it.
+    Resident,
 }
 
 impl Default for SessionOptions {
@@ -127,7 +139,7 @@ impl Default for SessionOptions {
             progress: false,
             rescan_interval: Duration::from_secs(1),
             snapshot_interval: None,
-            dump_on_growth: None,
+            dump_on_growth: Vec::new(),
             min_dump_gap: Duration::from_secs(10),
             formats: Format::ALL.to_vec(),
             java_perfmap: true,

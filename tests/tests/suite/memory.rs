@@ -283,3 +283,48 @@ fn a_real_prometheus_scrapes_the_memory_account_by_part() {
     let (status, stderr) = memprobe.wait();
     assert!(status.success(), "{stderr}");
 }
+
+#[test]
+fn resident_growth_under_a_flat_heap_triggers_a_snapshot_and_is_ranked() {
+    let _guard = shared();
+    let out = output_dir("memory_growth");
+    let args = [
+        "--format",
+        "heap",
+        "--interval",
+        "500ms",
+        "--dump-on-growth",
+        "rss:32MiB/10s",
+        "--min-dump-gap",
+        "1s",
+        "-o",
+        out.to_str().unwrap(),
+    ];
+    let mut fixture = Command::new(memory_account_fixture());
+    fixture.env("FIXTURE_MODE", "grow");
+    let (memprobe, mut launched) = Memprobe::launch_command(&args, &fixture);
+    let pid: u32 = launched.read_line()["ready ".len()..].parse().unwrap();
+    assert_eq!(launched.send("go"), "done");
+    std::thread::sleep(Duration::from_millis(1500));
+    launched.close();
+    let (status, stderr) = memprobe.wait();
+    assert!(status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!("pid {pid}: resident growth: +")),
+        "{stderr}"
+    );
+    let (status, leaks) = memprobe_stdout(&["leaks", out.to_str().unwrap()]);
+    assert!(status.success(), "{leaks}");
+    assert!(
+        leaks.contains("finding: the heap stays flat while resident memory climbs"),
+        "{leaks}"
+    );
+    assert!(leaks.contains("most of it direct mappings"), "{leaks}");
+    let site = leaks
+        .lines()
+        .skip_while(|l| !l.contains("direct mapping site"))
+        .nth(1)
+        .unwrap_or_else(|| panic!("{leaks}"));
+    assert!(site.contains("pool_reserve"), "{leaks}");
+    assert!(site.trim_start().starts_with('+'), "{site}");
+}

@@ -1,13 +1,25 @@
-//! `--dump-on-growth SIZE/WINDOW`: when a process's estimated in-use heap
-//! grew by SIZE within WINDOW (from the lowest point in that window), a
-//! snapshot is due, at most once per minimum gap; the next one needs as
-//! much growth again.
+//! `--dump-on-growth [rss:]SIZE/WINDOW`: when a process's estimated in-use
+//! heap (or its resident memory) grew by SIZE within WINDOW (from the
+//! lowest point in that window), a snapshot is due, at most once per
+//! minimum gap; the next one needs as much growth again.
 use std::{
     collections::VecDeque,
     time::{Duration, Instant},
 };
 
-use crate::{run::options::GrowthTrigger, units};
+use crate::{
+    run::options::{Growing, GrowthTrigger},
+    units,
+};
+
+/// What a process measured at one tick, for the growth triggers.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Reading {
+    /// The estimated heap in use.
+    pub heap: f64,
+    /// Resident bytes, read where a trigger watches them.
+    pub resident: Option<f64>,
+}
 
 /// One process's in-use bytes over the trigger's window.
 #[derive(Debug, Default)]
@@ -50,8 +62,12 @@ impl GrowthWindow {
         self.last_dump = Some(now);
         self.readings.clear();
         self.readings.push_back((now, inuse));
+        let what = match trigger.of {
+            Growing::Heap => "growth",
+            Growing::Resident => "resident growth",
+        };
         Some(format!(
-            "growth: +{} in {} (trigger {} within {})",
+            "{what}: +{} in {} (trigger {} within {})",
             units::bytes(inuse - lowest),
             humantime::format_duration(Duration::from_secs(now.duration_since(since).as_secs())),
             units::bytes(trigger.size as f64),
@@ -67,6 +83,7 @@ mod tests {
     #[test]
     fn due_on_growth_within_the_window_and_not_again_until_as_much_more() {
         let trigger = GrowthTrigger {
+            of: Growing::Heap,
             size: 100,
             window: Duration::from_secs(10),
         };

@@ -21,8 +21,9 @@ use crate::{
     profile::MemoryAccount,
     run::{
         GrowthTrigger,
+        options::Growing,
         snapshots::{
-            growth::GrowthWindow,
+            growth::{GrowthWindow, Reading},
             retention::{KeptSnapshots, Retention},
             writer::{Announce, Done, SnapshotWriter},
         },
@@ -56,7 +57,8 @@ pub(in crate::run) struct ProcessSnapshots {
     /// Its memory accounted for, as of its last snapshot that read it.
     pub account: Option<MemoryAccount>,
     kept: KeptSnapshots,
-    growth: GrowthWindow,
+    /// One per `--dump-on-growth` trigger.
+    growth: Vec<GrowthWindow>,
 }
 
 impl ProcessSnapshots {
@@ -70,8 +72,9 @@ impl ProcessSnapshots {
 pub(in crate::run) struct Snapshots {
     pub writer: SnapshotWriter,
     retention: Retention,
-    /// `--dump-on-growth`, and the least time between two such dumps.
-    growth: Option<(GrowthTrigger, Duration)>,
+    /// `--dump-on-growth`'s triggers, and the least time between two such
+    /// dumps.
+    growth: (Vec<GrowthTrigger>, Duration),
     processes: HashMap<u32, ProcessSnapshots>,
 }
 
@@ -79,7 +82,7 @@ impl Snapshots {
     pub fn new(
         writer: SnapshotWriter,
         retention: Retention,
-        growth: Option<(GrowthTrigger, Duration)>,
+        growth: (Vec<GrowthTrigger>, Duration),
     ) -> Self {
         Self {
             writer,
@@ -107,19 +110,36 @@ impl Snapshots {
         self.processes.values().map(|p| p.heaps.len()).sum()
     }
 
-    /// `--dump-on-growth`: takes each process's estimated bytes in use
-    /// now; the processes whose growth calls for a snapshot, with why.
-    pub fn grown(&mut self, now: Instant, inuse: Vec<(u32, f64)>) -> Vec<(u32, String)> {
-        let Some((trigger, min_gap)) = self.growth else {
-            return Vec::new();
-        };
-        inuse
-            .into_iter()
-            .filter_map(|(pid, bytes)| {
-                let window = &mut self.of_mut(pid).growth;
-                Some((pid, window.observe(now, bytes, trigger, min_gap)?))
-            })
-            .collect()
+    /// Whether a `--dump-on-growth` trigger watches resident memory.
+    pub fn watches_resident(&self) -> bool {
+        self.growth.0.iter().any(|t| t.of == Growing::Resident)
+    }
+
+    /// `--dump-on-growth`: takes each process's estimated heap in use and
+    /// resident bytes now (where read); the processes whose growth calls
+    /// for a snapshot, with why (one snapshot however many triggers).
+    pub fn grown(&mut self, now: Instant, readings: Vec<(u32, Reading)>) -> Vec<(u32, String)> {
+        let (triggers, min_gap) = self.growth.clone();
+        let mut due = Vec::new();
+        for (pid, reading) in readings {
+            let windows = &mut self.of_mut(pid).growth;
+            windows.resize_with(triggers.len(), GrowthWindow::default);
+            let reasons: Vec<String> = triggers
+                .iter()
+                .zip(windows.iter_mut())
+                .filter_map(|(trigger, window)| {
+                    let bytes = match trigger.of {
+                        Growing::Heap => reading.heap,
+                        Growing::Resident => reading.resident?,
+                    };
+                    window.observe(now, bytes, *trigger, min_gap)
+                })
+                .collect();
+            if !reasons.is_empty() {
+                due.push((pid, reasons.join("; ")));
+            }
+        }
+        due
     }
 
     /// Notes a finished snapshot's files (removing the oldest past the

@@ -11,6 +11,7 @@ use crate::{
         actions::Action,
         snapshots::{
             SnapshotKind,
+            growth::Reading,
             writer::{Announce, Job},
         },
         targets::allocator_calls::describe,
@@ -45,13 +46,23 @@ impl Session<'_> {
     /// whose estimated in-use bytes grew by the trigger's size within its
     /// window.
     pub(in crate::run) fn growth_actions(&mut self) -> Vec<Action> {
-        let inuse: Vec<(u32, f64)> = self
+        let resident = self.snapshots.watches_resident();
+        let readings: Vec<(u32, Reading)> = self
             .tracked
             .values()
             .filter(|t| !t.exited)
-            .map(|t| (t.pid, t.heap.inuse_bytes()))
+            .map(|t| {
+                let reading = Reading {
+                    heap: t.heap.inuse_bytes(),
+                    resident: resident
+                        .then(|| crate::proc::resident_bytes(t.pid))
+                        .flatten()
+                        .map(|b| b as f64),
+                };
+                (t.pid, reading)
+            })
             .collect();
-        let grown = self.snapshots.grown(Instant::now(), inuse);
+        let grown = self.snapshots.grown(Instant::now(), readings);
         grown
             .into_iter()
             .map(|(pid, reason)| Action::Snapshot {
