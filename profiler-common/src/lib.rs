@@ -33,18 +33,13 @@ pub mod maps {
     /// Where jemalloc's thread counters are for each probed copy sampled
     /// on its slow path ([`crate::FastPathKey`] -> [`crate::FastPathConfig`]).
     pub const FAST_PATHS: &str = "FAST_PATHS";
-    /// Processes (tgid -> u8) whose newly mapped code is told at once
-    /// ([`EventKind::MappedCode`]).
-    pub const WATCHED: &str = "WATCHED";
-    /// Threads of watched processes inside an `mmap` or `mremap` that
-    /// memprobe is to be told of when it returns (pid_tgid ->
-    /// [`crate::MapCall`]).
+    /// Threads inside an `mmap` or `mremap` of anonymous memory, to be
+    /// told of at its return (pid_tgid -> [`crate::MapCall`]).
     pub const MAP_CALLS: &str = "MAP_CALLS";
     /// Every map. The eBPF side must spell them in `#[map(name = ...)]`
     /// literals (the macro takes no path); a unit test of the profiler
     /// checks the built object has each of these.
-    pub const ALL: [&str; 12] = [
-        WATCHED,
+    pub const ALL: [&str; 11] = [
         MAP_CALLS,
         FAST_PATHS,
         EVENTS,
@@ -99,15 +94,17 @@ pub mod programs {
     pub const CALL_RETURN: &str = "call_return";
     pub const ALLOC_SLOW_PATH: &str = "alloc_slow_path";
     pub const OWN_SAMPLE: &str = "own_sample";
-    /// Tracepoint programs of `syscalls/sys_enter_mmap` and
-    /// `sys_exit_mmap`: code mapped by a watched process.
-    pub const MMAP_ENTER: &str = "mmap_enter";
-    pub const MMAP_EXIT: &str = "mmap_exit";
-    /// Of `sys_enter_munmap`, `sys_enter_mremap` and `sys_exit_mremap`:
-    /// mappings a watched process gives back or moves.
-    pub const MUNMAP_ENTER: &str = "munmap_enter";
-    pub const MREMAP_ENTER: &str = "mremap_enter";
-    pub const MREMAP_EXIT: &str = "mremap_exit";
+    /// Uprobes on libc's `mmap`, `munmap` and `mremap` (and the return
+    /// halves of the first and last) in each profiled process: the
+    /// anonymous memory it maps, gives back or moves.
+    pub const MMAP_CALL: &str = "mmap_call";
+    pub const MMAP_RETURN: &str = "mmap_return";
+    pub const MUNMAP_CALL: &str = "munmap_call";
+    pub const MREMAP_CALL: &str = "mremap_call";
+    pub const MREMAP_RETURN: &str = "mremap_return";
+    /// Uprobe on the dynamic loader's `_dl_debug_state`, which it calls
+    /// as it maps a library (`dlopen`), for debuggers.
+    pub const LIBRARY_LOADED: &str = "library_loaded";
     /// Every plain uprobe program.
     pub const ALL: [&str; 12] = [
         ALLOC_SLOW_PATH,
@@ -315,13 +312,11 @@ pub struct FreeEvent {
     pub ptr: u64,
 }
 
-/// An `mmap` or `mremap` of a watched thread, between its entry and its
-/// return ([`maps::MAP_CALLS`]).
+/// An `mmap` or `mremap` call of a profiled thread, between its entry and
+/// its return ([`maps::MAP_CALLS`]).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MapCall {
-    /// One of the `MAP_CALL_*` values.
-    pub what: u64,
     /// `mmap`'s flags; `mremap`'s old address.
     pub flags_or_old: u64,
     /// The length asked for (`mremap`: its old length).
@@ -329,13 +324,6 @@ pub struct MapCall {
     /// `mremap`'s new length.
     pub new_len: u64,
 }
-
-/// A [`MapCall`] mapping a file's code.
-pub const MAP_CALL_CODE: u64 = 1;
-/// A [`MapCall`] mapping anonymous memory.
-pub const MAP_CALL_ANONYMOUS: u64 = 2;
-/// A [`MapCall`] of `mremap`.
-pub const MAP_CALL_REMAP: u64 = 3;
 
 /// Anonymous memory a watched process mapped, with the stack that mapped
 /// it: the frame-pointer walk, and the registers and stack bytes for DWARF

@@ -43,10 +43,7 @@ pub static FP_TRUSTED: HashMap<u32, u8> = HashMap::with_max_entries(8192, 0);
 pub static PROBE_HITS: PerCpuArray<u64> =
     PerCpuArray::with_max_entries(profiler_common::MAX_COUNTED_PROBES, 0);
 
-#[map(name = "WATCHED")]
-pub static WATCHED: HashMap<u32, u8> = HashMap::with_max_entries(8192, 0);
-
-/// LRU: a thread killed inside `mmap` leaves its mark behind.
+/// LRU: a thread killed inside `mmap` leaves its call behind.
 #[map(name = "MAP_CALLS")]
 pub static MAP_CALLS: LruHashMap<u64, MapCall> = LruHashMap::with_max_entries(4096, 0);
 

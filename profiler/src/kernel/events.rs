@@ -197,9 +197,8 @@ pub fn decode(bytes: &[u8]) -> Option<Event> {
 /// `MAP_SHARED` in `mmap`'s flags.
 const MAP_SHARED: u64 = 1;
 
-/// A mapping: its stack as a sampled call's, whose innermost frame (the
-/// instruction after the system call) is dropped like a probed
-/// instruction.
+/// A mapping: its stack as a sampled call's, told at `mmap`'s return: the
+/// instruction it returns to is the first frame.
 fn mapped(header: EventHeader, bytes: &[u8]) -> Option<Event> {
     // Boxed: a record is some 17 KiB.
     let event: Box<MappingEvent> = Box::new(read(bytes)?);
@@ -207,7 +206,7 @@ fn mapped(header: EventHeader, bytes: &[u8]) -> Option<Event> {
         header,
         size: event.len,
         align: 0,
-        caller: 0,
+        caller: event.regs.ip,
         stack_bytes: event.stack_bytes,
         stack: event.stack,
         regs: event.regs,

@@ -28,13 +28,6 @@ pub enum LinkFailure {
         KernelFeature::UprobeSessions
     )]
     SessionsRefused(#[source] io::Error),
-
-    #[error("tracepoint syscalls/{event}")]
-    Tracepoint {
-        event: &'static str,
-        #[source]
-        cause: ProgramError,
-    },
 }
 
 impl LinkFailure {

@@ -129,7 +129,7 @@ impl KernelProbes {
                 .map_err(|e| load_error(name, e))?;
             program.load().map_err(|e| load_error(name, e))?;
         }
-        let mapped_code_unavailable = mappings::attach(&mut ebpf).err();
+        let mapped_code_unavailable = mappings::load(&mut ebpf).err();
         let (sessions, sessions_unavailable) = load_sessions(&ebpf, options.return_probes)?;
         Ok(Self {
             entry_links: None,
@@ -146,6 +146,7 @@ impl KernelProbes {
             allocations_only: options.allocations_only,
             frees_dropped: std::collections::HashSet::new(),
             mapped_code_unavailable,
+            mapping_links: Default::default(),
             knows_fsbase: fsbase_offset != 0,
         })
     }

@@ -153,6 +153,8 @@ pub struct KernelProbes {
     /// Why the kernel cannot tell of newly mapped code (`--verbose`):
     /// then rescans alone find `dlopen`ed libraries.
     pub mapped_code_unavailable: Option<LinkFailure>,
+    /// Each profiled process's probes of what it maps.
+    mapping_links: mappings::MappingTable,
     /// Whether the kernel's BTF placed a task's fs base.
     knows_fsbase: bool,
 }

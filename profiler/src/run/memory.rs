@@ -37,8 +37,17 @@ impl Session<'_> {
         if t.comes_from_unmapped_code(&mapping.stack.frames) {
             t.set_maps(read_maps(pid).ok());
         }
+        let returns_to = mapping.stack.stack_copy.as_ref().map(|c| c.regs.ip);
         t.stacks
             .complete(&mut mapping.stack, fast_path, &mut t.heap.drops);
+        // Unwound from `mmap`'s return, the caller's own place is the
+        // registers', not a frame's.
+        let frames = &mut mapping.stack.frames;
+        if let Some(ip) = returns_to
+            && frames.first() != Some(&ip)
+        {
+            frames.insert(0, ip);
+        }
         let frames: Arc<[u64]> = mapping.stack.frames.into();
         let len = mapping.stack.size;
         t.mapped.map(mapping.addr, len, frames, mapping.shared);

@@ -60,6 +60,11 @@ impl Tracked {
         tracked
     }
 
+    /// Its mappings as last read.
+    pub fn mappings(&self) -> &[Mapping] {
+        &self.mappings
+    }
+
     /// Keeps a fresh copy of the maps; a failed read keeps the last good one
     /// (the process may be gone).
     pub fn set_maps(&mut self, maps: Option<String>) {

@@ -16,6 +16,7 @@ use crate::{run_command, workspace_root};
 mod attached;
 mod floor;
 mod loops;
+mod mappings;
 mod one_trap;
 mod own_profiler;
 mod redis;
@@ -158,6 +159,8 @@ pub enum Part {
     RedisOtherLoads,
     /// Offline reports of a large profile.
     Offline,
+    /// An mmap/munmap loop: what tracing mappings costs.
+    Mappings,
 }
 
 pub fn bench(only: Option<Part>) -> Result<()> {
@@ -177,6 +180,10 @@ pub fn bench(only: Option<Part>) -> Result<()> {
         let loops = measure_loops(&memprobe, &out, &profiles_dir)?;
         table.push_str(&loop_table(&loops));
         places = Some(loops.attached.places);
+    }
+    if runs(Part::Mappings) {
+        let costs = mappings::mapping_costs(&memprobe, &out, &profiles_dir)?;
+        table.push_str(&mappings::mapping_table(&costs));
     }
     if runs(Part::Switches) {
         let result = switches::switches(&memprobe, &out, &profiles_dir)?;

@@ -88,6 +88,7 @@ impl Session<'_> {
             Announce::Detached(reason.clone()),
         );
         let detached = self.probes.detach_process(pid);
+        self.probes.unwatch_mappings(pid);
         // Its last hits, counted between this tick's reading and the
         // detach, belong to this tick: the endpoints then show its final
         // count at once, not one tick later.

@@ -30,7 +30,7 @@ impl Session<'_> {
         // Its pid may come back as another program.
         t.stacks.reset_trust();
         self.probes.trust_frame_pointers(pid, false);
-        self.probes.watch_mapped_code(pid, false);
+        self.probes.unwatch_mappings(pid);
         self.snapshot(pid, "process exited", SnapshotKind::Last, Announce::Exited);
         Ok(())
     }

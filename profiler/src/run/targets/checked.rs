@@ -97,6 +97,11 @@ impl Session<'_> {
                         }
                     }
                 }
+                let paths: Vec<String> = (predicted.iter())
+                    .map(|(file, _)| file.path.to_string_lossy().into_owned())
+                    .collect();
+                let paths: Vec<&str> = paths.iter().map(String::as_str).collect();
+                self.probes.watch_mapping_files(pid, &paths);
                 // Only now may the command run: every probe is in place.
                 let (pid, exit) = child.release();
                 Ok(Some(LaunchedCommand {

@@ -45,8 +45,10 @@ impl Session<'_> {
         if self.scope.watches_exits() {
             watch_exit(pid, self.exits.clone());
         }
-        if self.scope.watches_mapped_code() {
-            self.probes.watch_mapped_code(pid, true);
+        if self.scope.watches_mapped_code()
+            && let Some(t) = self.tracked.get(&pid)
+        {
+            self.probes.watch_mappings(pid, t.mappings());
         }
     }
 
@@ -237,6 +239,9 @@ impl Session<'_> {
         self.say_unprobed(pid, &mappings);
         if let Some(t) = self.tracked.get_mut(&pid) {
             t.set_maps(Some(maps));
+            if self.scope.watches_mapped_code() && !t.exited {
+                self.probes.watch_mappings(pid, &mappings);
+            }
         }
         let new: Vec<Found> = found
             .into_iter()
