@@ -37,17 +37,6 @@ impl Session<'_> {
         for event in batch {
             match event {
                 Event::MappedCode { header } => mapped.push((header.pid, header.time_ns)),
-                Event::Mapped(mapping) => self.mapped_memory(mapping),
-                Event::Unmapped { header, addr, len } => {
-                    self.unmapped_memory(header.pid, addr, len)
-                }
-                Event::Remapped {
-                    header,
-                    addr,
-                    len,
-                    new_addr,
-                    new_len,
-                } => self.remapped_memory(header.pid, (addr, len), (new_addr, new_len)),
                 event => self.handle(event),
             }
         }
@@ -75,11 +64,44 @@ impl Session<'_> {
         if !self.tracked.contains_key(&pid) {
             return;
         }
-        let event = match event {
-            Event::Sampled(sample) => match self.finish_sample(pid, sample) {
-                Some(sample) => sample,
-                None => return,
-            },
+        let Some(event) = self.heap_event(pid, event) else {
+            return;
+        };
+        let Some(t) = self.tracked.get_mut(&pid) else {
+            return;
+        };
+        let event = match self.sampling.windows_mut(pid) {
+            Some(windows) => windows.hold(event),
+            None => Some(event),
+        };
+        if let Some(event) = event {
+            t.heap.apply(event);
+        }
+    }
+
+    /// What `event` of `pid` tells its heap; a mapping is kept with its
+    /// other mappings instead.
+    fn heap_event(&mut self, pid: u32, event: Event) -> Option<HeapEvent> {
+        Some(match event {
+            Event::Mapped(mapping) => {
+                self.mapped_memory(mapping);
+                return None;
+            }
+            Event::Unmapped { addr, len, .. } => {
+                self.unmapped_memory(pid, addr, len);
+                return None;
+            }
+            Event::Remapped {
+                addr,
+                len,
+                new_addr,
+                new_len,
+                ..
+            } => {
+                self.remapped_memory(pid, (addr, len), (new_addr, new_len));
+                return None;
+            }
+            Event::Sampled(sample) => self.finish_sample(pid, sample)?,
             Event::Returned {
                 header,
                 ptr,
@@ -107,21 +129,8 @@ impl Session<'_> {
                 ptr,
             },
             Event::Resized { ptr, new_size, .. } => HeapEvent::Resized { ptr, new_size },
-            Event::MappedCode { .. }
-            | Event::Mapped(_)
-            | Event::Unmapped { .. }
-            | Event::Remapped { .. } => return,
-        };
-        let Some(t) = self.tracked.get_mut(&pid) else {
-            return;
-        };
-        let event = match self.sampling.windows_mut(pid) {
-            Some(windows) => windows.hold(event),
-            None => Some(event),
-        };
-        if let Some(event) = event {
-            t.heap.apply(event);
-        }
+            Event::MappedCode { .. } => return None,
+        })
     }
 
     /// A sample of `pid` made whole: its stack unwound, and what its probe
