@@ -105,6 +105,15 @@ pub mod programs {
     /// Uprobe on the dynamic loader's `_dl_debug_state`, which it calls
     /// as it maps a library (`dlopen`), for debuggers.
     pub const LIBRARY_LOADED: &str = "library_loaded";
+    /// Every program that follows what a process maps.
+    pub const MAPPINGS: [&str; 6] = [
+        MMAP_CALL,
+        MMAP_RETURN,
+        MUNMAP_CALL,
+        MREMAP_CALL,
+        MREMAP_RETURN,
+        LIBRARY_LOADED,
+    ];
     /// Every plain uprobe program.
     pub const ALL: [&str; 12] = [
         ALLOC_SLOW_PATH,

@@ -22,7 +22,9 @@ use crate::{
 struct ByKind {
     /// glibc's `[heap]` (its main arena, grown by `brk`).
     brk_heap: u64,
-    main_stack: u64,
+    /// `[stack]`, and the stacks of threads started before memprobe
+    /// attached.
+    stacks: u64,
     file_backed: u64,
     /// Anonymous memory right after a file's mapping that memprobe did not
     /// see mapped: the file's zeroed static data (`.bss`), which the
@@ -32,7 +34,8 @@ struct ByKind {
     private_anonymous: u64,
 }
 
-fn by_kind(resident: &[ResidentMapping], mapped: &[MappedRange]) -> ByKind {
+fn by_kind(reading: &MemoryReading) -> ByKind {
+    let (resident, mapped) = (&reading.resident, &reading.mapped);
     let mut kinds = ByKind::default();
     let mut previous: Option<&ResidentMapping> = None;
     for m in resident {
@@ -44,10 +47,18 @@ fn by_kind(resident: &[ResidentMapping], mapped: &[MappedRange]) -> ByKind {
         let seen = mapped
             .iter()
             .any(|r| r.start < m.end && m.start < r.start + r.len);
+        // A thread started before memprobe attached: its stack holds a
+        // blocked thread's stack pointer.
+        let holds_stack = || {
+            reading
+                .stack_pointers
+                .iter()
+                .any(|&sp| m.start <= sp && sp < m.end)
+        };
         let part = if name == "[heap]" {
             &mut kinds.brk_heap
-        } else if name == "[stack]" {
-            &mut kinds.main_stack
+        } else if name == "[stack]" || (m.is_private_anonymous() && !seen && holds_stack()) {
+            &mut kinds.stacks
         } else if m.shared || name.starts_with("/dev/shm/") || name.starts_with("/memfd:") {
             &mut kinds.shared
         } else if m.is_private_anonymous() && after_file && !seen && m.name.is_none() {
@@ -128,7 +139,7 @@ fn site_name(namer: &mut Namer, frames: &[u64]) -> String {
 
 /// `profile`'s process's memory as `reading` found it, accounted for.
 pub fn account(profile: &HeapProfile, reading: &MemoryReading, namer: &mut Namer) -> MemoryAccount {
-    let kinds = by_kind(&reading.resident, &reading.mapped);
+    let kinds = by_kind(reading);
     let seen = seen(profile, reading, namer);
     let mut allocators: Vec<(String, u64)> = seen
         .allocators
@@ -158,7 +169,7 @@ pub fn account(profile: &HeapProfile, reading: &MemoryReading, namer: &mut Namer
         allocator_footprint: in_allocators - in_use_seen,
         allocators,
         sites,
-        thread_stacks: kinds.main_stack + seen.thread_stacks,
+        thread_stacks: kinds.stacks + seen.thread_stacks,
         jvm: seen.jvm,
         file_backed: kinds.file_backed,
         static_data: kinds.static_data,
@@ -209,6 +220,7 @@ mod tests {
             }],
             mappings_dropped: 0,
             since_start: true,
+            stack_pointers: Vec::new(),
         };
         let profile = HeapProfile {
             stacks: vec![StackEstimate {

@@ -146,7 +146,7 @@ impl KernelProbes {
             allocations_only: options.allocations_only,
             frees_dropped: std::collections::HashSet::new(),
             mapped_code_unavailable,
-            mapping_links: Default::default(),
+            mappings: Default::default(),
             knows_fsbase: fsbase_offset != 0,
         })
     }

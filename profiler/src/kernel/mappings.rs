@@ -7,8 +7,9 @@
 //! tracepoints: enabling one sends every system call of every process on
 //! the host through the kernel's slow path (some 80 ns each, measured
 //! here); these trap only in the processes profiled, and only at these
-//! calls.
-use std::{collections::HashMap, num::NonZeroU32, path::Path};
+//! calls. uprobe_multi links where the kernel's work, as the allocators'
+//! probes; aya's perf-event uprobes elsewhere.
+use std::{collections::HashMap, num::NonZeroU32, os::fd::OwnedFd, path::Path};
 
 use aya::{
     Ebpf,
@@ -20,29 +21,32 @@ use aya::{
 use profiler_common::programs;
 
 use crate::{
-    kernel::{KernelProbes, LinkFailure},
-    proc::Mapping,
+    binary::elf::FunctionSymbols,
+    kernel::{
+        KernelProbes, LinkFailure, OBJECT,
+        uprobe_multi::{LinkKind, MultiPrograms},
+    },
+    proc::{FileId, Mapping},
 };
 
-/// The probes in libc: program, function.
-const IN_LIBC: [(&str, &str); 5] = [
-    (programs::MMAP_CALL, "mmap"),
-    (programs::MMAP_RETURN, "mmap"),
-    (programs::MUNMAP_CALL, "munmap"),
-    (programs::MREMAP_CALL, "mremap"),
-    (programs::MREMAP_RETURN, "mremap"),
+/// A probe: its program, the function it is at, whether at its return.
+type Probe = (&'static str, &'static str, bool);
+
+/// The probes in libc.
+const IN_LIBC: [Probe; 5] = [
+    (programs::MMAP_CALL, "mmap", false),
+    (programs::MMAP_RETURN, "mmap", true),
+    (programs::MUNMAP_CALL, "munmap", false),
+    (programs::MREMAP_CALL, "mremap", false),
+    (programs::MREMAP_RETURN, "mremap", true),
 ];
 /// The probe in the dynamic loader.
-const IN_LOADER: (&str, &str) = (programs::LIBRARY_LOADED, "_dl_debug_state");
+const IN_LOADER: [Probe; 1] = [(programs::LIBRARY_LOADED, "_dl_debug_state", false)];
 
 /// Loads the programs, attached to each process as it is profiled; why
 /// not, where the kernel refuses them.
 pub(super) fn load(ebpf: &mut Ebpf) -> Result<(), LinkFailure> {
-    for name in IN_LIBC
-        .map(|(name, _)| name)
-        .into_iter()
-        .chain([IN_LOADER.0])
-    {
+    for name in programs::MAPPINGS {
         let program: &mut UProbe = ebpf
             .program_mut(name)
             .ok_or_else(|| LinkFailure::MissingProgram(name.into()))?
@@ -53,11 +57,41 @@ pub(super) fn load(ebpf: &mut Ebpf) -> Result<(), LinkFailure> {
     Ok(())
 }
 
+/// One attached mapping probe.
+enum MappingLink {
+    /// A uprobe_multi link, held: dropping it detaches.
+    Multi(#[allow(dead_code)] OwnedFd),
+    /// Aya's perf-event uprobe of `program`.
+    Perf(&'static str, UProbeLinkId),
+}
+
 /// One process's mapping probes, by the file they are in.
 #[derive(Default)]
 pub(super) struct MappingLinks {
-    libc: Option<Vec<(&'static str, UProbeLinkId)>>,
-    loader: Option<Vec<(&'static str, UProbeLinkId)>>,
+    libc: Option<Vec<MappingLink>>,
+    loader: Option<Vec<MappingLink>>,
+}
+
+/// What the mapping probes keep across processes.
+#[derive(Default)]
+pub(super) struct MappingProbes {
+    /// Each profiled process's probes.
+    links: HashMap<u32, MappingLinks>,
+    /// The programs loaded for uprobe_multi links, once the allocators'
+    /// probes have them.
+    multi: Option<MultiPrograms>,
+    /// Where each probed function is in a file, by the file.
+    offsets: HashMap<FileId, Option<Vec<u64>>>,
+}
+
+impl MappingProbes {
+    /// The ids of the programs loaded for links, which are memprobe's own.
+    pub fn program_ids(&self) -> Vec<u32> {
+        self.multi
+            .iter()
+            .flat_map(MultiPrograms::program_ids)
+            .collect()
+    }
 }
 
 impl KernelProbes {
@@ -74,52 +108,45 @@ impl KernelProbes {
     /// `paths` (a launched command's, before it maps them: the kernel
     /// installs the probes as it does).
     pub fn watch_mapping_files(&mut self, pid: u32, paths: &[&str]) {
-        if self.mapped_code_unavailable.is_some() {
+        if self.mapped_code_unavailable.is_some() || pid == 0 {
             return;
         }
-        let Some(scope) = NonZeroU32::new(pid).map(UProbeScope::OneProcess) else {
-            return;
-        };
-        let links = self.mapping_links.remove(&pid).unwrap_or_default();
+        if self.entry_links.is_some() && self.mappings.multi.is_none() {
+            let loaded =
+                MultiPrograms::load(&self.ebpf, OBJECT, &programs::MAPPINGS, LinkKind::Entry);
+            self.mappings.multi = loaded.ok();
+        }
+        let links = self.mappings.links.remove(&pid).unwrap_or_default();
         let libc = links.libc.or_else(|| {
             let path = file_named(paths, "libc.so")?;
-            self.attach_all(&IN_LIBC, &in_root(pid, path), scope)
+            self.attach_all(&IN_LIBC, &in_root(pid, path), pid)
         });
         let loader = links.loader.or_else(|| {
             let path = file_named(paths, "ld-linux")?;
-            self.attach_all(&[IN_LOADER], &in_root(pid, path), scope)
+            self.attach_all(&IN_LOADER, &in_root(pid, path), pid)
         });
-        self.mapping_links
+        self.mappings
+            .links
             .insert(pid, MappingLinks { libc, loader });
     }
 
     /// Stops probing what `pid` maps.
     pub fn unwatch_mappings(&mut self, pid: u32) {
-        let Some(links) = self.mapping_links.remove(&pid) else {
+        let Some(links) = self.mappings.links.remove(&pid) else {
             return;
         };
         let all = links.libc.into_iter().chain(links.loader).flatten();
         self.detach_mapping_probes(all);
     }
 
-    /// Attaches each of `probes` in `file`, or none.
-    fn attach_all(
-        &mut self,
-        probes: &[(&'static str, &str)],
-        file: &Path,
-        scope: UProbeScope,
-    ) -> Option<Vec<(&'static str, UProbeLinkId)>> {
+    /// Attaches each of `probes` in `file` for `pid`, or none.
+    fn attach_all(&mut self, probes: &[Probe], file: &Path, pid: u32) -> Option<Vec<MappingLink>> {
+        let offsets = self.function_offsets(file, probes)?;
         let mut links = Vec::new();
-        for &(name, function) in probes {
-            let program: Option<&mut UProbe> =
-                self.ebpf.program_mut(name).and_then(|p| p.try_into().ok());
-            let point = UProbeAttachPoint {
-                location: UProbeAttachLocation::Symbol(function),
-                cookie: None,
-            };
-            match program.map(|p| p.attach(point, file, scope)) {
-                Some(Ok(link)) => links.push((name, link)),
-                _ => {
+        for (&(name, _, returns), offset) in probes.iter().zip(offsets) {
+            match self.attach_mapping_probe(name, file, offset, (pid, returns)) {
+                Some(link) => links.push(link),
+                None => {
                     self.detach_mapping_probes(links);
                     return None;
                 }
@@ -128,11 +155,46 @@ impl KernelProbes {
         Some(links)
     }
 
-    fn detach_mapping_probes(
+    /// Where each of `probes`' functions is in `file` (read once a file).
+    fn function_offsets(&mut self, file: &Path, probes: &[Probe]) -> Option<Vec<u64>> {
+        let id = FileId::of(&std::fs::metadata(file).ok()?);
+        self.mappings
+            .offsets
+            .entry(id)
+            .or_insert_with(|| {
+                let data = std::fs::read(file).ok()?;
+                let symbols = FunctionSymbols::parse(&data).ok()?;
+                probes.iter().map(|(_, f, _)| symbols.offset(f)).collect()
+            })
+            .clone()
+    }
+
+    fn attach_mapping_probe(
         &mut self,
-        links: impl IntoIterator<Item = (&'static str, UProbeLinkId)>,
-    ) {
-        for (name, link) in links {
+        name: &'static str,
+        file: &Path,
+        offset: u64,
+        (pid, returns): (u32, bool),
+    ) -> Option<MappingLink> {
+        if let Some(multi) = &self.mappings.multi {
+            let link = multi.attach(name, (file, offset), 0, pid, returns).ok()?;
+            return Some(MappingLink::Multi(link));
+        }
+        let program: &mut UProbe = self.ebpf.program_mut(name)?.try_into().ok()?;
+        let point = UProbeAttachPoint {
+            location: UProbeAttachLocation::AbsoluteOffset(offset),
+            cookie: None,
+        };
+        let scope = UProbeScope::OneProcess(NonZeroU32::new(pid)?);
+        let link = program.attach(point, file, scope).ok()?;
+        Some(MappingLink::Perf(name, link))
+    }
+
+    fn detach_mapping_probes(&mut self, links: impl IntoIterator<Item = MappingLink>) {
+        for link in links {
+            let MappingLink::Perf(name, link) = link else {
+                continue;
+            };
             if let Some(program) = self.ebpf.program_mut(name)
                 && let Ok(program) = <&mut UProbe>::try_from(program)
             {
@@ -156,6 +218,3 @@ fn file_named<'a>(paths: &[&'a str], prefix: &str) -> Option<&'a str> {
 fn in_root(pid: u32, path: &str) -> std::path::PathBuf {
     crate::proc::proc_path(pid, "root").join(path.trim_start_matches('/'))
 }
-
-/// What `pid`'s probes are, for [`KernelProbes`]' table.
-pub(super) type MappingTable = HashMap<u32, MappingLinks>;

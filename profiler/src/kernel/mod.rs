@@ -154,7 +154,7 @@ pub struct KernelProbes {
     /// then rescans alone find `dlopen`ed libraries.
     pub mapped_code_unavailable: Option<LinkFailure>,
     /// Each profiled process's probes of what it maps.
-    mapping_links: mappings::MappingTable,
+    mappings: mappings::MappingProbes,
     /// Whether the kernel's BTF placed a task's fs base.
     knows_fsbase: bool,
 }
@@ -217,6 +217,7 @@ impl KernelProbes {
             .into_iter()
             .flatten()
             .flat_map(MultiPrograms::program_ids)
+            .chain(self.mappings.program_ids())
             .collect();
         self.foreign = foreign::forcing_places(&own);
     }

@@ -78,6 +78,30 @@ fn header(line: &str) -> Option<ResidentMapping> {
     })
 }
 
+/// Where each of `pid`'s threads blocked in a system call has its stack
+/// pointer (`/proc/PID/task/TID/syscall`, whose second-to-last field it
+/// is; a running thread says `running` and is left out). Read without
+/// stopping any thread.
+pub fn thread_stack_pointers(pid: u32) -> Vec<u64> {
+    crate::proc::thread_ids(pid)
+        .into_iter()
+        .filter_map(|tid| {
+            let path = proc_path(pid, &format!("task/{tid}/syscall"));
+            stack_pointer_of(&std::fs::read_to_string(path).ok()?)
+        })
+        .collect()
+}
+
+/// The stack pointer in a `syscall` file's line: `NR ARG1..ARG6 SP PC`.
+fn stack_pointer_of(line: &str) -> Option<u64> {
+    let fields: Vec<&str> = line.split_whitespace().collect();
+    if fields.len() < 3 {
+        return None;
+    }
+    let sp = fields[fields.len() - 2];
+    u64::from_str_radix(sp.trim_start_matches("0x"), 16).ok()
+}
+
 const PAGE: u64 = 4096;
 /// Pagemap entries read at a time.
 const CHUNK_PAGES: u64 = 65536;
@@ -142,6 +166,16 @@ Rss:                  60 kB
         assert_eq!(mappings[1].resident, 65540 * 1024);
         assert!(mappings[2].shared && !mappings[2].is_private_anonymous());
         assert_eq!(mappings[3].name.as_deref(), Some("/usr/lib/libc.so.6"));
+    }
+
+    #[test]
+    fn a_blocked_thread_s_stack_pointer_is_read_and_a_running_one_is_not() {
+        let blocked = "202 0x7f1c 0x80 0x2 0x0 0x0 0x0 0x7ffd4e3c1a28 0x7f1c5e2a1d3b\n";
+        assert_eq!(stack_pointer_of(blocked), Some(0x7ffd4e3c1a28));
+        assert_eq!(stack_pointer_of("running\n"), None);
+        // Its own threads: the one reading is running, any other blocked.
+        let own = thread_stack_pointers(std::process::id());
+        assert!(own.len() < crate::proc::thread_ids(std::process::id()).len());
     }
 
     #[test]

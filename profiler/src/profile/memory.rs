@@ -27,6 +27,9 @@ pub struct MemoryReading {
     pub mappings_dropped: u64,
     /// Whether memprobe saw every mapping from the process's start.
     pub since_start: bool,
+    /// Where its threads blocked in a system call had their stack
+    /// pointers: the stacks of threads started before memprobe attached.
+    pub stack_pointers: Vec<u64>,
 }
 
 impl MemoryReading {

@@ -7,7 +7,7 @@ use crate::{
     kernel::events::KernelMapping,
     proc::{
         read_maps,
-        resident::{Pagemap, ResidentMapping, read_smaps},
+        resident::{Pagemap, ResidentMapping, read_smaps, thread_stack_pointers},
     },
     profile::{MappedRange, MemoryReading},
     run::{
@@ -154,6 +154,7 @@ impl Session<'_> {
             mapped: ranges,
             mappings_dropped: t.mapped.dropped,
             since_start: self.scope.sees_every_mapping(),
+            stack_pointers: thread_stack_pointers(pid),
         })
     }
 }

@@ -95,6 +95,16 @@ fn account_of_command(command: &Command, test: &str, formats: &str) -> Accounted
 }
 
 fn assert_adds_up(parts: &HashMap<String, f64>, rss: f64, stderr: &str) {
+    assert_adds_up_to(parts, rss);
+    assert!(
+        parts["unexplained"] < 0.05 * parts["resident"],
+        "launched, every mapping was seen: {parts:?}\n{stderr}"
+    );
+}
+
+/// The parts add up to the total, which is the process's `VmRSS` within
+/// 5%.
+fn assert_adds_up_to(parts: &HashMap<String, f64>, rss: f64) {
     let total = parts["resident"];
     let sum: f64 = parts
         .iter()
@@ -107,10 +117,6 @@ fn assert_adds_up(parts: &HashMap<String, f64>, rss: f64, stderr: &str) {
         total,
         rss,
         0.05,
-    );
-    assert!(
-        parts["unexplained"] < 0.05 * total,
-        "launched, every mapping was seen: {parts:?}\n{stderr}"
     );
 }
 
@@ -173,8 +179,12 @@ fn a_buffer_pool_over_its_own_mapping_is_named_with_its_resident_bytes() {
     );
     let svg = std::fs::read_to_string(files.with_extension("0.mappings.svg")).unwrap();
     assert!(svg.contains("pool_reserve"), "the flame graph names it");
-    // memprobe report: the account under the sites, a pmap-like table.
+    // jeprof reads the .heap as ever: the account is in comments it skips.
     let heap = files.with_extension("0.heap");
+    let jeprof = jeprof_text(&memory_account_fixture(), &heap, "--inuse_space");
+    let pool_mode = jeprof.get("pool_mode").copied().unwrap_or(0.0);
+    assert_within("jeprof: pool_mode's MB in use", pool_mode, 24.0, 0.25);
+    // memprobe report: the account under the sites, a pmap-like table.
     let (status, report) = memprobe_stdout(&["report", heap.to_str().unwrap()]);
     assert!(status.success(), "{report}");
     let row = report
@@ -327,4 +337,34 @@ fn resident_growth_under_a_flat_heap_triggers_a_snapshot_and_is_ranked() {
         .unwrap_or_else(|| panic!("{leaks}"));
     assert!(site.contains("pool_reserve"), "{leaks}");
     assert!(site.trim_start().starts_with('+'), "{site}");
+}
+
+#[test]
+fn attached_later_what_was_mapped_before_is_said_and_threads_stacks_found() {
+    let _guard = shared();
+    let out = output_dir("memory_attached");
+    let mut fixture = Fixture::start(&memory_account_fixture(), &[("FIXTURE_MODE", "pool")]);
+    fixture.run_workload();
+    let memprobe = Memprobe::attach(&fixture, &out, &["--format", "heap"]);
+    let pid = fixture.pid;
+    // Read at least once after the attach before the snapshot.
+    std::thread::sleep(Duration::from_millis(1500));
+    memprobe.signal(libc::SIGUSR1);
+    let first = out.join(format!("memprobe.{pid}.0.heap"));
+    let started = std::time::Instant::now();
+    while !first.exists() && started.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let rss = resident(pid);
+    let stderr = memprobe.stop();
+    let (parts, _) = account(&first);
+    assert_adds_up_to(&parts, rss);
+    // The pool and glibc's chunks were mapped before memprobe came.
+    assert!(
+        parts["mapped before attach"] >= 60.0 * MIB,
+        "{parts:?}\n{stderr}"
+    );
+    // Four idle threads, each blocked in pause(): their stacks are found
+    // by where they stand.
+    assert!(parts["thread stacks"] >= 4.0 * 4096.0, "{parts:?}");
 }

@@ -74,8 +74,9 @@ fn interval_snapshots_show_each_trend() {
     }
     // The summary names the folder and counts the files by format.
     let n = heaps.len();
+    // Then the mappings' profiles, of the snapshots that saw mappings made.
     let written = format!(
-        "wrote {n} snapshots to {} ({n} heap, {n} pb.gz, {n} folded, {n} svg, {n} sym.heap)",
+        "wrote {n} snapshots to {} ({n} heap, {n} pb.gz, {n} folded, {n} svg, {n} sym.heap",
         run.out.display()
     );
     assert!(stderr.contains(&written), "{written}\n{stderr}");
