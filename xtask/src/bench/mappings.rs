@@ -1,9 +1,8 @@
 //! What following mappings costs: an mmap/munmap loop (64 KiB mapped, a
 //! page touched, unmapped) and a loop of the cheapest system call, with no
-//! profiler and while memprobe profiles another process (side by side, the
-//! no-profiler runs both before and after), and the mmap loop profiled
-//! itself (each mapping trapped and sent with its stack). A process that
-//! does not map memory runs none of it.
+//! profiler and while memprobe profiles another process (in rounds, taking
+//! turns), and the mmap loop profiled itself (each mapping trapped and sent
+//! with its stack). A process that does not map memory runs none of it.
 use std::{
     path::Path,
     process::{Command, Stdio},
@@ -23,6 +22,9 @@ pub(super) struct MappingCosts {
 }
 
 const PAIRS: &str = "200000";
+const CALLS: &str = "3000000";
+/// Rounds of no profiler, then memprobe beside.
+const ROUNDS: usize = 3;
 /// Pairs when profiled: each mapping is trapped, sent and unwound.
 const PROFILED_PAIRS: &str = "20000";
 
@@ -42,28 +44,31 @@ pub(super) fn mapping_costs(
             c
         }
     };
-    let (map_before, syscall_before) = (
-        loop_ns(run(&map_loop, PAIRS), 5)?,
-        loop_ns(run(&syscall_loop, "3000000"), 5)?,
-    );
-    // memprobe on an idle process: the loops are not profiled.
-    let mut idle = Command::new("sleep")
-        .arg("600")
-        .stdout(Stdio::null())
-        .spawn()?;
-    std::thread::sleep(std::time::Duration::from_millis(200));
-    let pid = idle.id().to_string();
-    let args = ["--pid", &pid, "--format", "heap", "-o", profiles_dir];
-    let (mut watching, _) = start_memprobe(memprobe, &args)?;
-    // Its start-up work (measuring probe costs) done.
-    std::thread::sleep(std::time::Duration::from_secs(3));
-    let map_other = loop_ns(run(&map_loop, PAIRS), 5);
-    let syscall_other = loop_ns(run(&syscall_loop, "3000000"), 5);
-    stop(&mut watching);
-    let _ = idle.kill();
-    let _ = idle.wait();
-    let map_after = loop_ns(run(&map_loop, PAIRS), 5)?;
-    let syscall_after = loop_ns(run(&syscall_loop, "3000000"), 5)?;
+    // Rounds of: no profiler, then memprobe on an idle process (the loops
+    // not profiled), so that the host's drift falls on both alike.
+    let (mut map_none, mut syscall_none) = (f64::INFINITY, f64::INFINITY);
+    let (mut map_other, mut syscall_other) = (f64::INFINITY, f64::INFINITY);
+    for _ in 0..ROUNDS {
+        map_none = map_none.min(loop_ns(run(&map_loop, PAIRS), 3)?);
+        syscall_none = syscall_none.min(loop_ns(run(&syscall_loop, CALLS), 3)?);
+        let mut idle = Command::new("sleep")
+            .arg("600")
+            .stdout(Stdio::null())
+            .spawn()?;
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        let pid = idle.id().to_string();
+        let args = ["--pid", &pid, "--format", "heap", "-o", profiles_dir];
+        let (mut watching, _) = start_memprobe(memprobe, &args)?;
+        // Its start-up work (measuring probe costs) done.
+        std::thread::sleep(std::time::Duration::from_secs(3));
+        let map = loop_ns(run(&map_loop, PAIRS), 3);
+        let syscall = loop_ns(run(&syscall_loop, CALLS), 3);
+        stop(&mut watching);
+        let _ = idle.kill();
+        let _ = idle.wait();
+        map_other = map_other.min(map?);
+        syscall_other = syscall_other.min(syscall?);
+    }
     let map_profiled = loop_ns(
         || {
             let mut c = Command::new(memprobe);
@@ -83,11 +88,11 @@ pub(super) fn mapping_costs(
         3,
     )?;
     Ok(MappingCosts {
-        map_none: map_before.min(map_after),
-        map_other_profiled: map_other?,
+        map_none,
+        map_other_profiled: map_other,
         map_profiled,
-        syscall_none: syscall_before.min(syscall_after),
-        syscall_other_profiled: syscall_other?,
+        syscall_none,
+        syscall_other_profiled: syscall_other,
     })
 }
 
@@ -95,9 +100,9 @@ pub(super) fn mapping_table(costs: &MappingCosts) -> String {
     let row =
         |name: &str, ns: f64, none: f64| format!("| {name} | {ns:.0} ns | {:.2}x |\n", ns / none);
     let mut table = String::from(
-        "\nFollowing mappings (best of 5 runs; no profiler: best of 5 before and 5 after; \
-         profiled: best of 3)\n\n| loop, setup | per iteration | vs no profiler |\n\
-         |---|---|---|\n",
+        "\nFollowing mappings (best of 3 rounds of 3 runs, no profiler and memprobe beside \
+         taking turns; profiled: best of 3 runs)\n\n| loop, setup | per iteration | vs no \
+         profiler |\n|---|---|---|\n",
     );
     let map = costs.map_none;
     table.push_str(&row(
