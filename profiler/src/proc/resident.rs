@@ -173,9 +173,33 @@ Rss:                  60 kB
         let blocked = "202 0x7f1c 0x80 0x2 0x0 0x0 0x0 0x7ffd4e3c1a28 0x7f1c5e2a1d3b\n";
         assert_eq!(stack_pointer_of(blocked), Some(0x7ffd4e3c1a28));
         assert_eq!(stack_pointer_of("running\n"), None);
-        // Its own threads: the one reading is running, any other blocked.
-        let own = thread_stack_pointers(std::process::id());
-        assert!(own.len() < crate::proc::thread_ids(std::process::id()).len());
+        // A thread of this test's, blocked: its stack pointer is near a
+        // local of its own.
+        let (told, asked) = std::sync::mpsc::channel();
+        let (release, wait) = std::sync::mpsc::channel::<()>();
+        let helper = std::thread::spawn(move || {
+            let local = 0u8;
+            // SAFETY: gettid has no preconditions.
+            let tid = unsafe { libc::gettid() } as u32;
+            told.send((tid, &local as *const u8 as u64)).unwrap();
+            let _ = wait.recv();
+        });
+        let (tid, local) = asked.recv().unwrap();
+        let path = proc_path(std::process::id(), &format!("task/{tid}/syscall"));
+        let mut sp = None;
+        for _ in 0..100 {
+            sp = std::fs::read_to_string(&path)
+                .ok()
+                .and_then(|l| stack_pointer_of(&l));
+            if sp.is_some() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        release.send(()).unwrap();
+        helper.join().unwrap();
+        let sp = sp.expect("the helper blocked in a system call");
+        assert!(sp.abs_diff(local) < 1 << 20, "{sp:#x} against {local:#x}");
     }
 
     #[test]

@@ -48,6 +48,13 @@ impl Session<'_> {
         {
             frames.insert(0, ip);
         }
+        // The kernel maps its return trampoline at a process's first
+        // return probe: read the maps again to know where.
+        if t.stacks.has_unplaced(frames, t.mappings()) {
+            t.set_maps(read_maps(pid).ok());
+        }
+        let dropped = t.stacks.drop_trampoline_frames(&mut mapping.stack.frames);
+        t.heap.drops.trampoline_callers += dropped as u64;
         let frames: Arc<[u64]> = mapping.stack.frames.into();
         let len = mapping.stack.size;
         t.mapped.map(mapping.addr, len, frames, mapping.shared);

@@ -144,6 +144,27 @@ impl ProcessStacks {
     /// at its entry, say) replaces the return address on the stack with the
     /// kernel's trampoline before our probe reads it: such a caller is
     /// dropped (the walk above it stays) and counted, not written as a frame.
+    /// Drops the frames where a return probe's trampoline stands for a
+    /// return address on the stack (an allocation call in flight with its
+    /// return half, around a mapping it made): what it hid is not known,
+    /// and the trampoline names nothing. Returns how many were dropped.
+    pub fn drop_trampoline_frames(&self, frames: &mut Vec<u64>) -> usize {
+        let Some(trampoline) = self.trampoline else {
+            return 0;
+        };
+        let before = frames.len();
+        frames.retain(|&f| !trampoline.contains(f));
+        before - frames.len()
+    }
+
+    /// Whether the trampoline's place is to be read again: a frame lies
+    /// in no mapping known.
+    pub fn has_unplaced(&self, frames: &[u64], mappings: &[Mapping]) -> bool {
+        frames
+            .iter()
+            .any(|&f| !mappings.iter().any(|m| m.range().contains(f)))
+    }
+
     fn trampoline_caller(&self, frames: &[u64]) -> bool {
         let Some(trampoline) = self.trampoline else {
             return false;
