@@ -35,20 +35,7 @@ pub fn install() -> Result<()> {
     apt_packages()?;
     nightly_rust_src()?;
     bpf_linker()?;
-    tracefs()?;
     Ok(())
-}
-
-/// tracefs at its usual place, as systemd mounts it at boot: memprobe
-/// attaches the `mmap` syscall's tracepoints through it (without it, a
-/// library loaded after attach is found by the next rescan instead).
-fn tracefs() -> Result<()> {
-    let place = "/sys/kernel/tracing";
-    if std::path::Path::new(place).join("events").exists() {
-        return Ok(());
-    }
-    eprintln!("xtask: mounting tracefs at {place}");
-    run_command(privileged("mount").args(["-t", "tracefs", "nodev", place]))
 }
 
 /// cargo-fuzz, for the fuzz targets under fuzz/.
