@@ -11,7 +11,9 @@ pub(super) async fn metrics(State(state): State<AppState>) -> Response {
     let text = {
         let published = state.run.published.lock();
         match published {
-            Ok(published) => exposition(&published, own_resident_bytes()),
+            Ok(published) => {
+                exposition(&published, crate::proc::resident_bytes(std::process::id()))
+            }
             Err(_) => String::new(),
         }
     };
@@ -159,14 +161,6 @@ fn label_value(text: &str) -> String {
     text.replace('\\', "\\\\")
         .replace('"', "\\\"")
         .replace('\n', "\\n")
-}
-
-fn own_resident_bytes() -> Option<u64> {
-    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
-    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
-    // SAFETY: sysconf has no preconditions.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    Some(pages * page.max(1) as u64)
 }
 
 #[cfg(test)]
