@@ -10,7 +10,20 @@ use clap::Parser;
 fn main() -> ExitCode {
     // memprobe's copy that times probe hits at start exits in here.
     profiler::run::cost::calibrate::serve_as_target();
-    let cli = match cli::Cli::try_parse() {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if let Some(request) = cli::generate_request(&args) {
+        let written = request.map_err(anyhow::Error::msg).and_then(|what| {
+            cli::generate(what, &mut std::io::stdout().lock()).context("writing to stdout")
+        });
+        return match written {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => {
+                eprintln!("memprobe: error: {error:#}");
+                ExitCode::from(2)
+            }
+        };
+    }
+    let cli = match cli::Cli::try_parse_from(&args) {
         Ok(cli) => cli,
         Err(error) => {
             use clap::error::ErrorKind;

@@ -6,8 +6,10 @@ use crate::cli::values::{BinariesArgs, ConvertTo, MeasureArg, parse_duration};
 
 #[derive(Debug, clap::Subcommand)]
 pub enum Offline {
-    /// Rank the sites of a run's snapshots: likely leaks (growing, never
-    /// shrinking) first, then working sets and bursts released later.
+    /// Rank the sites of a run's snapshots, likely leaks first.
+    ///
+    /// Likely leaks (growing, never shrinking) first, then working sets
+    /// and bursts released later.
     #[command(after_help = "Example:\n  memprobe leaks /tmp/prof --min-age 10m")]
     Leaks {
         /// The --output folder of a run (memprobe.<pid>.<seq>.heap files).
@@ -21,8 +23,10 @@ pub enum Offline {
         #[command(flatten)]
         binaries: BinariesArgs,
     },
-    /// An SVG flame graph of the bytes in use of a .heap file (memprobe's or
-    /// jemalloc's); with --base, a differential one: red grew, blue shrank.
+    /// An SVG flame graph of a .heap file's bytes in use.
+    ///
+    /// Of memprobe's .heap files or jemalloc's; with --base, a
+    /// differential one: red grew, blue shrank.
     #[command(
         after_help = "Example:\n  memprobe flamegraph memprobe.1234.5.heap --base memprobe.1234.0.heap -o growth.svg"
     )]
@@ -37,8 +41,10 @@ pub enum Offline {
         #[command(flatten)]
         binaries: BinariesArgs,
     },
-    /// The top functions of a .heap file (memprobe's, or jemalloc's own
-    /// dumps) like `jeprof --text`, with the same numbers, without addr2line.
+    /// The top functions of a .heap file, like `jeprof --text`.
+    ///
+    /// Of memprobe's .heap files or jemalloc's own dumps, with the same
+    /// numbers as jeprof, without addr2line.
     #[command(
         after_help = "Example:\n  memprobe report memprobe.1234.0.heap --measure alloc-space"
     )]
@@ -57,7 +63,7 @@ pub enum Offline {
         #[command(flatten)]
         binaries: BinariesArgs,
     },
-    /// Convert a .heap file to pprof (symbolized .pb.gz) or folded stacks.
+    /// Convert a .heap file to pprof (.pb.gz) or folded stacks.
     #[command(
         after_help = "Example:\n  memprobe convert memprobe.1234.0.heap --to pprof -o heap.pb.gz"
     )]
@@ -72,8 +78,9 @@ pub enum Offline {
         #[command(flatten)]
         binaries: BinariesArgs,
     },
-    /// Growth in bytes in use per site from OLD to NEW (memprobe's or
-    /// jemalloc's own .heap files of one process).
+    /// Growth in bytes in use per site from OLD to NEW.
+    ///
+    /// Two .heap files of one process, memprobe's or jemalloc's own.
     #[command(after_help = "Example:\n  memprobe diff memprobe.1234.0.heap memprobe.1234.5.heap")]
     Diff {
         old: PathBuf,

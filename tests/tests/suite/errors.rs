@@ -144,6 +144,25 @@ fn help_has_examples() {
     assert!(help.contains("jeprof --text"));
 }
 
+/// The binary's `-h` is a screenful of what `--help` gives in full.
+#[test]
+fn short_help_is_a_screen_of_the_long_one() {
+    let help = |flag: &str| {
+        let out = Command::new(memprobe_bin()).arg(flag).output().unwrap();
+        assert!(out.status.success(), "{flag}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let (short, long) = (help("-h"), help("--help"));
+    assert!(short.lines().count() <= 40, "{short}");
+    assert!(long.lines().count() > 3 * short.lines().count(), "{long}");
+    assert!(short.contains("see more with '--help'"), "{short}");
+    assert!(long.contains("Expert options:"), "{long}");
+    for flag in ["--pid", "--duration", "--max-overhead", "--listen"] {
+        assert!(short.contains(flag) && long.contains(flag), "{flag}");
+    }
+    assert!(!short.contains("--unwind") && long.contains("--unwind"));
+}
+
 #[test]
 fn offline_commands_reject_bad_input_in_one_line() {
     let dir = output_dir("offline_errors");
