@@ -2,6 +2,7 @@
 //! it needs first (idempotently), so that a fresh machine needs nothing else.
 mod bench;
 mod demo;
+mod dist;
 mod kernels;
 mod setup;
 mod soak;
@@ -62,6 +63,9 @@ enum Task {
         #[arg(long, default_value = "10m")]
         duration: String,
     },
+    /// Build the release binary and a .deb of it (man page, shell
+    /// completions, systemd unit): target/dist/memprobe_VERSION_amd64.deb.
+    Dist,
 }
 
 fn main() -> Result<()> {
@@ -92,6 +96,11 @@ fn main() -> Result<()> {
             build_release()?;
             let duration = humantime::parse_duration(&duration).context("--duration")?;
             soak::soak(duration, &release_binary())
+        }
+        Task::Dist => {
+            setup::install()?;
+            build_release()?;
+            dist::deb().map(drop)
         }
         Task::Kernels => {
             setup::install()?;
@@ -162,6 +171,8 @@ fn test(filter: Option<&str>) -> Result<()> {
         "warnings",
     ]))?;
     build_release()?;
+    eprintln!("xtask: the .deb");
+    let deb = dist::deb()?;
     eprintln!("xtask: tests");
     let binary = release_binary();
     let mut command = cargo();
@@ -173,7 +184,8 @@ fn test(filter: Option<&str>) -> Result<()> {
             "--exclude",
             "profiler-ebpf",
         ])
-        .env("MEMPROBE_BIN", &binary);
+        .env("MEMPROBE_BIN", &binary)
+        .env("MEMPROBE_DEB", &deb);
     if let Some(filter) = filter {
         command.arg(filter);
     }

@@ -9,7 +9,7 @@ use crate::run_command;
 /// mimalloc and gperftools' tcmalloc for the other allocators' tests,
 /// binutils for jeprof and strip, C and C++ compilers, Go (go tool pprof) and a JDK for the
 /// fixtures, util-linux for setpriv and unshare, prometheus (and promtool) for
-/// the metrics endpoint.
+/// the metrics endpoint, man-db for the installed package's man page.
 const PACKAGES: &[&str] = &[
     "libjemalloc2",
     "libjemalloc-dev",
@@ -22,6 +22,7 @@ const PACKAGES: &[&str] = &[
     "g++",
     "golang-go",
     "libc6-dev",
+    "man-db",
     "openjdk-17-jdk-headless",
     "perl",
     "prometheus",

@@ -11,6 +11,7 @@ mod outputs;
 mod over_time;
 mod overhead;
 mod own_profiler;
+mod package;
 mod price;
 mod stacks;
 mod stripped;
