@@ -136,7 +136,7 @@ impl<'a> Session<'a> {
         let scope = RunScope::of(&options.targets);
         // System-wide probes are shared by every process: none is detached
         // from one for its cost.
-        let budget = options.max_overhead.filter(|_| scope.budget_applies());
+        let budget = (options.max_overhead).filter(|_| scope.budget_applies(options.sampling));
         let snapshots = Snapshots::new(
             SnapshotWriter::start(output.clone(), options.debug_dir.clone()),
             options.retention,

@@ -1,6 +1,6 @@
 //! What the kind of targets decides for the whole run, settled once from
 //! `--pid`, `--all` or a command to launch.
-use crate::run::Targets;
+use crate::run::{Sampling, Targets};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(in crate::run) enum RunScope {
@@ -65,9 +65,10 @@ impl RunScope {
         self != RunScope::All
     }
 
-    /// Whether the budget may detach one process (`--all`'s system-wide
-    /// probes are shared by every process).
-    pub fn budget_applies(self) -> bool {
-        self != RunScope::All
+    /// Whether the budget may step one process down: not where its probes
+    /// are system-wide (`--all --sampling entry`), shared by every process;
+    /// `--all` in windows probes each process on its own, as `--pid` does.
+    pub fn budget_applies(self, sampling: Sampling) -> bool {
+        self != RunScope::All || sampling == Sampling::Windows
     }
 }

@@ -558,3 +558,43 @@ fn context_switches_count_against_the_budget() {
     let reason = heap_notes(&heap).get("reason").cloned().unwrap_or_default();
     assert!(reason.contains("above --max-overhead 5%"), "{reason}");
 }
+
+/// `--all` (windows: each process probed on its own) keeps the budget:
+/// the same busy server-shaped loop, met by the agent's scan, loses its
+/// frees over the 10% default and stays profiled to the end.
+#[test]
+fn every_process_keeps_its_budget_with_all() {
+    let _guard = exclusive();
+    let out = output_dir("budget_with_all");
+    let mut memprobe = Memprobe::start(&[
+        "--all",
+        "--allocator",
+        "jemalloc",
+        "--duration",
+        "25s",
+        "--format",
+        "heap",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    memprobe.wait_attached();
+    let mut busy = Command::new(malloc_loop_fixture())
+        .args(["0", "40"])
+        .env("FIXTURE_PAUSE_US", "2000")
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = busy.id();
+    let (status, stderr) = memprobe.wait();
+    let _ = busy.kill();
+    let _ = busy.wait();
+    assert!(status.success(), "{stderr}");
+    let dropped = format!("pid {pid}: frees no longer tracked, over budget");
+    assert!(stderr.contains(&dropped), "{stderr}");
+    assert!(!stderr.contains("detached, over budget"), "{stderr}");
+    let last = out.join(format!("memprobe.{pid}.1.heap"));
+    let notes = heap_notes(&last);
+    assert_eq!(notes.get("reason").map(String::as_str), Some("end of run"));
+    let tracking = tracking_note(&last);
+    assert!(tracking.starts_with("allocations only since"), "{tracking}");
+}

@@ -68,8 +68,8 @@ impl FreesDropped {
 #[derive(Debug, Default)]
 pub(in crate::run) struct Budget {
     /// The budget, a share of the CPU time a process uses itself; `None`:
-    /// none (`--max-overhead none`, or `--all`, whose system-wide probes
-    /// cannot be detached from one process).
+    /// none (`--max-overhead none`, or `--all --sampling entry`, whose
+    /// system-wide probes cannot be detached from one process).
     limit: Option<f64>,
     windows: HashMap<u32, BudgetWindow>,
     frees_dropped: HashMap<u32, FreesDropped>,

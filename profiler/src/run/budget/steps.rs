@@ -15,7 +15,8 @@ use crate::run::{
 impl Session<'_> {
     /// Each tick, the budget's answer: a step for each process over it.
     pub(in crate::run) fn budget_actions(&mut self) -> Vec<Action> {
-        // No budget (`none`, or `--all`): nothing to read each tick.
+        // No budget (`none`, or system-wide probes): nothing to read each
+        // tick.
         let Some(limit) = self.budget.limit() else {
             return Vec::new();
         };
