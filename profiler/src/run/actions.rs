@@ -5,7 +5,7 @@
 //! the run's to act on.
 use crate::run::{
     Session,
-    budget::Step,
+    budget::{OverBudget, Step},
     notice::Notice,
     sampling::own_profiler::WatchedCopy,
     snapshots::{SnapshotKind, writer::Announce},
@@ -22,7 +22,7 @@ pub(super) enum Action {
     Budget {
         pid: u32,
         step: Step,
-        reason: String,
+        reason: OverBudget,
     },
     /// `pid`'s copy whose jemalloc profiler was switched on or off: its
     /// probes changed to the other kind.

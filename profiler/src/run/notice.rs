@@ -299,14 +299,12 @@ impl fmt::Display for CostNotice {
         match self {
             Self::WindowsNarrowed { pid, reason } => write!(
                 f,
-                "pid {pid}: sampling windows narrowed to {:.1}% of the time, {reason}",
+                "pid {pid}: malloc windows narrowed to {:.1}% of the time, {reason}",
                 MIN_DUTY * 100.0
             ),
-            Self::FreesDropped { pid, reason } => write!(
-                f,
-                "pid {pid}: frees no longer tracked, {reason}; its profile counts allocations \
-                 only from now on"
-            ),
+            Self::FreesDropped { pid, reason } => {
+                write!(f, "pid {pid}: frees no longer tracked, {reason}")
+            }
             Self::ForcedReturns { pid, path, symbols } => write!(
                 f,
                 "pid {pid} maps {path} as another profiled process does: each call of its {} \
@@ -361,8 +359,30 @@ mod tests {
         assert!(!dropped.verbose_only());
         assert_eq!(
             dropped.to_string(),
-            "pid 1: frees no longer tracked, over budget; its profile counts allocations only \
-             from now on"
+            "pid 1: frees no longer tracked, over budget"
         );
+    }
+
+    /// The budget's lines fit a terminal (with a seven-digit pid), where
+    /// the profile keeps how the share was reckoned.
+    #[test]
+    fn the_budget_s_lines_fit_a_terminal() {
+        let over = crate::run::budget::OverBudget {
+            share: 1.47,
+            limit: 0.10,
+        };
+        let (pid, reason) = (4_194_304, over.brief());
+        let lines = [
+            CostNotice::WindowsNarrowed {
+                pid,
+                reason: reason.clone(),
+            },
+            CostNotice::FreesDropped { pid, reason },
+        ];
+        for line in lines.map(|n| format!("memprobe: {}", Notice::from(n))) {
+            assert!(line.len() <= 120, "{} columns: {line}", line.len());
+            assert!(line.contains("147% of its CPU, limit 10%"), "{line}");
+        }
+        assert!(over.to_string().contains("more allowed for the caches"));
     }
 }

@@ -198,7 +198,7 @@ fn windows_are_narrowed_before_anything_else() {
     let stderr = memprobe.stop();
     assert!(fixture.finish().success());
     assert!(
-        stderr.contains("sampling windows narrowed to 0.5% of the time, over budget"),
+        stderr.contains("malloc windows narrowed to 0.5% of the time, over budget"),
         "{stderr}"
     );
     assert!(!stderr.contains("detached, over budget"), "{stderr}");

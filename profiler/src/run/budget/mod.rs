@@ -29,6 +29,7 @@ mod window;
 
 use std::{collections::HashMap, time::Instant};
 
+pub(in crate::run) use steps::OverBudget;
 use window::BudgetWindow;
 pub(in crate::run) use window::Spent;
 pub(in crate::run) use window::{INDIRECT_ALLOWANCE, SUSTAINED};

@@ -39,33 +39,34 @@ impl Session<'_> {
             .map(|(pid, share)| Action::Budget {
                 pid,
                 step: (self.budget).step(pid, self.narrowing_saves(pid), frees_probed),
-                reason: over_budget(share, limit),
+                reason: OverBudget { share, limit },
             })
             .collect()
     }
 
     /// Takes one of the budget's steps for `pid` (a process with no frees
     /// left to drop is detached).
-    pub(in crate::run) fn take_step(&mut self, pid: u32, step: Step, reason: String) {
+    pub(in crate::run) fn take_step(&mut self, pid: u32, step: Step, reason: OverBudget) {
         match step {
-            Step::NarrowWindows => self.narrow_windows_for_budget(pid, &reason),
+            Step::NarrowWindows => self.narrow_windows_for_budget(pid, reason),
             Step::DropFrees if self.probes.drop_frees(pid) > 0 => self.drop_frees(pid, reason),
             Step::DropFrees | Step::Detach => self.detach_over_budget(pid, reason),
         }
     }
 
-    fn narrow_windows_for_budget(&mut self, pid: u32, reason: &str) {
-        self.narrow_windows(pid, reason);
+    fn narrow_windows_for_budget(&mut self, pid: u32, reason: OverBudget) {
+        self.narrow_windows(pid, &reason.to_string());
         self.budget.start_over(pid);
         self.say(CostNotice::WindowsNarrowed {
             pid,
-            reason: reason.to_owned(),
+            reason: reason.brief(),
         });
     }
 
     /// `pid`'s frees were unprobed: its profile written as it was, and
     /// counting allocations only from now on.
-    fn drop_frees(&mut self, pid: u32, reason: String) {
+    fn drop_frees(&mut self, pid: u32, over: OverBudget) {
+        let reason = over.to_string();
         // The last profile whose in-use figures are exact: no event has
         // been applied since the frees were dropped.
         self.snapshot(pid, &reason, SnapshotKind::Requested, Announce::Nothing);
@@ -76,17 +77,17 @@ impl Session<'_> {
         }
         self.say(CostNotice::FreesDropped {
             pid,
-            reason: reason.clone(),
+            reason: over.brief(),
         });
         self.budget.note_frees_dropped(pid, reason);
     }
 
-    fn detach_over_budget(&mut self, pid: u32, reason: String) {
+    fn detach_over_budget(&mut self, pid: u32, over: OverBudget) {
         self.snapshot(
             pid,
-            &reason,
+            &over.to_string(),
             SnapshotKind::Last,
-            Announce::Detached(reason.clone()),
+            Announce::Detached(over.brief()),
         );
         let detached = self.probes.detach_process(pid);
         self.probes.unwatch_mappings(pid);
@@ -102,16 +103,38 @@ impl Session<'_> {
     }
 }
 
-/// Why a process is over its budget, for its profile and stderr.
-fn over_budget(share: f64, budget: f64) -> String {
-    format!(
-        "over budget: its probes cost it {:.0}% of the CPU time it used itself for {} s ({:.0}% \
-         estimated from their measured costs, {:.0}% more allowed for the caches they disturb), \
-         above --max-overhead {:.0}%",
-        share * 100.0,
-        SUSTAINED.as_secs(),
-        share / INDIRECT_ALLOWANCE * 100.0,
-        (INDIRECT_ALLOWANCE - 1.0) * 100.0,
-        budget * 100.0
-    )
+/// Why a process is over its budget: its probes' cost as a share of its
+/// own CPU time, over `limit`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(in crate::run) struct OverBudget {
+    pub share: f64,
+    pub limit: f64,
+}
+
+impl OverBudget {
+    /// For stderr, to fit a terminal line with the step it led to.
+    pub fn brief(&self) -> String {
+        format!(
+            "over budget: probes cost {:.0}% of its CPU, limit {:.0}%",
+            self.share * 100.0,
+            self.limit * 100.0
+        )
+    }
+}
+
+/// In full, for the profile: how the share was reckoned.
+impl std::fmt::Display for OverBudget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "over budget: its probes cost it {:.0}% of the CPU time it used itself for {} s \
+             ({:.0}% estimated from their measured costs, {:.0}% more allowed for the caches \
+             they disturb), above --max-overhead {:.0}%",
+            self.share * 100.0,
+            SUSTAINED.as_secs(),
+            self.share / INDIRECT_ALLOWANCE * 100.0,
+            (INDIRECT_ALLOWANCE - 1.0) * 100.0,
+            self.limit * 100.0
+        )
+    }
 }
