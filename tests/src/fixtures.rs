@@ -204,6 +204,14 @@ pub fn big_binary() -> PathBuf {
 }
 
 /// Three sites with different trends over 6 seconds.
+/// A server-shaped program (`server.c`) that runs on its own for
+/// FIXTURE_SECONDS: the process the docs' commands profile.
+pub fn server_fixture() -> PathBuf {
+    build_once("server", |out| {
+        compile("cc", out, "server.c", &["-ljemalloc"])
+    })
+}
+
 pub fn trends_fixture() -> PathBuf {
     build_once("trends", |out| {
         compile("cc", out, "trends.c", &["-ljemalloc"])
@@ -423,7 +431,8 @@ pub fn java_classes() -> PathBuf {
             .arg(out)
             .arg(fixture_source("java/DirectBuffers.java"))
             .arg(fixture_source("java/JniAlloc.java"))
-            .arg(fixture_source("java/HotAlloc.java"));
+            .arg(fixture_source("java/HotAlloc.java"))
+            .arg(fixture_source("java/Server.java"));
         command
     })
 }

@@ -3,7 +3,7 @@
 //! again at its return, so unsampled calls skip the return probe; and plain
 //! entry probes linked the same way, which, unlike aya's perf-event
 //! uprobes, give the target no per-task perf event to switch at every
-//! context switch (2.3x a pipe ping-pong's CPU, see README).
+//! context switch (2.3x a pipe ping-pong's CPU, see docs/overhead.md).
 //!
 //! aya 0.14 can load neither program kind's expected attach type nor create
 //! its link, so this module does those two syscalls itself: it takes the

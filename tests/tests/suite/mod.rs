@@ -1,4 +1,5 @@
 mod allocators;
+mod docs;
 mod endpoint_access;
 mod endpoints;
 mod errors;

@@ -180,7 +180,7 @@ fn c_entry_points_through_jemallocs_samples() {
 /// Without uprobe sessions (`--return-probes uretprobes`, as on kernels
 /// before 6.13) jemalloc's realloc is probed as a plain free, with no trap
 /// at every realloc's return: regions it moves are freed as with sessions,
-/// and a realloc that fails counts as a free (a limit the README lists).
+/// and a realloc that fails counts as a free (a limit docs/limitations.md lists).
 #[test]
 fn without_sessions_a_realloc_is_a_plain_free() {
     let _guard = shared();

@@ -253,7 +253,7 @@ fn ruff_from_pypi_is_profiled_by_its_code() {
 /// A 500 MB stripped file (the static sites program with 500 MB more in a
 /// section no code reads, as a data engine's library is that large): memprobe
 /// pages in what it reads (headers, read-only data, the code at function
-/// starts), never the whole file. The figures go to the README.
+/// starts), never the whole file. The figures go to docs/getting-started.md.
 #[test]
 fn a_500_mb_stripped_file_costs_memprobe_little_memory_and_time() {
     let _guard = shared();

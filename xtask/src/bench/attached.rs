@@ -235,7 +235,7 @@ fn finish_timed(
     Ok((ns, timing))
 }
 
-/// The README's table of the attached loop.
+/// docs/overhead.md's table of the attached loop.
 pub(super) fn attached_table(none: f64, r: &AttachedLoops) -> String {
     let (floor, one_trap) = (r.floor - none, r.one_trap - none);
     let row = |name: &str, ns: f64| {

@@ -135,7 +135,7 @@ fn own_usage(memprobe: &Path, malloc_loop: &Path, profiles_dir: &str) -> Result<
     Ok((own, own_wall))
 }
 
-/// The README's loop tables.
+/// docs/overhead.md's loop tables.
 pub(super) fn loop_table(r: &LoopResults) -> String {
     let none = r.none;
     let added_memleak = r.memleak - none;

@@ -55,7 +55,7 @@ pub(super) fn own_profiler(memprobe: &Path, profiles_dir: &str) -> Result<OwnPro
     })
 }
 
-/// The README's table.
+/// docs/overhead.md's table.
 pub(super) fn own_profiler_table(r: &OwnProfiler) -> String {
     let added = |ns: f64| ns - r.prof_none;
     format!(

@@ -227,7 +227,7 @@ fn estimates(name: &'static str, sections: &HashMap<String, Vec<String>>, run: &
 /// at least their 16 MiB (less 10%). Where they were placed is shown, not
 /// judged yet: in the 6.1 and 6.12 guests most of those sampled inside a
 /// window lost their immediate caller, `keep_1m`, to `main`, until links
-/// were closed return half first (README, "Sampling in windows"); one run
+/// were closed return half first (docs/overhead.md, "Sampling in windows"); one run
 /// since placed them all.
 fn large_site_in_windows(sections: &HashMap<String, Vec<String>>) -> Check {
     let lines = sections

@@ -202,7 +202,7 @@ impl Load {
 
 /// The loads redis-server is measured under. First redis-benchmark's own
 /// (SET and GET of 3-byte values, not pipelined), in more rounds than the
-/// rest: the load the README's goals are stated for. Then other shapes a
+/// rest: the load the goals (docs/overhead.md) are stated for. Then other shapes a
 /// server's requests take, each request allocating the same sizes: SETs
 /// of 512-byte values, LPUSHes onto one list, HSETs of 4 KiB values (above
 /// jemalloc's fast path: its slow path sees each); and 3-byte values

@@ -1,8 +1,8 @@
-//! The README's redis tables: each configuration's ratios to its baseline
+//! docs/overhead.md's redis tables: each configuration's ratios to its baseline
 //! runs, with how far the rounds let them be trusted.
 use super::{Half, RedisResult, Round, Row, Runs};
 
-/// The README's redis table, and how memprobe's reported cost compares
+/// docs/overhead.md's redis table, and how memprobe's reported cost compares
 /// with what redis-server gained.
 pub(in crate::bench) fn redis_table(redis: &RedisResult) -> String {
     let (with, without) = (redis.unprofiled.with(), redis.unprofiled.without());
