@@ -182,12 +182,16 @@ fn prometheus_scrapes_over_tls_with_its_token_and_others_get_a_401() {
         curl_status(&format!("http://{address}/metrics"), &certs.ca, &right),
         0
     );
-    let config = format!(
-        "    scheme: https\n    tls_config:\n      ca_file: {}\n    authorization:\n      \
-         credentials_file: {}\n",
-        certs.ca.display(),
-        token_file.display()
-    );
+    // The job docs/fleet.md shows, with this test's CA, token and address.
+    let config = documented_scrape_job()
+        .replace(
+            "/etc/prometheus/memprobe-ca.pem",
+            certs.ca.to_str().unwrap(),
+        )
+        .replace(
+            "/etc/prometheus/memprobe-token",
+            token_file.to_str().unwrap(),
+        );
     let value = scraped_by_prometheus(&out, &address, fixture.pid, &config);
     let expected = 2000.0 * 4096.0 + 16.0 * MIB;
     assert_within(
@@ -228,4 +232,26 @@ fn client_certificates_signed_by_the_given_ca_are_let_in() {
     ];
     assert_eq!(curl_status(&url, &certs.ca, &with_cert), 200);
     memprobe.stop();
+}
+
+/// The Prometheus job of docs/fleet.md's `yaml` block: its lines between
+/// `job_name` and `static_configs` (the test gives its own target).
+fn documented_scrape_job() -> String {
+    let doc = std::fs::read_to_string(workspace_root().join("docs/fleet.md")).unwrap();
+    let block = doc
+        .split("```yaml\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("a yaml block in docs/fleet.md");
+    let job: Vec<&str> = block
+        .lines()
+        .skip_while(|l| !l.contains("job_name: memprobe"))
+        .skip(1)
+        .take_while(|l| !l.contains("static_configs:"))
+        .collect();
+    assert!(
+        job.iter().any(|l| l.contains("credentials_file")),
+        "{block}"
+    );
+    job.join("\n") + "\n"
 }
