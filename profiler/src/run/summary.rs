@@ -205,7 +205,7 @@ pub fn summary_lines(summary: &Summary) -> Vec<String> {
     for p in &summary.processes {
         lines.extend(process_lines(p, summary));
     }
-    lines.push(cost_line(summary));
+    lines.extend(cost_lines(summary));
     if let Some(code) = summary.exit_code {
         lines.push(format!("memprobe: the command exited with code {code}"));
     }
@@ -267,7 +267,9 @@ fn process_lines(p: &ProcessSummary, summary: &Summary) -> Vec<String> {
 
 /// The summary's cost line: probe hits, the switches perf-event probes
 /// rode, and the time they added.
-fn cost_line(summary: &Summary) -> String {
+/// What the probes cost: the hits and the time they added, then what a
+/// hit costs on this host and how the kernel runs the probes.
+fn cost_lines(summary: &Summary) -> [String; 2] {
     let hits: u64 = summary.probe_costs.iter().map(|c| c.hits).sum();
     let (switches, switched) = summary.switch_cost;
     let added = summary
@@ -277,9 +279,9 @@ fn cost_line(summary: &Summary) -> String {
         .sum::<Duration>()
         + switched;
     let seconds = summary.elapsed.as_secs_f64().max(1e-3);
-    format!(
+    let cost = format!(
         "memprobe: cost: {} probe hits ({}/s){}{}; estimated time added to the profiled \
-         processes: {:.3} s ({:.1}% of one CPU; {}); return probes: {}",
+         processes: {:.3} s ({:.1}% of one CPU)",
         hits,
         crate::run::cost::human_count(hits as f64 / seconds),
         if hits > 0 {
@@ -296,9 +298,12 @@ fn cost_line(summary: &Summary) -> String {
         },
         added.as_secs_f64(),
         100.0 * added.as_secs_f64() / seconds,
-        summary.cost_model,
-        summary.return_probes,
-    )
+    );
+    let how = format!(
+        "memprobe: cost {}; return probes: {}",
+        summary.cost_model, summary.return_probes,
+    );
+    [cost, how]
 }
 
 #[cfg(test)]

@@ -385,7 +385,7 @@ fn plain_probes_are_uprobe_multi_links_where_the_kernel_has_them() {
         assert!(status.success(), "{stderr}");
         let cost_line = stderr
             .lines()
-            .find(|l| l.starts_with("memprobe: cost:"))
+            .find(|l| l.starts_with("memprobe: cost per hit"))
             .unwrap_or_else(|| panic!("{stderr}"));
         eprintln!("lacks {lacks:?}: {perf_events} perf links, {links} uprobe_multi; {cost_line}");
         if lacks.is_empty() && kernel_at_least(6, 10) {

@@ -461,7 +461,7 @@ fn costs_are_measured_again_during_the_run() {
     }
     let summary = stderr
         .lines()
-        .find(|l| l.starts_with("memprobe: cost: "))
+        .find(|l| l.starts_with("memprobe: cost per hit"))
         .map(costs_in)
         .unwrap_or_else(|| panic!("no cost line in {stderr}"));
     assert_eq!(summary, *again.last().unwrap(), "{stderr}");

@@ -143,7 +143,10 @@ fn fallback_said_once(lines: &[String], mode: &str) -> Check {
 /// to price.
 fn switches_priced(lines: &[String]) -> Check {
     let cost = lines.iter().find(|l| l.starts_with("memprobe: cost: "));
-    let perf_events = cost.is_some_and(|l| l.contains("entry probes: perf-event uprobes"));
+    let how = lines
+        .iter()
+        .find(|l| l.starts_with("memprobe: cost per hit"));
+    let perf_events = how.is_some_and(|l| l.contains("entry probes: perf-event uprobes"));
     let priced = cost.is_some_and(|l| l.contains(" context switches of threads carrying "));
     Check {
         name: "context switches priced where probes are perf events",
