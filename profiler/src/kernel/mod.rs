@@ -237,6 +237,22 @@ impl KernelProbes {
         };
         table.insert(key, config, 0).is_ok()
     }
+
+    /// Takes `pid`'s copies out of the slow-path program's table, once it
+    /// exited or was detached: the table is bounded, and an agent meets
+    /// thousands of processes over its life.
+    pub fn forget_fast_paths(&mut self, pid: u32) {
+        let Some(map) = self.ebpf.map_mut(maps::FAST_PATHS) else {
+            return;
+        };
+        let Ok(mut table) = HashMap::<_, FastPathKey, FastPathConfig>::try_from(map) else {
+            return;
+        };
+        let keys: Vec<FastPathKey> = table.keys().flatten().filter(|k| k.pid == pid).collect();
+        for key in keys {
+            let _ = table.remove(&key);
+        }
+    }
 }
 
 #[cfg(test)]

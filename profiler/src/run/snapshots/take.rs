@@ -31,6 +31,7 @@ impl Session<'_> {
         t.stacks.reset_trust();
         self.probes.trust_frame_pointers(pid, false);
         self.probes.unwatch_mappings(pid);
+        self.probes.forget_fast_paths(pid);
         self.snapshot(pid, "process exited", SnapshotKind::Last, Announce::Exited);
         Ok(())
     }
