@@ -13,6 +13,7 @@ use anyhow::{Context, Result, bail};
 
 use crate::{run_command, workspace_root};
 
+mod agent;
 mod attached;
 mod floor;
 mod loops;
@@ -161,6 +162,8 @@ pub enum Part {
     Offline,
     /// An mmap/munmap loop: what tracing mappings costs.
     Mappings,
+    /// The host agent (`--all --track allocations`) beside busy loops.
+    Agent,
 }
 
 pub fn bench(only: Option<Part>) -> Result<()> {
@@ -184,6 +187,10 @@ pub fn bench(only: Option<Part>) -> Result<()> {
     if runs(Part::Mappings) {
         let costs = mappings::mapping_costs(&memprobe, &out, &profiles_dir)?;
         table.push_str(&mappings::mapping_table(&costs));
+    }
+    if runs(Part::Agent) {
+        let costs = agent::agent_costs(&memprobe, &out, &profiles_dir)?;
+        table.push_str(&agent::agent_table(&costs));
     }
     if runs(Part::Switches) {
         let result = switches::switches(&memprobe, &out, &profiles_dir)?;
