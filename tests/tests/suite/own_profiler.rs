@@ -156,25 +156,27 @@ fn c_entry_points_through_jemallocs_samples() {
     // that is wider: `count` regions of `size` bytes, each sampled with
     // probability 1 - exp(-size / 4096) and weighted by its inverse, read
     // 2.4% to 3.0% apart from run to run (a CI run once read +10.1%).
-    let within = |name: &str, count: f64, size: f64| {
+    let within = |rows: &[JeprofRow], name: &str, count: f64, size: f64| {
         let truth = count * size;
         let sampled = 1.0 - (-size / 4096.0).exp();
         let deviation = ((1.0 - sampled) / (count * sampled)).sqrt();
-        let bytes = row(&inuse, name).cum * MIB;
+        let bytes = row(rows, name).cum * MIB;
         let off = (bytes - truth).abs() / truth;
         assert!(
             off <= (4.0 * deviation).max(0.10),
-            "{name}: {bytes:.0} B, truth {truth:.0}\n{inuse:?}\n{stderr}"
+            "{name}: {bytes:.0} B, truth {truth:.0}\n{rows:?}\n{stderr}"
         );
     };
-    within("keep_calloc", 1024.0, 4096.0);
-    within("keep_aligned", 2000.0, 2048.0);
-    within("grow_by_realloc", 1000.0, 3072.0);
-    within("keep_failed_realloc", 1000.0, 4096.0);
+    within(&inuse, "keep_calloc", 1024.0, 4096.0);
+    within(&inuse, "keep_aligned", 2000.0, 2048.0);
+    within(&inuse, "grow_by_realloc", 1000.0, 3072.0);
+    within(&inuse, "keep_failed_realloc", 1000.0, 4096.0);
     assert_moved_regions_freed(&inuse, &stderr);
+    // 1,000 regions of 1 KiB, a fifth of them sampled: one standard
+    // deviation is 5.9% (a CI run read +17.1%, past the 15% this held
+    // before).
     let allocated = jeprof_rows(&binary, &heap, "--alloc_space");
-    let small = row(&allocated, "allocate_small").cum * MIB;
-    assert_within("allocate_small allocated", small, 1000.0 * 1024.0, 0.15);
+    within(&allocated, "allocate_small", 1000.0, 1024.0);
 }
 
 /// Without uprobe sessions (`--return-probes uretprobes`, as on kernels
