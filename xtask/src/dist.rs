@@ -112,14 +112,18 @@ fn installed_kib(root: &Path) -> Result<u64> {
 }
 
 fn install_file(from: &Path, to: &Path, mode: u32) -> Result<()> {
-    let bytes = fs::read(from).with_context(|| format!("reading {}", from.display()))?;
-    write_file(to, &bytes, mode)
+    fs::create_dir_all(to.parent().context("no parent")?)?;
+    fs::copy(from, to).with_context(|| format!("copying {}", from.display()))?;
+    set_mode(to, mode)
 }
 
 fn write_file(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
-    use std::os::unix::fs::PermissionsExt;
     fs::create_dir_all(path.parent().context("no parent")?)?;
     fs::write(path, bytes).with_context(|| format!("writing {}", path.display()))?;
-    fs::set_permissions(path, fs::Permissions::from_mode(mode))?;
-    Ok(())
+    set_mode(path, mode)
+}
+
+fn set_mode(path: &Path, mode: u32) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    Ok(fs::set_permissions(path, fs::Permissions::from_mode(mode))?)
 }

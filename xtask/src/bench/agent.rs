@@ -8,9 +8,9 @@ use std::{
     process::{Command, Stdio},
 };
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 
-use super::{build_loop, start_memprobe, stop, usage};
+use super::{build_loop, printed_ns, start_memprobe, stop, usage};
 
 /// Nanoseconds per malloc+free pair, each round's mean over the loops;
 /// and the agent's own CPU seconds in each round.
@@ -73,13 +73,7 @@ fn loops_ns(malloc_loop: &Path) -> Result<f64> {
         .collect::<Result<_, _>>()?;
     let mut total = 0.0;
     for child in children {
-        let output = child.wait_with_output()?;
-        let text = String::from_utf8_lossy(&output.stdout);
-        let ns: f64 = text
-            .trim()
-            .parse()
-            .with_context(|| format!("no timing in {text:?}"))?;
-        total += ns;
+        total += printed_ns(&child.wait_with_output()?.stdout)?;
     }
     Ok(total / LOOPS as f64)
 }

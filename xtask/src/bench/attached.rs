@@ -14,7 +14,7 @@ use super::{
     LIBJEMALLOC,
     floor::{CountsHits, Floor, Place, memprobe_places},
     one_trap::OneTrap,
-    said, start_memprobe, stop,
+    printed_ns, said, start_memprobe, stop,
 };
 
 /// Nanoseconds per pair, attached to the running loop.
@@ -227,12 +227,7 @@ fn finish_timed(
 ) -> Result<(f64, Option<Instant>)> {
     let output = child.wait_with_output()?;
     let timing = timing.join().ok().flatten();
-    let text = String::from_utf8_lossy(&output.stdout);
-    let ns = text
-        .trim()
-        .parse()
-        .with_context(|| format!("no timing in {text:?}"))?;
-    Ok((ns, timing))
+    Ok((printed_ns(&output.stdout)?, timing))
 }
 
 /// docs/overhead.md's table of the attached loop.

@@ -51,15 +51,18 @@ fn loop_ns(mut make: impl FnMut() -> Command, runs: usize) -> Result<f64> {
     let mut best = f64::INFINITY;
     for _ in 0..runs {
         let output = make().stderr(Stdio::null()).output()?;
-        let text = String::from_utf8_lossy(&output.stdout);
-        let ns: f64 = text
-            .lines()
-            .filter_map(|l| l.trim().parse().ok())
-            .next_back()
-            .with_context(|| format!("no timing in {text:?}"))?;
-        best = best.min(ns);
+        best = best.min(printed_ns(&output.stdout)?);
     }
     Ok(best)
+}
+
+/// The nanoseconds per pair a loop printed last.
+fn printed_ns(stdout: &[u8]) -> Result<f64> {
+    let text = String::from_utf8_lossy(stdout);
+    text.lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .next_back()
+        .with_context(|| format!("no timing in {text:?}"))
 }
 
 /// CPU seconds and peak RSS (KiB) of a live process.
