@@ -130,8 +130,8 @@ pub struct Cli {
 
     /// A snapshot of every process this often.
     ///
-    /// E.g. 1m. Each is complete on its own, like jemalloc's interval dumps; the
-    /// last one is written at the end of the run. `kill -USR1` memprobe to
+    /// E.g. 1m. Each is complete on its own, like jemalloc's interval
+    /// dumps; the last one is written at the end of the run. `kill -USR1` memprobe to
     /// take one at once.
     #[arg(long, value_name = "DUR", value_parser = parse_duration, help_heading = help::SNAPSHOTS)]
     pub interval: Option<Duration>,
@@ -139,10 +139,9 @@ pub struct Cli {
     /// Snapshot when the heap grew SIZE in WINDOW.
     ///
     /// E.g. 20MiB/10m (WINDOW defaults to 10m), or, with rss: before SIZE,
-    /// resident
-    /// memory (rss:256MiB/10m: mappings and fragmentation grow it too); at
-    /// most once per --min-dump-gap. May be given twice, for both. Each
-    /// snapshot says why it was taken.
+    /// resident memory (rss:256MiB/10m: mappings and fragmentation grow it
+    /// too); at most once per --min-dump-gap. May be given twice, for both.
+    /// Each snapshot says why it was taken.
     #[arg(long, value_name = "SIZE/WINDOW", value_parser = parse_growth,
           help_heading = help::SNAPSHOTS)]
     pub dump_on_growth: Vec<GrowthTrigger>,

@@ -265,10 +265,9 @@ fn process_lines(p: &ProcessSummary, summary: &Summary) -> Vec<String> {
     lines
 }
 
-/// The summary's cost line: probe hits, the switches perf-event probes
-/// rode, and the time they added.
-/// What the probes cost: the hits and the time they added, then what a
-/// hit costs on this host and how the kernel runs the probes.
+/// What the probes cost: the hits, the switches perf-event probes rode
+/// and the time they added; then what a hit costs on this host and how
+/// the kernel runs the probes.
 fn cost_lines(summary: &Summary) -> [String; 2] {
     let hits: u64 = summary.probe_costs.iter().map(|c| c.hits).sum();
     let (switches, switched) = summary.switch_cost;

@@ -137,27 +137,23 @@ fn as_run(block: &str, pid: u32, folder: &Path) -> (String, Vec<String>) {
         }
         // In the background, the commands after it need it a while.
         let duration = if line.ends_with('&') { "60s" } else { "3s" };
-        let mut words: Vec<String> = Vec::new();
-        let mut next_is = None;
-        for word in line.split(' ') {
-            let word = match next_is.take() {
-                Some("--duration") => duration.to_owned(),
-                Some("--interval") => "1s".to_owned(),
-                _ => word
-                    .replace("/tmp/prof", folder.to_str().unwrap())
-                    .replace("1234", &pid.to_string())
-                    .replace("./server", server.to_str().unwrap())
-                    .replace("/path/to/binary", server.to_str().unwrap()),
-            };
-            if word == "--duration" || word == "--interval" {
-                next_is = Some(if word == "--duration" {
-                    "--duration"
-                } else {
-                    "--interval"
-                });
-            }
-            words.push(word);
-        }
+        let mut previous = "";
+        let words: Vec<String> = line
+            .split(' ')
+            .map(|word| {
+                let replaced = match previous {
+                    "--duration" => duration.to_owned(),
+                    "--interval" => "1s".to_owned(),
+                    _ => word
+                        .replace("/tmp/prof", folder.to_str().unwrap())
+                        .replace("1234", &pid.to_string())
+                        .replace("./server", server.to_str().unwrap())
+                        .replace("/path/to/binary", server.to_str().unwrap()),
+                };
+                previous = word;
+                replaced
+            })
+            .collect();
         let line = words.join(" ");
         script.push_str(line.strip_prefix("sudo ").unwrap_or(&line));
         script.push('\n');
