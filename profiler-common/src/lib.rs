@@ -36,10 +36,18 @@ pub mod maps {
     /// Threads inside an `mmap` or `mremap` of anonymous memory, to be
     /// told of at its return (pid_tgid -> [`crate::MapCall`]).
     pub const MAP_CALLS: &str = "MAP_CALLS";
+    /// Processes whose samples carry their Python frames (tgid ->
+    /// [`crate::python::PythonProcess`]).
+    pub const PYTHON_PROCESSES: &str = "PYTHON_PROCESSES";
+    /// Each sampled Python thread's `PyThreadState`, as last found
+    /// (pid_tgid -> address), checked by its `native_thread_id` before use.
+    pub const PYTHON_THREADS: &str = "PYTHON_THREADS";
     /// Every map. The eBPF side must spell them in `#[map(name = ...)]`
     /// literals (the macro takes no path); a unit test of the profiler
     /// checks the built object has each of these.
-    pub const ALL: [&str; 11] = [
+    pub const ALL: [&str; 13] = [
+        PYTHON_PROCESSES,
+        PYTHON_THREADS,
         MAP_CALLS,
         FAST_PATHS,
         EVENTS,
@@ -197,10 +205,13 @@ pub enum EventKind {
     Unmapped = 11,
     /// A [`RemapEvent`]: a watched process moved or resized a mapping.
     Remapped = 12,
+    /// A [`python::PythonStackEvent`]: the Python frames of the sampled
+    /// call whose record comes next from the same thread.
+    PythonStack = 13,
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 12] = [
+    pub const ALL: [EventKind; 13] = [
         EventKind::Alloc,
         EventKind::AllocReturn,
         EventKind::Free,
@@ -213,6 +224,7 @@ impl EventKind {
         EventKind::Mapped,
         EventKind::Unmapped,
         EventKind::Remapped,
+        EventKind::PythonStack,
     ];
 
     /// The kind a header's `kind` field names; `None` for one this build
@@ -539,10 +551,13 @@ pub enum Counter {
     /// Mappings told without their stack copy because the ring buffer was
     /// busy.
     MappingStacksSkipped = 13,
+    /// Samples of a Python process sent without their Python frames: the
+    /// ring buffer had no room for them.
+    PythonStacksLost = 14,
 }
 
 impl Counter {
-    pub const COUNT: u32 = 14;
+    pub const COUNT: u32 = 15;
     pub const ALL: [Counter; Self::COUNT as usize] = [
         Counter::AllocCalls,
         Counter::SampledCalls,
@@ -558,10 +573,13 @@ impl Counter {
         Counter::SmallStackCopies,
         Counter::MappingEventsLost,
         Counter::MappingStacksSkipped,
+        Counter::PythonStacksLost,
     ];
 }
 
 pub mod cookie;
+
+pub mod python;
 
 pub mod sampled_slots;
 
@@ -577,6 +595,7 @@ mod pod {
     unsafe impl aya::Pod for FastPathConfig {}
     unsafe impl aya::Pod for PendingCall {}
     unsafe impl aya::Pod for LiveKey {}
+    unsafe impl aya::Pod for python::PythonProcess {}
 }
 
 #[cfg(test)]

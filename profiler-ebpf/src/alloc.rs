@@ -21,7 +21,8 @@ use profiler_common::{
 
 use crate::{
     maps::{COPY_STACK, EVENTS, FP_TRUSTED, PENDING, RING_BUSY_BYTES},
-    sampling::{Args, Thread, count, count_hit, draw_countdown, header, probe_cookie},
+    python,
+    sampling::{Args, Thread, count, count_hit, draw_countdown, header_at, now, probe_cookie},
     slow_path::{counters, small_usable_size},
 };
 
@@ -145,16 +146,36 @@ pub(crate) fn record_allocation(
             core::ptr::read_volatile(&RING_BUSY_BYTES),
         )
     };
-    let sizes = (size, align, window);
-    if copy && (thread.past_entry || !frame_pointers_suffice(id)) {
+    // Sent first, and stamped as the call's record: userspace meets the
+    // thread's Python frames before the call they belong to.
+    let stamp = now();
+    python::send_python_stack(id, stamp, cookie::probe_index(probe_cookie(ctx)));
+    let call = (size, align, window, stamp);
+    let sent = send_alloc(ctx, thread, call, (copy, busy_bytes));
+    if !sent {
+        let _ = PENDING.remove(id);
+    }
+    sent
+}
+
+/// Sends a sampled call's record: with a stack copy where wanted and the
+/// ring has room, without one otherwise; false if nothing could be sent.
+#[inline(always)]
+fn send_alloc(
+    ctx: &ProbeContext,
+    thread: &Thread,
+    call: (u64, u64, u64, u64),
+    (copy, busy_bytes): (bool, u64),
+) -> bool {
+    if copy && (thread.past_entry || !frame_pointers_suffice(thread.id)) {
         let queued = EVENTS.query(BPF_RB_AVAIL_DATA as u64);
-        if queued <= busy_bytes && send_with_stack::<STACK_COPY_BYTES>(ctx, thread, sizes) {
+        if queued <= busy_bytes && send_with_stack::<STACK_COPY_BYTES>(ctx, thread, call) {
             return true;
         }
         // Busy: a small copy still unwinds the frames nearest the call,
         // until the ring is three quarters full.
         if queued <= busy_bytes + busy_bytes / 2
-            && send_with_stack::<SMALL_STACK_COPY_BYTES>(ctx, thread, sizes)
+            && send_with_stack::<SMALL_STACK_COPY_BYTES>(ctx, thread, call)
         {
             count(Counter::SmallStackCopies);
             return true;
@@ -163,11 +184,10 @@ pub(crate) fn record_allocation(
     }
     let Some(mut entry) = EVENTS.reserve::<AllocEvent>(0) else {
         count(Counter::RingBufferFull);
-        let _ = PENDING.remove(id);
         return false;
     };
     // SAFETY: `entry` is reserved ring-buffer memory for an `AllocEvent`.
-    unsafe { fill_alloc(ctx, thread, sizes, EventKind::Alloc, entry.as_mut_ptr()) };
+    unsafe { fill_alloc(ctx, thread, call, EventKind::Alloc, entry.as_mut_ptr()) };
     entry.submit(0);
     true
 }
@@ -178,7 +198,7 @@ pub(crate) fn record_allocation(
 fn send_with_stack<const N: usize>(
     ctx: &ProbeContext,
     thread: &Thread,
-    sizes: (u64, u64, u64),
+    call: (u64, u64, u64, u64),
 ) -> bool {
     let Some(mut entry) = EVENTS.reserve::<AllocStackEvent<N>>(0) else {
         return false;
@@ -193,7 +213,7 @@ fn send_with_stack<const N: usize>(
     // size; written in place, too big for the BPF stack.
     unsafe {
         let sp = (*ctx.regs).rsp;
-        fill_alloc(ctx, thread, sizes, kind, addr_of_mut!((*event).alloc));
+        fill_alloc(ctx, thread, call, kind, addr_of_mut!((*event).alloc));
         let buffer = addr_of_mut!((*event).stack_copy) as *mut u8;
         let copied = if N == STACK_COPY_BYTES {
             copy_stack(buffer, sp)
@@ -232,7 +252,7 @@ pub(crate) fn frame_pointers_suffice(id: u64) -> bool {
 pub(crate) unsafe fn fill_alloc(
     ctx: &ProbeContext,
     thread: &Thread,
-    (size, align, window): (u64, u64, u64),
+    (size, align, window, stamp): (u64, u64, u64, u64),
     kind: EventKind,
     event: *mut AllocEvent,
 ) {
@@ -245,7 +265,8 @@ pub(crate) unsafe fn fill_alloc(
         addr_of_mut!((*event).hijacked_slot).write((*thread.state).resize_slot);
         addr_of_mut!((*event).hijacked_return).write((*thread.state).resize_return);
         let id = thread.id;
-        addr_of_mut!((*event).header).write(header(kind, id, cookie::probe_index(cookie)));
+        let probe = cookie::probe_index(cookie);
+        addr_of_mut!((*event).header).write(header_at(kind, id, probe, stamp));
         addr_of_mut!((*event).size).write(size);
         addr_of_mut!((*event).align).write(align);
         addr_of_mut!((*event).window).write(window);

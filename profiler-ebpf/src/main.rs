@@ -16,6 +16,7 @@
 mod alloc;
 mod mapped;
 mod maps;
+mod python;
 mod release;
 mod sampled;
 mod sampling;

@@ -8,7 +8,8 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
 };
 use profiler_common::{
-    FastPathConfig, FastPathKey, LiveKey, MapCall, PendingCall, ThreadState, sampling,
+    FastPathConfig, FastPathKey, LiveKey, MapCall, PendingCall, ThreadState, python::PythonProcess,
+    sampling,
 };
 
 #[map(name = "EVENTS")]
@@ -49,6 +50,13 @@ pub static MAP_CALLS: LruHashMap<u64, MapCall> = LruHashMap::with_max_entries(40
 
 #[map(name = "FAST_PATHS")]
 pub static FAST_PATHS: HashMap<FastPathKey, FastPathConfig> = HashMap::with_max_entries(4096, 0);
+
+#[map(name = "PYTHON_PROCESSES")]
+pub static PYTHON_PROCESSES: HashMap<u32, PythonProcess> = HashMap::with_max_entries(4096, 0);
+
+/// LRU: a thread that exited leaves its entry behind.
+#[map(name = "PYTHON_THREADS")]
+pub static PYTHON_THREADS: LruHashMap<u64, u64> = LruHashMap::with_max_entries(16384, 0);
 
 /// Set by userspace (`globals::TASK_FSBASE`): 0 when unknown.
 #[unsafe(no_mangle)]

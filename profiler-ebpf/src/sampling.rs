@@ -94,14 +94,26 @@ pub(crate) fn draw_countdown() -> i64 {
 
 #[inline(always)]
 pub(crate) fn header(kind: EventKind, id: u64, probe: u32) -> EventHeader {
+    header_at(kind, id, probe, now())
+}
+
+/// A header stamped `time_ns` (records that userspace pairs by it).
+#[inline(always)]
+pub(crate) fn header_at(kind: EventKind, id: u64, probe: u32, time_ns: u64) -> EventHeader {
     EventHeader {
         kind: kind as u32,
         tid: id as u32,
         pid: (id >> 32) as u32,
         probe,
-        // SAFETY: plain helper call.
-        time_ns: unsafe { bpf_ktime_get_ns() },
+        time_ns,
     }
+}
+
+/// `bpf_ktime_get_ns()`: CLOCK_MONOTONIC.
+#[inline(always)]
+pub(crate) fn now() -> u64 {
+    // SAFETY: plain helper call.
+    unsafe { bpf_ktime_get_ns() }
 }
 
 #[inline(always)]

@@ -6,7 +6,8 @@
 //! [`proc`] reads processes (maps, roots), [`binary`] reads ELF files and
 //! decodes their code, [`discover`] finds allocators and
 //! where to probe them, [`kernel`] loads and attaches the eBPF programs and
-//! decodes their events, [`stacks`] unwinds sampled stacks, [`collect`]
+//! decodes their events, [`stacks`] unwinds sampled stacks, [`python`] puts
+//! a CPython process's Python frames among them, [`collect`]
 //! keeps live samples and per-stack estimates, [`symbolize`] names frames,
 //! [`account`] says whose a process's resident memory is, [`output`] writes profiles (and reads `heap_v2` back), [`offline`]
 //! reads written profiles back (report, diff, leaks, convert), [`serve`]
@@ -25,6 +26,7 @@ pub mod offline;
 pub mod output;
 pub(crate) mod proc;
 pub(crate) mod profile;
+pub(crate) mod python;
 pub mod run;
 pub(crate) mod serve;
 pub(crate) mod stacks;

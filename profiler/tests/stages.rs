@@ -4,7 +4,7 @@
 use std::{collections::BTreeSet, fs, path::Path};
 
 /// Earliest first; `error` gathers every area's errors for the run.
-const STAGES: [&str; 17] = [
+const STAGES: [&str; 18] = [
     "units",
     "clock",
     "proc",
@@ -13,6 +13,7 @@ const STAGES: [&str; 17] = [
     "discover",
     "kernel",
     "stacks",
+    "python",
     "collect",
     "symbolize",
     "account",

@@ -456,3 +456,104 @@ pub fn java_command_with(main_class: &str, flags: &[&str]) -> Command {
         .arg(main_class);
     command
 }
+
+/// Debian 12's CPython, which the Python fixture runs.
+pub const PYTHON: &str = "/usr/bin/python3.11";
+
+/// A virtualenv (seeing Debian's numpy) with the fixture's C extension
+/// built into its site-packages, as `pip install` would put it.
+pub fn python_venv() -> PathBuf {
+    build_once("python-venv", |venv| {
+        let made = Command::new(PYTHON)
+            .args(["-m", "venv", "--system-site-packages", "--without-pip"])
+            .arg(venv)
+            .status()
+            .expect("running python3.11 -m venv");
+        assert!(made.success(), "making the virtualenv failed");
+        let site = venv.join("lib/python3.11/site-packages");
+        let suffix = Command::new(PYTHON)
+            .args([
+                "-c",
+                "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))",
+            ])
+            .output()
+            .expect("asking python3.11 for its extension suffix");
+        let suffix = String::from_utf8_lossy(&suffix.stdout).trim().to_owned();
+        let mut command = Command::new("cc");
+        command
+            .args(C_FLAGS)
+            .args(["-shared", "-fPIC", "-I/usr/include/python3.11", "-o"])
+            .arg(site.join(format!("alloc_ext{suffix}")))
+            .arg(fixture_source("python/alloc_ext.c"))
+            .arg("-lpthread");
+        command
+    })
+}
+
+/// The Python fixture, run by the virtualenv's interpreter.
+pub fn python_fixture() -> Command {
+    let mut command = Command::new(python_venv().join("bin/python"));
+    command.arg(fixture_source("python/fixture.py"));
+    command
+}
+
+/// The line of `site` in the Python fixture (its `# site: NAME` comment).
+pub fn python_site_line(site: &str) -> usize {
+    let source = std::fs::read_to_string(fixture_source("python/fixture.py")).unwrap();
+    let marker = format!("# site: {site}");
+    source
+        .lines()
+        .position(|l| l.ends_with(&marker))
+        .unwrap_or_else(|| panic!("no {marker:?} in fixture.py"))
+        + 1
+}
+
+/// A Python of a later Debian suite, unpacked by `cargo xtask test`
+/// (given as `MEMPROBE_PYTHON_3_13`...): its root.
+pub fn other_python_root(version: &str) -> PathBuf {
+    let variable = format!("MEMPROBE_PYTHON_{}", version.replace('.', "_"));
+    let root = std::env::var_os(&variable)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join(format!("target/python{version}/root")));
+    let interpreter = root.join(format!("usr/bin/python{version}"));
+    assert!(
+        interpreter.exists(),
+        "no {}: `cargo xtask test` unpacks it",
+        interpreter.display()
+    );
+    root
+}
+
+/// The Python fixture run by Python `version` of a later suite, through
+/// that suite's loader and glibc; with the C extension built against its
+/// headers where `with_extension`.
+pub fn other_python_fixture(version: &str, with_extension: bool) -> Command {
+    let root = other_python_root(version);
+    let libraries = root.join("usr/lib/x86_64-linux-gnu");
+    let mut command = Command::new(libraries.join("ld-linux-x86-64.so.2"));
+    command
+        .arg("--library-path")
+        .arg(&libraries)
+        .arg(root.join(format!("usr/bin/python{version}")))
+        .arg(fixture_source("python/fixture.py"));
+    if with_extension {
+        let extension = build_once(&format!("python{version}-extension"), |dir| {
+            std::fs::create_dir_all(dir).unwrap();
+            let mut command = Command::new("cc");
+            command
+                .args(C_FLAGS)
+                .args(["-shared", "-fPIC", "-I"])
+                .arg(root.join(format!("usr/include/python{version}")))
+                // pyconfig.h, behind Debian 12's own system headers.
+                .arg("-idirafter")
+                .arg(root.join("usr/include"))
+                .arg("-o")
+                .arg(dir.join("alloc_ext.so"))
+                .arg(fixture_source("python/alloc_ext.c"))
+                .arg("-lpthread");
+            command
+        });
+        command.env("PYTHONPATH", extension);
+    }
+    command
+}

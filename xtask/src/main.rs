@@ -4,6 +4,7 @@ mod bench;
 mod demo;
 mod dist;
 mod kernels;
+mod pythons;
 mod setup;
 mod soak;
 
@@ -173,6 +174,8 @@ fn test(filter: Option<&str>) -> Result<()> {
     build_release()?;
     eprintln!("xtask: the .deb");
     let deb = dist::deb()?;
+    eprintln!("xtask: Pythons of later Debian suites");
+    let pythons = pythons::unpack_all()?;
     eprintln!("xtask: tests");
     let binary = release_binary();
     let mut command = cargo();
@@ -185,7 +188,9 @@ fn test(filter: Option<&str>) -> Result<()> {
             "profiler-ebpf",
         ])
         .env("MEMPROBE_BIN", &binary)
-        .env("MEMPROBE_DEB", &deb);
+        .env("MEMPROBE_DEB", &deb)
+        .env("MEMPROBE_PYTHON_3_13", &pythons[0])
+        .env("MEMPROBE_PYTHON_3_14", &pythons[1]);
     if let Some(filter) = filter {
         command.arg(filter);
     }

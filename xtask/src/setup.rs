@@ -26,6 +26,9 @@ const PACKAGES: &[&str] = &[
     "openjdk-17-jdk-headless",
     "perl",
     "prometheus",
+    "python3-dev",
+    "python3-numpy",
+    "python3-venv",
     "util-linux",
 ];
 

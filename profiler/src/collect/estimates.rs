@@ -54,6 +54,7 @@ impl ProcessHeap {
         };
         HeapProfile {
             jit_symbols: Vec::new(),
+            python_frames: Vec::new(),
             memory: None,
             account: None,
             pid: self.pid,

@@ -5,6 +5,7 @@ use profiler_common::{
     AllocEvent, AllocReturnEvent, AllocStackEvent, EventHeader, EventKind, FreeEvent,
     MAX_STACK_DEPTH, MappingEvent, RemapEvent, ResizeEvent, SMALL_STACK_COPY_BYTES,
     STACK_COPY_BYTES, UserRegs,
+    python::{MAX_PYTHON_FRAMES, PythonFrame, PythonStackEvent},
 };
 
 /// One ring-buffer record, decoded.
@@ -41,6 +42,11 @@ pub enum Event {
         header: EventHeader,
         addr: u64,
         len: u64,
+    },
+    /// The Python frames of the thread's next sampled call, innermost first.
+    PythonStack {
+        header: EventHeader,
+        frames: Vec<PythonFrame>,
     },
     /// The process moved or resized a mapping with `mremap`.
     Remapped {
@@ -94,6 +100,7 @@ impl Event {
             | Event::Restored { header, .. }
             | Event::Resized { header, .. }
             | Event::MappedCode { header }
+            | Event::PythonStack { header, .. }
             | Event::Unmapped { header, .. }
             | Event::Remapped { header, .. } => header,
             Event::Mapped(mapping) => &mapping.stack.header,
@@ -181,6 +188,15 @@ pub fn decode(bytes: &[u8]) -> Option<Event> {
                 len: event.len,
                 new_addr: event.new_addr,
                 new_len: event.new_len,
+            }
+        }
+        EventKind::PythonStack => {
+            // Boxed: a record is some 1 KiB.
+            let event: Box<PythonStackEvent> = Box::new(read(bytes)?);
+            let count = (event.count as usize).min(MAX_PYTHON_FRAMES);
+            Event::PythonStack {
+                header,
+                frames: event.frames[..count].to_vec(),
             }
         }
         EventKind::Resize => {

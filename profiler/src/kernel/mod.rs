@@ -31,7 +31,7 @@ use aya::{
     Ebpf,
     maps::{HashMap, MapData, RingBuf},
 };
-use profiler_common::{FastPathConfig, FastPathKey, maps};
+use profiler_common::{FastPathConfig, FastPathKey, maps, python::PythonProcess};
 
 use crate::{
     binary::placement::Placement, kernel::error::Result, kernel::uprobe_multi::MultiPrograms,
@@ -236,6 +236,27 @@ impl KernelProbes {
             instance: u32::from(instance),
         };
         table.insert(key, config, 0).is_ok()
+    }
+
+    /// Has the kernel walk `pid`'s Python frames with each of its samples;
+    /// false if its table is full.
+    pub fn watch_python(&mut self, pid: u32, process: PythonProcess) -> bool {
+        let Some(map) = self.ebpf.map_mut(maps::PYTHON_PROCESSES) else {
+            return false;
+        };
+        let Ok(mut table) = HashMap::<_, u32, PythonProcess>::try_from(map) else {
+            return false;
+        };
+        table.insert(pid, process, 0).is_ok()
+    }
+
+    /// Takes `pid` out of the Python table, once it exited or was detached.
+    pub fn forget_python(&mut self, pid: u32) {
+        if let Some(map) = self.ebpf.map_mut(maps::PYTHON_PROCESSES)
+            && let Ok(mut table) = HashMap::<_, u32, PythonProcess>::try_from(map)
+        {
+            let _ = table.remove(&pid);
+        }
     }
 
     /// Takes `pid`'s copies out of the slow-path program's table, once it

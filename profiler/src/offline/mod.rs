@@ -79,11 +79,10 @@ pub fn leaks_of<W: Write>(
         .last()
         .map(|s| s.mapped_libraries.as_str())
         .unwrap_or("");
-    let symbols = snapshots
-        .last()
-        .map(|s| s.symbols.clone())
-        .unwrap_or_default();
-    let mut namer = binaries.namer(maps).with_symbols(&symbols);
+    let mut namer = match snapshots.last() {
+        Some(last) => namer_for(last, binaries),
+        None => binaries.namer(maps),
+    };
     let mut out = out;
     write_leak_report(&sites, most, |f| namer.site(f, SITE_DEPTH), &mut out)
         .map_err(OfflineError::Output)?;
@@ -141,6 +140,7 @@ fn namer_for(heap: &ParsedHeap, binaries: &Binaries) -> Namer {
     binaries
         .namer(&heap.mapped_libraries)
         .with_symbols(&heap.symbols)
+        .with_python(&heap.python_frames)
 }
 
 /// `memprobe report FILE`: jeprof --text's table, computed here.
@@ -196,6 +196,7 @@ pub fn convert<W: Write>(
         mapped_libraries: heap.mapped_libraries.clone(),
         notes: heap.notes.clone(),
         jit_symbols: Vec::new(),
+        python_frames: heap.python_frames.clone(),
         memory: None,
         account: None,
     };

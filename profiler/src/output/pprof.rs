@@ -307,7 +307,7 @@ impl Tables {
             frames
                 .into_iter()
                 .map(|frame| Line {
-                    function_id: self.function(frame.name(), frame.file().map(str::to_owned)),
+                    function_id: self.function(frame.function(), frame.file().map(str::to_owned)),
                     line: frame.line().map_or(0, i64::from),
                 })
                 .collect()
@@ -352,6 +352,7 @@ mod tests {
     fn decodes_back_with_four_sample_types_and_names() {
         let profile = HeapProfile {
             jit_symbols: Vec::new(),
+            python_frames: Vec::new(),
             memory: None,
             account: None,
             pid: 1,

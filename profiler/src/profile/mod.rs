@@ -37,10 +37,22 @@ pub struct HeapProfile {
     /// the time anyone reads the profile), keyed by the address as looked
     /// up (return address - 1).
     pub jit_symbols: Vec<(u64, String)>,
+    /// The Python frames in the stacks, keyed by the address as looked up
+    /// (return address - 1): each stands for a function, file and line.
+    pub python_frames: Vec<(u64, PythonFrameName)>,
     /// What the kernel said of its memory, where read (a live process).
     pub memory: Option<MemoryReading>,
     /// That memory accounted for, once its mappings' stacks are named.
     pub account: Option<MemoryAccount>,
+}
+
+/// A Python frame as a profile names it: the function (its qualified
+/// name), its file and the line it was running.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PythonFrameName {
+    pub function: String,
+    pub file: String,
+    pub line: u32,
 }
 
 impl HeapProfile {
@@ -78,4 +90,7 @@ pub struct Drops {
     /// Samples walked by frame pointers alone because the process's walks
     /// had proved as good as DWARF's.
     pub trusted_frame_pointers: u64,
+    /// Samples of a Python process left with their native frames alone:
+    /// too many distinct Python frames (function, file, line) to name.
+    pub python_frames_dropped: u64,
 }

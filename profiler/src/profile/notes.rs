@@ -25,6 +25,8 @@ pub struct ProfileNotes {
     pub malloc_sampling: Option<String>,
     /// Whether frees were followed (`--track allocations`, the budget).
     pub tracking: Option<String>,
+    /// The CPython it runs, and whether its frames were read.
+    pub python: Option<String>,
     /// Periodic snapshots skipped while earlier ones were written.
     pub skipped_snapshots: Option<u64>,
     /// Samples taken, and what was lost or how stacks were walked.
@@ -49,6 +51,7 @@ impl ProfileNotes {
             ("allocator", self.allocator.clone()),
             ("malloc_sampling", self.malloc_sampling.clone()),
             ("tracking", self.tracking.clone()),
+            ("python", self.python.clone()),
             (
                 "skipped_snapshots",
                 self.skipped_snapshots.map(|n| n.to_string()),
@@ -79,6 +82,7 @@ impl ProfileNotes {
             "allocator" => self.allocator = text(),
             "malloc_sampling" => self.malloc_sampling = text(),
             "tracking" => self.tracking = text(),
+            "python" => self.python = text(),
             "skipped_snapshots" => self.skipped_snapshots = value.parse().ok(),
             "memprobe_samples" => self.samples = value.parse().ok(),
             "delta_seconds" => self.delta_seconds = value.parse().ok(),
@@ -90,7 +94,7 @@ impl ProfileNotes {
     }
 
     /// Each drop counter and its note's key.
-    fn drop_counts(&self) -> [(&'static str, u64); 9] {
+    fn drop_counts(&self) -> [(&'static str, u64); 10] {
         let d = &self.drops;
         [
             ("dropped_live_table_full", d.live_table_full),
@@ -102,6 +106,7 @@ impl ProfileNotes {
             ("stacks_unwound_by_dwarf", d.dwarf_unwound),
             ("stacks_truncated", d.truncated_stacks),
             ("stacks_by_trusted_frame_pointers", d.trusted_frame_pointers),
+            ("python_frames_dropped", d.python_frames_dropped),
         ]
     }
 
@@ -117,6 +122,7 @@ impl ProfileNotes {
             "stacks_unwound_by_dwarf" => &mut d.dwarf_unwound,
             "stacks_truncated" => &mut d.truncated_stacks,
             "stacks_by_trusted_frame_pointers" => &mut d.trusted_frame_pointers,
+            "python_frames_dropped" => &mut d.python_frames_dropped,
             _ => return None,
         })
     }
@@ -134,8 +140,10 @@ mod tests {
             snapshot: Some(3),
             elapsed_s: Some(12.5),
             samples: Some(42),
+            python: Some("3.11.2 (/usr/bin/python3.11), frames read".into()),
             drops: Drops {
                 stack_errors: 2,
+                python_frames_dropped: 1,
                 ..Drops::default()
             },
             other: vec![("from_elsewhere".into(), "1".into())],

@@ -129,6 +129,12 @@ impl Session<'_> {
                 ptr,
             },
             Event::Resized { ptr, new_size, .. } => HeapEvent::Resized { ptr, new_size },
+            Event::PythonStack { header, frames } => {
+                if let Some(python) = self.tracked.get_mut(&pid).and_then(|t| t.python.as_mut()) {
+                    python.hold(header.tid, header.time_ns, frames);
+                }
+                return None;
+            }
             Event::MappedCode { .. } => return None,
         })
     }
@@ -143,6 +149,11 @@ impl Session<'_> {
             t.set_maps(read_maps(pid).ok());
         }
         let trusted = t.stacks.complete(&mut sample, fast_path, &mut t.heap.drops);
+        if let Some(python) = &mut t.python {
+            let header = &sample.header;
+            let call = (header.tid, header.time_ns);
+            python.complete(call, &mut sample.frames, &mut t.heap.drops);
+        }
         let mut finished = Sample {
             tid: sample.header.tid,
             size: sample.size,

@@ -97,7 +97,7 @@ impl Session<'_> {
         if t.memory.is_none() || self.snapshots.writer.busy_with(pid) {
             return;
         }
-        let mut profile = t.heap.snapshot(t.maps.clone());
+        let mut profile = t.profile();
         profile.memory = t.memory.clone();
         self.snapshots.writer.submit(Job {
             pid,

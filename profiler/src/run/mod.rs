@@ -12,6 +12,7 @@ mod notice;
 mod options;
 mod process;
 mod publish;
+mod python;
 mod sampling;
 mod scope;
 mod snapshots;

@@ -39,6 +39,15 @@ pub(in crate::run) enum TargetNotice {
         file: String,
         missing: Vec<String>,
     },
+    /// A process runs CPython: its samples carry their Python frames where
+    /// memprobe reads its version (`--verbose`), its native ones alone
+    /// where not.
+    Python {
+        pid: u32,
+        version: String,
+        path: String,
+        read: bool,
+    },
     /// No allocation call through any allocator found, for a while.
     Silent {
         pid: u32,
@@ -119,15 +128,15 @@ impl Notice {
     fn verbose_only(&self) -> bool {
         matches!(
             self,
-            Notice::Targets(TargetNotice::FoundByCode { .. })
-                | Notice::Sampling(
-                    SamplingNotice::Sampling { .. }
-                        | SamplingNotice::OwnProfilerUnused { .. }
-                        | SamplingNotice::WindowsStarted { .. }
-                        | SamplingNotice::WindowsRarer { .. }
-                        | SamplingNotice::EveryCallAgain { .. }
-                )
-                | Notice::Cost(CostNotice::ProbeCosts(_))
+            Notice::Targets(
+                TargetNotice::FoundByCode { .. } | TargetNotice::Python { read: true, .. }
+            ) | Notice::Sampling(
+                SamplingNotice::Sampling { .. }
+                    | SamplingNotice::OwnProfilerUnused { .. }
+                    | SamplingNotice::WindowsStarted { .. }
+                    | SamplingNotice::WindowsRarer { .. }
+                    | SamplingNotice::EveryCallAgain { .. }
+            ) | Notice::Cost(CostNotice::ProbeCosts(_))
         )
     }
 }
@@ -168,6 +177,22 @@ fn whose(pid: Option<u32>) -> String {
 impl fmt::Display for TargetNotice {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            Self::Python {
+                pid,
+                version,
+                path,
+                read: true,
+            } => write!(
+                f,
+                "pid {pid} runs Python {version} ({path}): its stacks show their Python lines"
+            ),
+            Self::Python {
+                pid, version, path, ..
+            } => write!(
+                f,
+                "pid {pid} runs Python {version} ({path}), whose frames memprobe cannot read \
+                 (it reads 3.11 and 3.13): its stacks stay native"
+            ),
             Self::Loaded {
                 pid,
                 copies,

@@ -5,7 +5,8 @@ use crate::{
     collect::{CollectorOptions, ProcessHeap, mappings::Mappings},
     discover::AllocatorKind,
     proc::{FileId, Mapping, command_name, namespace_pid, parse_maps},
-    profile::MemoryReading,
+    profile::{HeapProfile, MemoryReading},
+    python::ProcessPython,
     stacks::ProcessStacks,
 };
 
@@ -36,6 +37,8 @@ pub(super) struct Tracked {
     pub allocator_calls: Vec<(String, Option<u64>)>,
     /// How allocator copies were found where no symbol named them.
     pub found_notes: Vec<String>,
+    /// Its CPython, where it runs one: its samples' Python frames.
+    pub python: Option<ProcessPython>,
 }
 
 impl Tracked {
@@ -55,9 +58,21 @@ impl Tracked {
             silence_reported: false,
             allocator_calls: Vec::new(),
             found_notes: Vec::new(),
+            python: None,
         };
         tracked.set_maps(Some(maps));
         tracked
+    }
+
+    /// Its heap profile now, with the names of the Python frames in it.
+    pub fn profile(&self) -> HeapProfile {
+        let mut profile = self.heap.snapshot(self.maps.clone());
+        if let Some(python) = &self.python {
+            let frames = profile.stacks.iter().flat_map(|s| &s.frames);
+            profile.python_frames = python.names_in(frames);
+            profile.notes.python = Some(python.note());
+        }
+        profile
     }
 
     /// Its mappings as last read.

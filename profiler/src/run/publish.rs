@@ -107,10 +107,7 @@ impl Session<'_> {
 
     /// A profile an endpoint asked for: the current estimates, copied.
     pub(super) fn answer(&mut self, request: SnapshotRequest) {
-        let profile = self
-            .tracked
-            .get(&request.pid)
-            .map(|t| t.heap.snapshot(t.maps.clone()));
+        let profile = self.tracked.get(&request.pid).map(|t| t.profile());
         let _ = request.reply.send(profile);
     }
 }

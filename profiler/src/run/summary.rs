@@ -160,6 +160,10 @@ fn kernel_drops_line(counters: &KernelCounters) -> Option<String> {
             Counter::StackCopiesSkipped,
             "sent without a stack copy (ring buffer three quarters full; frame pointers only)",
         ),
+        (
+            Counter::PythonStacksLost,
+            "sent without their Python frames (ring buffer full)",
+        ),
     ];
     let dropped: Vec<String> = kernel_drops
         .iter()

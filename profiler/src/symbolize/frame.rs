@@ -1,6 +1,8 @@
 //! What is at an address, as a profile names it.
 use blazesym::symbolize::CodeInfo;
 
+use crate::profile::PythonFrameName;
+
 /// What is at an address: a function (with the source line the address is
 /// at within it, where debug info says), or nothing anyone could name,
 /// which is data too: written as `file+0xOFFSET` (the file offset, as
@@ -18,6 +20,8 @@ pub enum Frame {
         /// The mapped file's name and the address's offset in it.
         place: Option<(String, u64)>,
     },
+    /// A Python function, at a line of its file.
+    Python(PythonFrameName),
 }
 
 impl Frame {
@@ -52,10 +56,16 @@ impl Frame {
             )
     }
 
-    /// The name as written in every output.
+    /// The name as written in every output: a Python frame's with its
+    /// file's name and line first ("fixture.py:42 build_index"), as a
+    /// traceback places it.
     pub fn name(&self) -> String {
         match self {
             Self::Function { name, .. } => name.clone(),
+            Self::Python(frame) => {
+                let file = frame.file.rsplit('/').next().unwrap_or(&frame.file);
+                format!("{file}:{} {}", frame.line, frame.function)
+            }
             Self::Unknown {
                 place: Some((file, offset)),
                 ..
@@ -64,9 +74,18 @@ impl Frame {
         }
     }
 
+    /// The function alone, as pprof names it (its line is the location's).
+    pub fn function(&self) -> String {
+        match self {
+            Self::Python(frame) => frame.function.clone(),
+            _ => self.name(),
+        }
+    }
+
     pub fn file(&self) -> Option<&str> {
         match self {
             Self::Function { file, .. } => file.as_deref(),
+            Self::Python(frame) => Some(&frame.file),
             Self::Unknown { .. } => None,
         }
     }
@@ -74,6 +93,7 @@ impl Frame {
     pub fn line(&self) -> Option<u32> {
         match self {
             Self::Function { line, .. } => *line,
+            Self::Python(frame) => Some(frame.line),
             Self::Unknown { .. } => None,
         }
     }

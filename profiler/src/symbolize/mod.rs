@@ -16,6 +16,7 @@ use crate::{
     discover::debug_files::DebugFile,
     discover::entry_points::{C_ENTRY_POINTS, CXX_ENTRY_POINTS},
     proc::{Mapping, parse_maps},
+    profile::PythonFrameName,
     symbolize::allocator_code::AllocatorCode,
 };
 
@@ -86,6 +87,22 @@ impl Namer {
             (*a, frames)
         }));
         self
+    }
+
+    /// Names the Python frames of a profile (keyed as looked up).
+    pub fn with_python(mut self, frames: &[(u64, PythonFrameName)]) -> Self {
+        self.add_python(frames);
+        self
+    }
+
+    /// As [`with_python`](Self::with_python), for a namer kept between
+    /// profiles: a Python frame's address names the same frame for the
+    /// whole run.
+    pub fn add_python(&mut self, frames: &[(u64, PythonFrameName)]) {
+        let named = frames
+            .iter()
+            .map(|(a, f)| (*a, vec![Frame::Python(f.clone())]));
+        self.cache.extend(named);
     }
 
     /// The functions at `address`, innermost inlined one first, the
@@ -190,15 +207,28 @@ impl Namer {
     /// "leaf < caller < ..." for the first `depth` frames of a stack,
     /// allocator frames cut off first: jemalloc's own dumps start inside
     /// jemalloc.
+    /// A stack that runs Python names its innermost Python frame too,
+    /// after "…" where it lies deeper: the line of the program that asked.
     pub fn site(&mut self, frames: &[u64], depth: usize) -> String {
-        let mut names = self.stack(frames);
-        names.truncate(depth);
+        let named = self.named_stack(frames);
+        let python = named.iter().position(|f| matches!(f, Frame::Python(_)));
+        let mut names: Vec<String> = named.iter().take(depth).map(Frame::name).collect();
+        if let Some(at) = python.filter(|&at| at >= depth) {
+            names.truncate(depth.saturating_sub(1));
+            names.push("…".into());
+            names.push(named[at].name());
+        }
         names.join(" < ")
     }
 
     /// Names of a stack of return addresses, leaf first, each looked up at
     /// its call instruction (return address - 1), allocator frames cut off.
     pub fn stack(&mut self, frames: &[u64]) -> Vec<String> {
+        self.named_stack(frames).iter().map(Frame::name).collect()
+    }
+
+    /// As [`stack`](Self::stack), the frames themselves.
+    fn named_stack(&mut self, frames: &[u64]) -> Vec<Frame> {
         let named: Vec<(u64, Frame)> = frames
             .iter()
             .flat_map(|&f| {
@@ -211,11 +241,7 @@ impl Namer {
             .take_while(|(address, frame)| self.is_allocator_frame(*address, frame))
             .count();
         let skip = if skip == named.len() { 0 } else { skip };
-        named
-            .into_iter()
-            .skip(skip)
-            .map(|(_, f)| f.name())
-            .collect()
+        named.into_iter().skip(skip).map(|(_, f)| f).collect()
     }
 
     /// A frame of the allocator itself: named as one of its functions, or

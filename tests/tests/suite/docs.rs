@@ -105,6 +105,16 @@ impl Drop for Target {
     }
 }
 
+/// The Python fixture, waiting (its stdin kept open by its `Child`).
+fn python_target() -> Target {
+    let python = python_fixture()
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    Target(python)
+}
+
 /// The server fixture and a JVM running one like it, each for ten minutes.
 fn targets() -> (Target, Target) {
     let server = Command::new(server_fixture())
@@ -201,14 +211,15 @@ fn every_command_in_the_docs_runs() {
     // `--all` on the fleet page, and a port of its own.
     let _guard = exclusive();
     let (server, jvm) = targets();
+    let python = python_target();
     let mut ran = 0;
     let mut left_out = Vec::new();
     for page in pages() {
         let name = page.file_name().unwrap().to_string_lossy().into_owned();
-        let pid = if name == "jvm.md" {
-            jvm.0.id()
-        } else {
-            server.0.id()
+        let pid = match name.as_str() {
+            "jvm.md" => jvm.0.id(),
+            "python.md" => python.0.id(),
+            _ => server.0.id(),
         };
         let folder = output_dir(&format!("docs_{}", name.trim_end_matches(".md")));
         let text = std::fs::read_to_string(&page).unwrap();

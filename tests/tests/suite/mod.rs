@@ -14,6 +14,7 @@ mod overhead;
 mod own_profiler;
 mod package;
 mod price;
+mod python;
 mod stacks;
 mod stripped;
 mod stripped_by_code;

@@ -15,6 +15,10 @@ use crate::profile::{HeapProfile, MemoryAccount, StackEstimate};
 /// The comment lines naming JIT code: `# jit_symbol 0xADDRESS name`.
 pub const JIT_SYMBOL: &str = "jit_symbol";
 
+/// The comment lines naming Python frames:
+/// `# python_frame 0xADDRESS LINE FILE<tab>FUNCTION`.
+pub const PYTHON_FRAME: &str = "python_frame";
+
 /// Writes `profile` in `heap_v2` format.
 pub fn write<W: Write>(profile: &HeapProfile, mut out: W) -> io::Result<()> {
     let interval = profile.sample_interval;
@@ -50,6 +54,15 @@ pub fn write<W: Write>(profile: &HeapProfile, mut out: W) -> io::Result<()> {
     }
     for (address, name) in &profile.jit_symbols {
         writeln!(out, "# {JIT_SYMBOL} 0x{address:x} {name}")?;
+    }
+    for (address, frame) in &profile.python_frames {
+        let file = frame.file.replace(['\t', '\n'], " ");
+        let function = frame.function.replace('\n', " ");
+        writeln!(
+            out,
+            "# {PYTHON_FRAME} 0x{address:x} {} {file}\t{function}",
+            frame.line
+        )?;
     }
     if let Some(account) = &profile.account {
         write_account(&mut out, account)?;
@@ -168,6 +181,31 @@ mod tests {
         assert!(!parsed.notes.other.iter().any(|(k, _)| k.contains("jit")));
     }
 
+    /// Python frames travel in comment lines jeprof skips, a file with a
+    /// space in its path too, and name the frames when read back.
+    #[test]
+    fn python_frames_are_written_and_read_back() {
+        let mut profile = example();
+        let frame = crate::profile::PythonFrameName {
+            function: "Loader.build_index".into(),
+            file: "/srv/my jobs/etl.py".into(),
+            line: 42,
+        };
+        profile.python_frames = vec![(0xffff_f000_0000_0010, frame.clone())];
+        let mut text = Vec::new();
+        write(&profile, &mut text).unwrap();
+        let text = String::from_utf8(text).unwrap();
+        let line = "# python_frame 0xfffff00000000010 42 /srv/my jobs/etl.py\tLoader.build_index\n";
+        assert!(text.contains(line), "{text}");
+        let parsed = read::parse(&text).unwrap();
+        assert_eq!(parsed.python_frames, [(0xffff_f000_0000_0010, frame)]);
+        let mut namer = crate::symbolize::Namer::new("", None).with_python(&parsed.python_frames);
+        assert_eq!(
+            namer.stack(&[0x401001, 0xffff_f000_0000_0011]),
+            ["0x401000", "etl.py:42 Loader.build_index"]
+        );
+    }
+
     /// The memory account travels in comment lines jeprof skips too, and
     /// comes back whole.
     #[test]
@@ -207,6 +245,7 @@ mod tests {
     fn example() -> HeapProfile {
         HeapProfile {
             jit_symbols: Vec::new(),
+            python_frames: Vec::new(),
             memory: None,
             account: None,
             pid: 42,

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use crate::{
     output::heap_v2::{MEMORY, MEMORY_SITE, jeprof_decode},
-    profile::{MemoryAccount, ProfileNotes, SiteMemory},
+    profile::{MemoryAccount, ProfileNotes, PythonFrameName, SiteMemory},
 };
 
 /// A stack as read from a `.heap`, its frames raw return addresses like a
@@ -26,6 +26,8 @@ pub struct ParsedHeap {
     /// Names from a self-symbolized profile's `--- symbol` section, keyed by
     /// the address as jeprof looks it up.
     pub symbols: HashMap<u64, String>,
+    /// The Python frames its stacks hold (`# python_frame` lines).
+    pub python_frames: Vec<(u64, PythonFrameName)>,
     /// The process's memory account, where the snapshot had one.
     pub account: Option<MemoryAccount>,
 }
@@ -154,10 +156,28 @@ fn stack_of(frames: &str, number: usize) -> Result<ParsedStack, ParseError> {
     })
 }
 
+/// " 0xADDRESS LINE FILE<tab>FUNCTION" of a `# python_frame` line.
+fn read_python_frame(text: &str) -> Option<(u64, PythonFrameName)> {
+    let mut parts = text.trim_start().splitn(3, ' ');
+    let address = u64::from_str_radix(parts.next()?.trim_start_matches("0x"), 16).ok()?;
+    let line = parts.next()?.parse().ok()?;
+    let (file, function) = parts.next()?.split_once('\t')?;
+    let frame = PythonFrameName {
+        function: function.to_owned(),
+        file: file.to_owned(),
+        line,
+    };
+    Some((address, frame))
+}
+
 /// A `# ` line: a name memprobe had for JIT code (`# jit_symbol 0xADDRESS
 /// name`), a stack's note (`oldest_live_s`), or, before any stack, the
 /// profile's.
 fn read_note(heap: &mut ParsedHeap, stack: Option<&mut ParsedStack>, note: &str) {
+    if let Some(frame) = note.strip_prefix(crate::output::heap_v2::PYTHON_FRAME) {
+        heap.python_frames.extend(read_python_frame(frame));
+        return;
+    }
     if let Some(jit) = note.strip_prefix(crate::output::heap_v2::JIT_SYMBOL) {
         let mut parts = jit.trim().splitn(2, ' ');
         if let (Some(address), Some(name)) = (parts.next(), parts.next())

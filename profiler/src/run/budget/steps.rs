@@ -92,6 +92,7 @@ impl Session<'_> {
         let detached = self.probes.detach_process(pid);
         self.probes.unwatch_mappings(pid);
         self.probes.forget_fast_paths(pid);
+        self.probes.forget_python(pid);
         // Its last hits, counted between this tick's reading and the
         // detach, belong to this tick: the endpoints then show its final
         // count at once, not one tick later.

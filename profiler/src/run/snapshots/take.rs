@@ -32,6 +32,7 @@ impl Session<'_> {
         self.probes.trust_frame_pointers(pid, false);
         self.probes.unwatch_mappings(pid);
         self.probes.forget_fast_paths(pid);
+        self.probes.forget_python(pid);
         self.snapshot(pid, "process exited", SnapshotKind::Last, Announce::Exited);
         Ok(())
     }
@@ -92,7 +93,7 @@ impl Session<'_> {
             return;
         };
         t.allocator_calls = allocator_calls;
-        let mut profile = t.heap.snapshot(t.maps.clone());
+        let mut profile = t.profile();
         self.note_the_run(pid, reason, &mut profile.notes);
         profile.memory = self.read_memory(pid);
         let Some(t) = self.tracked.get(&pid) else {

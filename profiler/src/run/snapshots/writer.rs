@@ -207,6 +207,9 @@ fn write(output: &OutputDir, state: &mut WriterState, job: Job) -> Done {
         let addresses = profile.stacks.iter().flat_map(|s| &s.frames);
         profile.jit_symbols = namer.jit_names(addresses.map(|f| f.saturating_sub(1)));
     }
+    if let Some(namer) = namer.as_deref_mut() {
+        namer.add_python(&profile.python_frames);
+    }
     if let (Some(reading), Some(namer)) = (&profile.memory, namer.as_deref_mut()) {
         profile.account = Some(account::account(&profile, reading, namer));
     }

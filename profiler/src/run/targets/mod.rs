@@ -42,6 +42,7 @@ impl Session<'_> {
             self.options.collector.clone(),
         );
         self.tracked.insert(pid, tracked);
+        self.watch_python(pid);
         if self.scope.watches_exits() {
             watch_exit(pid, self.exits.clone());
         }

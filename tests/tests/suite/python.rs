@@ -1,0 +1,253 @@
+//! Python lines above the native frames of a CPython process's
+//! allocations, read from outside the interpreter: a fixture in a
+//! virtualenv allocates known amounts at known lines through its C
+//! extension (the GIL held and released, and from a thread that runs no
+//! Python) and through numpy.
+use std::time::Duration;
+
+use tests::*;
+
+const MIB: f64 = 1048576.0;
+/// Workload rounds, one snapshot apart: the leaks ranking needs growth.
+const ROUNDS: usize = 3;
+
+/// A site's Python frame as every output names it: "fixture.py:42 build_index".
+fn frame(site: &str) -> String {
+    format!("fixture.py:{} {site}", python_site_line(site))
+}
+
+/// Bytes under the folded stacks that hold `frame`, and those lines.
+fn under<'a>(folded: &'a str, frame: &str) -> (f64, Vec<&'a str>) {
+    let lines: Vec<&str> = folded
+        .lines()
+        .filter(|l| {
+            l.split(';')
+                .any(|f| f == frame || f.starts_with(&format!("{frame} ")))
+        })
+        .collect();
+    let bytes = lines
+        .iter()
+        .map(|l| l.rsplit_once(' ').unwrap().1.parse::<f64>().unwrap())
+        .sum();
+    (bytes, lines)
+}
+
+/// Where `name` is among a folded line's frames (root first); a name
+/// starting with a space is a Python function at any line.
+fn position(line: &str, name: &str) -> usize {
+    let stack = line.rsplit_once(' ').unwrap().0;
+    stack
+        .split(';')
+        .position(|f| f == name || (name.starts_with(' ') && f.ends_with(name)))
+        .unwrap_or_else(|| panic!("no {name} in {line}"))
+}
+
+struct PythonRun {
+    heap: std::path::PathBuf,
+    folded: String,
+    out: std::path::PathBuf,
+    stderr: String,
+}
+
+/// The fixture's workload, `ROUNDS` times a snapshot apart, profiled at a
+/// 64 KiB interval (each 256 KiB block is sampled with chance 98%).
+fn python_run(fixture: std::process::Command, test: &str) -> PythonRun {
+    let out = output_dir(test);
+    let mut fixture = Fixture::start_command(fixture);
+    let memprobe = Memprobe::attach(
+        &fixture,
+        &out,
+        &[
+            "--sample-interval",
+            "65536",
+            "--interval",
+            "1s",
+            "--verbose",
+            "--format",
+            "heap,folded,pb.gz,svg",
+        ],
+    );
+    for _ in 0..ROUNDS {
+        fixture.run_workload();
+        std::thread::sleep(Duration::from_millis(1200));
+    }
+    let stderr = memprobe.stop();
+    let heap = heap_files(&out).pop().unwrap_or_else(|| panic!("{stderr}"));
+    let folded = std::fs::read_to_string(heap.with_extension("folded")).unwrap();
+    PythonRun {
+        heap,
+        folded,
+        out,
+        stderr,
+    }
+}
+
+/// Each site's bytes in use, by its Python line (`blocks` of 256 KiB a
+/// round), called from `workload` above it, the native frames it called
+/// below it; and the native thread's blocks with no Python frame at all.
+fn assert_sites(run: &PythonRun, sites: &[(&str, f64)]) {
+    let folded = &run.folded;
+    for &(site, blocks) in sites {
+        let (bytes, lines) = under(folded, &frame(site));
+        assert_within(site, bytes, ROUNDS as f64 * blocks * 0.25 * MIB, 0.10);
+        for line in lines {
+            assert!(
+                position(line, " workload") < position(line, &frame(site)),
+                "{line}"
+            );
+        }
+    }
+    // The extension's frames stand above the Python line that called them.
+    let (_, lines) = under(folded, &frame("build_index"));
+    for line in lines {
+        assert!(
+            position(line, &frame("build_index")) < position(line, "hold"),
+            "{line}"
+        );
+    }
+    let (pool, lines) = under(folded, "pool_worker");
+    assert_within("pool_worker", pool, ROUNDS as f64 * 16.0 * 0.25 * MIB, 0.10);
+    assert!(lines.iter().all(|l| !l.contains("fixture.py")), "{lines:?}");
+}
+
+/// Debian 12's 3.11 in a virtualenv: every site in every output.
+#[test]
+fn python_lines_stand_above_the_native_frames_they_called() {
+    let _guard = shared();
+    let run = python_run(python_fixture(), "python_3_11");
+    let stderr = &run.stderr;
+    assert!(
+        stderr.contains("runs Python 3.11")
+            && stderr.contains("its stacks show their Python lines"),
+        "{stderr}"
+    );
+    // The GIL held, released, numpy's, and Python's own bytearrays.
+    let sites = [
+        ("build_index", 64.0),
+        ("load_columns", 32.0),
+        ("numpy_buffers", 48.0),
+        ("read_blocks", 16.0),
+    ];
+    assert_sites(&run, &sites);
+
+    // pprof: functions with their file and line.
+    let top = pprof_top(
+        &run.heap.with_extension("pb.gz"),
+        "inuse_space",
+        &["-lines", "-cum"],
+    );
+    let fixture_file = fixture_source("python/fixture.py");
+    let located = format!(
+        "build_index {}:{}",
+        fixture_file.display(),
+        python_site_line("build_index")
+    );
+    assert!(top.contains(&located), "{located} not in:\n{top}");
+    // The flame graph names the lines.
+    let svg = std::fs::read_to_string(run.heap.with_extension("svg")).unwrap();
+    assert!(
+        svg.contains(&frame("load_columns")),
+        "no load_columns line in the svg"
+    );
+    // So does the report, from the .heap alone.
+    let (status, report) = memprobe_stdout(&["report", run.heap.to_str().unwrap(), "--top", "200"]);
+    assert!(status.success(), "{report}");
+    assert!(report.contains(&frame("numpy_buffers")), "{report}");
+    // The leaks ranking names the Python function that keeps growing.
+    let (status, leaks) = memprobe_stdout(&["leaks", run.out.to_str().unwrap()]);
+    assert!(status.success(), "{leaks}");
+    let named = leaks
+        .lines()
+        .filter(|l| l.contains("likely leak"))
+        .any(|l| l.contains(&frame("build_index")));
+    assert!(named, "{leaks}");
+}
+
+/// Debian 13's 3.13, whose layout its `_Py_DebugOffsets` gives.
+#[test]
+fn python_3_13_lines_come_from_its_debug_offsets() {
+    let _guard = shared();
+    let run = python_run(other_python_fixture("3.13", true), "python_3_13");
+    assert!(run.stderr.contains("runs Python 3.13"), "{}", run.stderr);
+    let sites = [
+        ("build_index", 64.0),
+        ("load_columns", 32.0),
+        ("read_blocks", 16.0),
+    ];
+    assert_sites(&run, &sites);
+}
+
+/// A Python memprobe cannot read (3.14, whose tables moved) keeps its
+/// native stacks, with one line that says so: never a wrong frame.
+#[test]
+fn an_unknown_python_keeps_its_native_stacks() {
+    let _guard = shared();
+    let run = python_run(other_python_fixture("3.14", false), "python_3_14");
+    let said: Vec<&str> = run
+        .stderr
+        .lines()
+        .filter(|l| l.contains("runs Python"))
+        .collect();
+    assert_eq!(said.len(), 1, "{}", run.stderr);
+    assert!(
+        said[0].contains("3.14") && said[0].contains("stay native"),
+        "{said:?}"
+    );
+    // bytearray's blocks are all there, under native frames alone.
+    let bytes: f64 = run
+        .folded
+        .lines()
+        .map(|l| l.rsplit_once(' ').unwrap().1.parse::<f64>().unwrap())
+        .sum();
+    assert!(
+        bytes >= ROUNDS as f64 * 16.0 * 0.25 * MIB * 0.9,
+        "{}",
+        run.folded
+    );
+    assert!(!run.folded.contains("fixture.py"), "{}", run.folded);
+}
+
+/// The offsets memprobe reads CPython 3.11 with are the installed headers'.
+#[test]
+fn python_3_11_offsets_are_its_headers() {
+    use profiler_common::python::{PYTHON_3_11 as O, PYTHON_3_11_CODE as C};
+    let binary = build_once("python_offsets", |out| {
+        let mut command = std::process::Command::new("cc");
+        command
+            .args(["-I/usr/include/python3.11", "-o"])
+            .arg(out)
+            .arg(fixture_source("python/offsets.c"));
+        command
+    });
+    let output = std::process::Command::new(&binary).output().unwrap();
+    let text = String::from_utf8_lossy(&output.stdout);
+    let headers: std::collections::HashMap<&str, &str> =
+        text.lines().filter_map(|l| l.split_once(' ')).collect();
+    assert!(headers["version"].starts_with("3.11."), "{text}");
+    let ours = [
+        ("interpreters_head", O.interpreters_head),
+        ("threads_head", O.threads_head),
+        ("thread_next", O.thread_next),
+        ("native_thread_id", O.native_thread_id),
+        ("cframe", O.cframe),
+        ("current_frame", O.current_frame),
+        ("frame_code", O.frame_code),
+        ("frame_previous", O.frame_previous),
+        ("frame_instr", O.frame_instr),
+        ("frame_marker", O.frame_marker),
+        ("code_first_line", O.code_first_line),
+        ("filename", C.filename),
+        ("qualname", C.qualname),
+        ("linetable", C.linetable),
+        ("first_instr", C.first_instr),
+        ("bytes_size", C.bytes_size),
+        ("bytes_data", C.bytes_data),
+        ("string_length", C.string_length),
+        ("string_state", C.string_state),
+        ("ascii_data", C.ascii_data),
+        ("compact_data", C.compact_data),
+    ];
+    for (name, offset) in ours {
+        assert_eq!(headers[name], offset.to_string(), "{name}\n{text}");
+    }
+}
