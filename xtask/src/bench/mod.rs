@@ -20,6 +20,7 @@ mod loops;
 mod mappings;
 mod one_trap;
 mod own_profiler;
+mod python;
 mod redis;
 mod switches;
 use loops::{loop_table, measure_loops};
@@ -167,6 +168,8 @@ pub enum Part {
     Mappings,
     /// The host agent (`--all --track allocations`) beside busy loops.
     Agent,
+    /// A sampled allocation in a Python process against one in C.
+    Python,
 }
 
 pub fn bench(only: Option<Part>) -> Result<()> {
@@ -194,6 +197,10 @@ pub fn bench(only: Option<Part>) -> Result<()> {
     if runs(Part::Agent) {
         let costs = agent::agent_costs(&memprobe, &out, &profiles_dir)?;
         table.push_str(&agent::agent_table(&costs));
+    }
+    if runs(Part::Python) {
+        let costs = python::python_costs(&memprobe, &out, &profiles_dir)?;
+        table.push_str(&python::python_table(&costs));
     }
     if runs(Part::Switches) {
         let result = switches::switches(&memprobe, &out, &profiles_dir)?;
