@@ -121,6 +121,11 @@ fn python_lines_stand_above_the_native_frames_they_called() {
             && stderr.contains("its stacks show their Python lines"),
         "{stderr}"
     );
+    let note = &heap_notes(&run.heap)["python"];
+    assert!(
+        note.starts_with("3.11.") && note.ends_with("frames read"),
+        "{note}"
+    );
     // The GIL held, released, numpy's, and Python's own bytearrays.
     let sites = [
         ("build_index", 64.0),
@@ -149,10 +154,23 @@ fn python_lines_stand_above_the_native_frames_they_called() {
         svg.contains(&frame("load_columns")),
         "no load_columns line in the svg"
     );
-    // So does the report, from the .heap alone.
+    // So does the report, from the .heap alone: each line's cumulative
+    // MiB, within 10%.
     let (status, report) = memprobe_stdout(&["report", run.heap.to_str().unwrap(), "--top", "200"]);
     assert!(status.success(), "{report}");
-    assert!(report.contains(&frame("numpy_buffers")), "{report}");
+    for &(site, blocks) in &sites {
+        let row = report
+            .lines()
+            .find(|l| l.ends_with(&frame(site)))
+            .unwrap_or_else(|| panic!("no {site} row in:\n{report}"));
+        let cumulative: f64 = row.split_whitespace().nth(3).unwrap().parse().unwrap();
+        assert_within(
+            site,
+            cumulative * MIB,
+            ROUNDS as f64 * blocks * 0.25 * MIB,
+            0.10,
+        );
+    }
     // The leaks ranking names the Python function that keeps growing.
     let (status, leaks) = memprobe_stdout(&["leaks", run.out.to_str().unwrap()]);
     assert!(status.success(), "{leaks}");
@@ -192,6 +210,12 @@ fn an_unknown_python_keeps_its_native_stacks() {
     assert!(
         said[0].contains("3.14") && said[0].contains("stay native"),
         "{said:?}"
+    );
+    // So does the profile.
+    let note = &heap_notes(&run.heap)["python"];
+    assert!(
+        note.starts_with("3.14.") && note.contains("frames not read"),
+        "{note}"
     );
     // bytearray's blocks are all there, under native frames alone.
     let bytes: f64 = run
