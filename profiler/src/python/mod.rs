@@ -27,6 +27,10 @@ const FRAME_ADDRESSES: u64 = 0xffff_f000_0000_0000;
 /// Code objects kept read per process; past this the cache starts over.
 const MOST_CODES: usize = 65_536;
 
+/// Threads with frames held for their next sample; past this the table
+/// starts over (a held entry is one sample's frames at most).
+const MOST_HELD: usize = 4096;
+
 /// Distinct Python frames (function, file, line) named per process; past
 /// this, samples keep their native frames alone, counted.
 const MOST_FRAMES: usize = 200_000;
@@ -59,6 +63,11 @@ impl ProcessPython {
 
     /// Keeps the frames the kernel sent for `tid`'s sample stamped `stamp`.
     pub fn hold(&mut self, tid: u32, stamp: u64, frames: Vec<PythonFrame>) {
+        // Held frames whose sample was lost stay until their thread's next
+        // sample; threads that exited since would leave theirs for good.
+        if self.pending.len() >= MOST_HELD {
+            self.pending.clear();
+        }
         self.pending.insert(tid, (stamp, frames));
     }
 

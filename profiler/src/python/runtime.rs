@@ -1,6 +1,8 @@
 //! Finding a process's CPython: the file that defines `_PyRuntime` (the
 //! `python3.X` executable, or a `libpython3.X.so` an embedding program
 //! loaded), its version, and where its eval loop's code is.
+use std::collections::HashSet;
+
 use object::{Object, ObjectSymbol};
 use profiler_common::python::{
     PYTHON_3_11, PYTHON_3_11_CODE, PythonCodeLayout, PythonOffsets, PythonProcess,
@@ -9,7 +11,7 @@ use profiler_common::python::{
 use crate::{
     binary::elf::Segment,
     discover::map_file,
-    proc::{AddressRange, Mapping},
+    proc::{AddressRange, FileId, Mapping},
     python::debug_offsets,
 };
 
@@ -63,13 +65,20 @@ fn may_be_python(path: &str) -> bool {
     name.starts_with("python") || name.starts_with("libpython")
 }
 
-/// The interpreter in `pid`'s mappings, if one of its files is CPython.
-pub fn find(pid: u32, mappings: &[Mapping]) -> Option<PythonRuntime> {
+/// The interpreter in `pid`'s mappings, if one of its files is CPython;
+/// files in `seen` are not read again (a launched program's maps are
+/// looked at again once it has run `exec`), and those read join it.
+pub fn find(pid: u32, mappings: &[Mapping], seen: &mut HashSet<FileId>) -> Option<PythonRuntime> {
     let candidates = mappings
         .iter()
         .filter(|m| m.is_executable() && m.path.as_deref().is_some_and(may_be_python));
     for mapping in candidates {
-        let data = std::fs::read(map_file(pid, mapping)).ok()?;
+        if !seen.insert(mapping.file) {
+            continue;
+        }
+        let Ok(data) = std::fs::read(map_file(pid, mapping)) else {
+            continue;
+        };
         if let Some(runtime) = read_file(&data, mapping, mappings) {
             return Some(runtime);
         }
@@ -158,6 +167,10 @@ mod tests {
     #[test]
     fn this_test_process_runs_no_python() {
         let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
-        assert_eq!(find(std::process::id(), &parse_maps(&maps)), None);
+        let mut seen = HashSet::new();
+        assert_eq!(
+            find(std::process::id(), &parse_maps(&maps), &mut seen),
+            None
+        );
     }
 }

@@ -39,6 +39,8 @@ pub(super) struct Tracked {
     pub found_notes: Vec<String>,
     /// Its CPython, where it runs one: its samples' Python frames.
     pub python: Option<ProcessPython>,
+    /// The files looked at for CPython.
+    pub python_files_seen: HashSet<FileId>,
 }
 
 impl Tracked {
@@ -59,6 +61,7 @@ impl Tracked {
             allocator_calls: Vec::new(),
             found_notes: Vec::new(),
             python: None,
+            python_files_seen: HashSet::new(),
         };
         tracked.set_maps(Some(maps));
         tracked

@@ -1,5 +1,6 @@
 //! The run's side of Python frames: a tracked process found running
-//! CPython is told to the kernel, whose samples of it then carry their
+//! CPython (when first tracked, or at a rescan: a launched program's
+//! `exec`) is told to the kernel, whose samples of it then carry their
 //! Python frames, and forgotten there once it exits or is detached.
 use crate::{
     python::{ProcessPython, runtime},
@@ -7,8 +8,8 @@ use crate::{
 };
 
 impl Session<'_> {
-    /// Looks for CPython in `pid`'s mappings, once; where found and read,
-    /// the kernel walks its Python frames from now on.
+    /// Looks for CPython in `pid`'s mappings (each file once); where found
+    /// and read, the kernel walks its Python frames from now on.
     pub(in crate::run) fn watch_python(&mut self, pid: u32) {
         let Some(t) = self.tracked.get_mut(&pid) else {
             return;
@@ -16,7 +17,8 @@ impl Session<'_> {
         if t.python.is_some() {
             return;
         }
-        let Some(found) = runtime::find(pid, t.mappings()) else {
+        let mappings = t.mappings().to_vec();
+        let Some(found) = runtime::find(pid, &mappings, &mut t.python_files_seen) else {
             return;
         };
         let read = found

@@ -275,3 +275,32 @@ fn python_3_11_offsets_are_its_headers() {
         assert_eq!(headers[name], offset.to_string(), "{name}\n{text}");
     }
 }
+
+/// Launched, the interpreter is found at the first look at the child's
+/// maps after its `exec` (memprobe tracks it from before): within a
+/// second, its samples carry their lines.
+#[test]
+fn a_launched_python_gets_its_lines_too() {
+    let _guard = shared();
+    let out = output_dir("python_launched");
+    let args = [
+        "--sample-interval",
+        "65536",
+        "--format",
+        "heap,folded",
+        "-o",
+        out.to_str().unwrap(),
+    ];
+    let (memprobe, mut launched) = Memprobe::launch_command(&args, &python_fixture());
+    assert!(launched.read_line().starts_with("ready "));
+    // The maps are looked at again each second.
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(launched.send("go"), "done");
+    launched.close();
+    let (status, stderr) = memprobe.wait();
+    assert!(status.success(), "{stderr}");
+    let heap = heap_files(&out).pop().unwrap_or_else(|| panic!("{stderr}"));
+    let folded = std::fs::read_to_string(heap.with_extension("folded")).unwrap();
+    let (bytes, _) = under(&folded, &frame("build_index"));
+    assert_within("build_index", bytes, 64.0 * 0.25 * MIB, 0.10);
+}

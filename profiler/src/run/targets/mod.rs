@@ -243,6 +243,9 @@ impl Session<'_> {
             if self.scope.watches_mapped_code() && !t.exited {
                 self.probes.watch_mappings(pid, &mappings);
             }
+            if !t.exited {
+                self.watch_python(pid);
+            }
         }
         let new: Vec<Found> = found
             .into_iter()
