@@ -10,7 +10,7 @@ use std::{
 
 use anyhow::Result;
 
-use super::{build_loop, printed_ns, start_memprobe, stop, usage};
+use super::{build_loop, median, printed_ns, start_memprobe, stop, usage};
 
 /// Nanoseconds per malloc+free pair, each round's mean over the loops;
 /// and the agent's own CPU seconds in each round.
@@ -76,12 +76,6 @@ fn loops_ns(malloc_loop: &Path) -> Result<f64> {
         total += printed_ns(&child.wait_with_output()?.stdout)?;
     }
     Ok(total / LOOPS as f64)
-}
-
-fn median(values: &[f64]) -> f64 {
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    sorted[sorted.len() / 2]
 }
 
 pub(super) fn agent_table(costs: &AgentCosts) -> String {

@@ -66,6 +66,13 @@ fn printed_ns(stdout: &[u8]) -> Result<f64> {
         .with_context(|| format!("no timing in {text:?}"))
 }
 
+/// The middle of `values` (the upper one of an even count).
+fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    sorted[sorted.len() / 2]
+}
+
 /// CPU seconds and peak RSS (KiB) of a live process.
 fn usage(pid: u32) -> Usage {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;

@@ -9,7 +9,7 @@ use std::{
 
 use anyhow::Result;
 
-use super::{build_loop, printed_ns, start_memprobe, stop};
+use super::{build_loop, median, printed_ns, start_memprobe, stop};
 use crate::workspace_root;
 
 const PYTHON: &str = "/usr/bin/python3.11";
@@ -87,16 +87,13 @@ fn side_by_side(
     Ok((printed_ns(&alone.stdout)?, printed_ns(&attached.stdout)?))
 }
 
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
-}
-
 pub(super) fn python_table(costs: &PythonCosts) -> String {
     let row = |name: &str, rounds: &[(f64, f64)]| {
-        let alone = median(rounds.iter().map(|r| r.0).collect());
-        let attached = median(rounds.iter().map(|r| r.1).collect());
-        let added = median(rounds.iter().map(|r| r.1 - r.0).collect());
+        let median_of =
+            |value: fn(&(f64, f64)) -> f64| median(&rounds.iter().map(value).collect::<Vec<_>>());
+        let alone = median_of(|r| r.0);
+        let attached = median_of(|r| r.1);
+        let added = median_of(|r| r.1 - r.0);
         (
             format!("| {name} | {alone:.0} | {attached:.0} | {added:.0} |"),
             added,

@@ -12,7 +12,7 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-use super::{build_fixture, start_memprobe, stop};
+use super::{build_fixture, median, start_memprobe, stop};
 
 /// CPU nanoseconds per round trip of each configuration (no profiler
 /// first), the median of [`ROUNDS`] runs each.
@@ -52,12 +52,7 @@ pub(super) fn switches(memprobe: &Path, out: &Path, profiles_dir: &str) -> Resul
         }
     }
     eprintln!("bench:   ns a round trip, no profiler first: {runs:?}");
-    Ok(Switches(runs.into_iter().map(median).collect()))
-}
-
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
+    Ok(Switches(runs.iter().map(|run| median(run)).collect()))
 }
 
 /// One timed ping-pong on CPU 0, with memprobe (on CPU 1) attached to it
