@@ -81,9 +81,9 @@ impl ProcessPython {
         if held != stamp {
             return;
         }
+        let markers = self.runtime.markers;
         let mut named: Vec<(u64, bool)> = Vec::with_capacity(python.len());
         for frame in &python {
-            let markers = self.runtime.markers;
             if markers == Markers::CStackOwner && frame.marker == Markers::OWNED_BY_CSTACK {
                 // A call's own entry frame: the run above it ends there.
                 if let Some(last) = named.last_mut() {
@@ -107,7 +107,7 @@ impl ProcessPython {
     /// whether its frames were read.
     pub fn note(&self) -> String {
         let runtime = &self.runtime;
-        let read = if runtime.process.is_some() {
+        let read = if runtime.layout.is_some() {
             "frames read"
         } else {
             "frames not read (memprobe reads 3.11 and 3.13)"
@@ -135,13 +135,16 @@ impl ProcessPython {
     /// The address that stands for `frame`'s function and line, as a
     /// return address.
     fn address_of(&mut self, frame: &PythonFrame) -> Option<u64> {
-        let layout = self.runtime.code?;
+        let layout = self.runtime.layout?.code;
         let cached = self.codes.get(&frame.code);
         if cached.is_none_or(|c| c.first_line != frame.first_line) {
             if self.codes.len() >= MOST_CODES {
                 self.codes.clear();
             }
-            let code = Code::read(self.memory.as_ref()?, &layout, frame.code, frame.first_line)
+            let code = self
+                .memory
+                .as_ref()
+                .and_then(|memory| Code::read(memory, &layout, frame.code, frame.first_line))
                 .unwrap_or_else(|| Code::unreadable(frame.first_line));
             self.codes.insert(frame.code, code);
         }

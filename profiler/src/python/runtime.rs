@@ -25,11 +25,19 @@ pub struct PythonRuntime {
     /// `_PyEval_EvalFrameDefault`'s code in the process: each native call
     /// of it runs a run of Python frames.
     pub eval: AddressRange,
-    /// What the kernel is to read; `None` for a version memprobe does not
-    /// know the layout of.
-    pub process: Option<PythonProcess>,
-    pub code: Option<PythonCodeLayout>,
+    /// Where it is and how it is laid out; `None` for a version memprobe
+    /// does not know the layout of.
+    pub layout: Option<Layout>,
     pub markers: Markers,
+}
+
+/// A known interpreter's layout, placed in its process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Layout {
+    /// What the kernel reads to walk the frames.
+    pub process: PythonProcess,
+    /// What userspace reads of each code object.
+    pub code: PythonCodeLayout,
 }
 
 /// How a frame's marker byte ([`PythonOffsets::frame_marker`]) tells
@@ -136,11 +144,13 @@ fn read_file(data: &[u8], code: &Mapping, mappings: &[Mapping]) -> Option<Python
             start: eval_start,
             end: eval_start + eval.size().max(1),
         },
-        process: known.map(|(offsets, _)| PythonProcess {
-            runtime: runtime.address().wrapping_add(bias),
-            offsets,
+        layout: known.map(|(offsets, code)| Layout {
+            process: PythonProcess {
+                runtime: runtime.address().wrapping_add(bias),
+                offsets,
+            },
+            code,
         }),
-        code: known.map(|(_, code)| code),
         markers: if minor == 11 {
             Markers::EntryFlag
         } else {

@@ -6,7 +6,7 @@ use crate::{
     discover::AllocatorKind,
     proc::{FileId, Mapping, command_name, namespace_pid, parse_maps},
     profile::{HeapProfile, MemoryReading},
-    python::ProcessPython,
+    python::{ProcessPython, PythonRuntime, runtime},
     stacks::ProcessStacks,
 };
 
@@ -76,6 +76,12 @@ impl Tracked {
             profile.notes.python = Some(python.note());
         }
         profile
+    }
+
+    /// The CPython in its mappings, looking only in files not looked in
+    /// yet.
+    pub fn find_python(&mut self) -> Option<PythonRuntime> {
+        runtime::find(self.pid, &self.mappings, &mut self.python_files_seen)
     }
 
     /// Its mappings as last read.

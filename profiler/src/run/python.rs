@@ -3,7 +3,7 @@
 //! `exec`) is told to the kernel, whose samples of it then carry their
 //! Python frames, and forgotten there once it exits or is detached.
 use crate::{
-    python::{ProcessPython, runtime},
+    python::ProcessPython,
     run::{Session, notice::TargetNotice},
 };
 
@@ -17,13 +17,12 @@ impl Session<'_> {
         if t.python.is_some() {
             return;
         }
-        let mappings = t.mappings().to_vec();
-        let Some(found) = runtime::find(pid, &mappings, &mut t.python_files_seen) else {
+        let Some(found) = t.find_python() else {
             return;
         };
         let read = found
-            .process
-            .is_some_and(|p| self.probes.watch_python(pid, p));
+            .layout
+            .is_some_and(|layout| self.probes.watch_python(pid, layout.process));
         let notice = TargetNotice::Python {
             pid,
             version: found.version.clone(),
