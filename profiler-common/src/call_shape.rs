@@ -22,6 +22,14 @@ pub enum CallShape {
     /// jemalloc's `malloc_default`, where `malloc` and `operator new` go
     /// when their inlined fast path cannot serve: size in the first argument.
     SlowPath,
+    /// Inside jemalloc's `malloc_default`, past its own check for a request
+    /// above the fast path's largest: reached by those alone, so a small
+    /// call on the slow path (a cache refill, a threshold crossed) never
+    /// traps. The size is in a register the decoding found
+    /// ([`crate::FastPathConfig::size_register`]); the pointer is not
+    /// known there (no return probe can sit inside a function), so only
+    /// where frees are not followed (`--track allocations`).
+    LargeRequest,
     /// jemalloc's `prof_malloc_sample_object(tsd, ptr, size, usize, tctx)`:
     /// an allocation jemalloc's own profiler (`prof:true`) sampled, its
     /// pointer already known.
@@ -33,8 +41,9 @@ pub enum CallShape {
 }
 
 impl CallShape {
-    pub const ALL: [CallShape; 12] = [
+    pub const ALL: [CallShape; 13] = [
         CallShape::SlowPath,
+        CallShape::LargeRequest,
         CallShape::OwnSample,
         CallShape::FreeInResize,
         CallShape::SizeArg0,
@@ -66,6 +75,7 @@ impl CallShape {
             CallShape::Xallocx => (programs::RESIZE_XALLOCX, Some(session::XALLOCX)),
             CallShape::Free => (programs::FREE_ARG0, None),
             CallShape::SlowPath => (programs::ALLOC_SLOW_PATH, Some(session::SLOW_PATH)),
+            CallShape::LargeRequest => (programs::ALLOC_LARGE_REQUEST, None),
             CallShape::OwnSample => (programs::OWN_SAMPLE, None),
             // Without sessions, a plain free (see `returns_by_uretprobe`).
             CallShape::FreeInResize => (programs::FREE_ARG0, Some(session::FREE_IN_RESIZE)),

@@ -101,6 +101,7 @@ pub mod programs {
     pub const FREE_ARG0: &str = "free_arg0";
     pub const CALL_RETURN: &str = "call_return";
     pub const ALLOC_SLOW_PATH: &str = "alloc_slow_path";
+    pub const ALLOC_LARGE_REQUEST: &str = "alloc_large_request";
     pub const OWN_SAMPLE: &str = "own_sample";
     /// Uprobes on libc's `mmap`, `munmap` and `mremap` (and the return
     /// halves of the first and last) in each profiled process: the
@@ -123,8 +124,9 @@ pub mod programs {
         LIBRARY_LOADED,
     ];
     /// Every plain uprobe program.
-    pub const ALL: [&str; 12] = [
+    pub const ALL: [&str; 13] = [
         ALLOC_SLOW_PATH,
+        ALLOC_LARGE_REQUEST,
         OWN_SAMPLE,
         ALLOC_SIZE_ARG0,
         ALLOC_SIZE_ARG1,
@@ -448,6 +450,30 @@ pub struct FastPathConfig {
     /// The process's sampling window now open (numbered from 1), which its
     /// windowed calls note in their thread's state.
     pub window: u64,
+    /// Where probes sit past the slow path's own size check (see
+    /// [`CallShape::LargeRequest`]), the register that holds the size
+    /// there: one of [`gpr`].
+    pub size_register: u64,
+}
+
+/// x86-64 general-purpose registers by number, as
+/// [`FastPathConfig::size_register`] names them.
+pub mod gpr {
+    pub const RAX: u64 = 0;
+    pub const RBX: u64 = 1;
+    pub const RCX: u64 = 2;
+    pub const RDX: u64 = 3;
+    pub const RSI: u64 = 4;
+    pub const RDI: u64 = 5;
+    pub const RBP: u64 = 6;
+    pub const R8: u64 = 7;
+    pub const R9: u64 = 8;
+    pub const R10: u64 = 9;
+    pub const R11: u64 = 10;
+    pub const R12: u64 = 11;
+    pub const R13: u64 = 12;
+    pub const R14: u64 = 13;
+    pub const R15: u64 = 14;
 }
 
 /// The densest a window samples: 2^MAX_WINDOW_SHIFT times an entry probe's

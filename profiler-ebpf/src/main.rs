@@ -35,7 +35,7 @@ use release::{
     expect_restore, finish_allocation, on_free, on_free_in_resize, on_resize_entry, on_return,
 };
 use sampling::{Args, Thread, count_hit, probe_cookie, session};
-use slow_path::on_slow_path;
+use slow_path::{on_large_request, on_slow_path};
 
 /// Declares the plain and the session program of one entry-point shape.
 /// `$entry` returns whether the call's return half is needed.
@@ -134,6 +134,16 @@ entry_point!(
     session_slow_path,
     on_slow_path
 );
+
+/// jemalloc's malloc_default past its check for a request above the fast
+/// path's largest (`--track allocations`): size in a register, no return.
+#[uprobe]
+pub fn alloc_large_request(ctx: ProbeContext) -> u32 {
+    if let Some(thread) = Thread::current() {
+        on_large_request(&ctx, &thread);
+    }
+    0
+}
 
 #[inline(always)]
 fn size_arg0(ctx: &ProbeContext, thread: &Thread) -> bool {

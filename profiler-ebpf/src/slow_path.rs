@@ -3,12 +3,14 @@
 //! path's largest reaches it and is sampled by its size there, so a big
 //! buffer is never left to a window's chance. A small request here (a
 //! thread-cache refill, a crossing of the thread's byte threshold) is the
-//! windows' to sample.
+//! windows' to sample. Where frees are not followed, the probe sits past
+//! the slow path's own size check instead, and small calls never trap.
 use aya_ebpf::{
+    bindings::pt_regs,
     helpers::{bpf_probe_read_kernel, bpf_probe_read_user, generated::bpf_get_current_task},
     programs::ProbeContext,
 };
-use profiler_common::{FastPathConfig, FastPathKey, PendingCall, cookie, pending_kind};
+use profiler_common::{FastPathConfig, FastPathKey, PendingCall, cookie, gpr, pending_kind};
 
 use crate::{
     alloc::on_allocation,
@@ -47,6 +49,56 @@ pub(crate) fn on_slow_path(ctx: &ProbeContext, thread: &Thread) -> bool {
         }
     }
     false
+}
+
+/// A request above the fast path's largest, probed inside the slow path
+/// past its own size check, where no small call comes: its size is in the
+/// register the copy's config names. No return half (`--track
+/// allocations`).
+#[inline(always)]
+pub(crate) fn on_large_request(ctx: &ProbeContext, thread: &Thread) {
+    let thread = &Thread {
+        past_entry: true,
+        ..*thread
+    };
+    let key = FastPathKey {
+        pid: (thread.id >> 32) as u32,
+        instance: cookie::instance(probe_cookie(ctx)),
+    };
+    // SAFETY: a lookup in a map of plain values.
+    let Some(config) = (unsafe { FAST_PATHS.get(key) }) else {
+        count_hit(ctx);
+        return;
+    };
+    // SAFETY: `regs` points at the probe's pt_regs, readable for its lifetime.
+    let size = register(unsafe { &*ctx.regs }, config.size_register);
+    on_allocation(ctx, thread, size, 0, POINTER);
+}
+
+/// General-purpose register `number` (one of [`gpr`]). Read through the
+/// helper: the compiler merges the arms into one load from a computed
+/// offset, which the verifier refuses as a direct access to the context.
+#[inline(always)]
+fn register(regs: &pt_regs, number: u64) -> u64 {
+    let field = match number {
+        gpr::RAX => &regs.rax,
+        gpr::RBX => &regs.rbx,
+        gpr::RCX => &regs.rcx,
+        gpr::RDX => &regs.rdx,
+        gpr::RSI => &regs.rsi,
+        gpr::RDI => &regs.rdi,
+        gpr::RBP => &regs.rbp,
+        gpr::R8 => &regs.r8,
+        gpr::R9 => &regs.r9,
+        gpr::R10 => &regs.r10,
+        gpr::R11 => &regs.r11,
+        gpr::R12 => &regs.r12,
+        gpr::R13 => &regs.r13,
+        gpr::R14 => &regs.r14,
+        _ => &regs.r15,
+    };
+    // SAFETY: a field of the probe's pt_regs; the helper faults safely.
+    unsafe { bpf_probe_read_kernel(field as *const u64) }.unwrap_or(0)
 }
 
 /// The copy's counter layout and the thread's allocated bytes, read from

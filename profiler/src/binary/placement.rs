@@ -143,7 +143,7 @@ fn branch_targets(instructions: &[Instruction], address: u64) -> Vec<u64> {
 }
 
 /// The full registers `instruction` writes.
-fn registers_written(
+pub(crate) fn registers_written(
     info: &mut InstructionInfoFactory,
     instruction: &Instruction,
 ) -> Vec<Register> {

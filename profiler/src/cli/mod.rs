@@ -88,9 +88,11 @@ pub struct Cli {
 
     /// What to track: all, allocations.
     ///
-    /// `all`: what is in use. `allocations`: what allocates most; it probes no free and no return: one trap per allocating
-    /// call and none per free, and profiles of what was allocated, with in
-    /// use = allocated, at the least cost.
+    /// `all`: what is in use. `allocations`: what allocates most; it probes
+    /// no free and no return: no trap per free, jemalloc's malloc in
+    /// windows and its slow path only for requests above 4 KiB (other
+    /// allocators: a trap per allocating call), and profiles of what was
+    /// allocated, with in use = allocated, at the least cost.
     #[arg(long, value_name = "WHAT", value_enum, default_value_t = TrackArg::All,
           help_heading = help::SAMPLING, hide_possible_values = true)]
     pub track: TrackArg,

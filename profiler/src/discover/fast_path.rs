@@ -8,7 +8,11 @@
 use iced_x86::{Code, Decoder, DecoderOptions, FlowControl, Instruction, OpKind, Register};
 
 use crate::binary::{elf::FunctionSymbols, placement};
-use crate::discover::{by_code, entry_points, served::SERVED};
+use crate::discover::{
+    by_code, entry_points,
+    large_requests::{self, LargeRequests},
+    served::SERVED,
+};
 
 /// Most instructions read from malloc's entry.
 const MAX_INSTRUCTIONS: usize = 24;
@@ -42,6 +46,10 @@ pub struct FastPath {
 pub struct SlowPath {
     pub fast: FastPath,
     pub placement: crate::binary::placement::Placement,
+    /// The places in the slow path only large requests reach, relative to
+    /// its start, where they were found: probed instead of its entry where
+    /// frees are not followed.
+    pub large_requests: Option<LargeRequests>,
     /// File-offset extents of jemalloc's own code between its slow path
     /// and the program: the served entry points and the functions they
     /// branch to (`operator new`'s fallback). A sample's leading frames
@@ -207,6 +215,7 @@ pub(crate) fn in_file_offsets(
             ..fast
         },
         placement,
+        large_requests: large_requests::find(symbols, data, fast.slow_path, fast.large_above),
         own_code: own_code(symbols, data, prefix, &SERVED).into(),
     })
 }

@@ -10,6 +10,7 @@ mod error;
 pub mod fast_path;
 mod file_facts;
 mod forwarding;
+pub mod large_requests;
 pub mod own_sampling;
 pub mod served;
 use std::{

@@ -25,8 +25,10 @@ pub fn is_served(symbol: &str, prefix: &str) -> bool {
 impl Allocator {
     /// This jemalloc copy as probed on its slow path: `malloc` and
     /// `operator new` give way to it; `None` where the fast path was not
-    /// recognised.
-    pub fn on_slow_path(&self) -> Option<Allocator> {
+    /// recognised. With `large_only` (frees not followed, so no pointer
+    /// needed), probed where only large requests go, if those places
+    /// were found.
+    pub fn on_slow_path(&self, large_only: bool) -> Option<Allocator> {
         let slow = self.fast_path.clone()?;
         let served = |symbol: &str| is_served(symbol, &self.prefix);
         let mut entry_points: Vec<EntryPoint> = self
@@ -35,13 +37,22 @@ impl Allocator {
             .filter(|e| !served(&e.symbol))
             .cloned()
             .collect();
-        entry_points.push(EntryPoint {
-            symbol: format!("{}malloc's slow path", self.prefix),
-            shape: profiler_common::CallShape::SlowPath,
-            file_offset: slow.fast.slow_path,
-            placement: slow.placement.clone(),
-            forwards: false,
-        });
+        match slow.large_requests.as_ref().filter(|_| large_only) {
+            Some(large) => entry_points.extend(large.places.iter().map(|place| EntryPoint {
+                symbol: format!("{}malloc's large requests", self.prefix),
+                shape: profiler_common::CallShape::LargeRequest,
+                file_offset: slow.fast.slow_path,
+                placement: place.clone(),
+                forwards: false,
+            })),
+            None => entry_points.push(EntryPoint {
+                symbol: format!("{}malloc's slow path", self.prefix),
+                shape: profiler_common::CallShape::SlowPath,
+                file_offset: slow.fast.slow_path,
+                placement: slow.placement.clone(),
+                forwards: false,
+            }),
+        }
         Some(Allocator {
             kind: self.kind,
             prefix: self.prefix.clone(),
@@ -61,7 +72,7 @@ impl Allocator {
     /// For sampling in windows: the entry points the slow path stands in
     /// for (`malloc`, `operator new`), which the windows attach.
     pub fn windowed_part(&self) -> Option<Allocator> {
-        let slow = self.on_slow_path()?;
+        let slow = self.on_slow_path(false)?;
         let kept: Vec<&str> = slow
             .entry_points
             .iter()

@@ -258,7 +258,9 @@ impl KernelProbes {
             shape: entry.shape,
             windowed: target.windowed,
             own_code: match entry.shape {
-                CallShape::SlowPath => allocator.fast_path.as_ref().map(|s| s.own_code.clone()),
+                CallShape::SlowPath | CallShape::LargeRequest => {
+                    allocator.fast_path.as_ref().map(|s| s.own_code.clone())
+                }
                 CallShape::OwnSample => allocator.own_sampling.as_ref().map(|o| o.own_code.clone()),
                 _ => None,
             },

@@ -161,13 +161,20 @@ fn a_big_buffer_allocated_in_a_window_keeps_its_caller_with_uretprobes() {
 
 /// The agent's setup: every jemalloc process on the host, each probed on
 /// its own, malloc in windows and no free probed (`--track allocations`).
-/// Each process's allocation profile is right, and its mallocs trap in
-/// windows only.
+/// Each process's allocation profile is right, its mallocs trap in
+/// windows only, and jemalloc's slow path traps on large requests alone
+/// (probed past its own size check): the 64 MiB buffer each allocates
+/// first is seen, and the tens of thousands of small calls that reach the
+/// slow path (a crossing of the thread's 64 KiB threshold) do not trap.
 #[test]
 fn every_process_sampled_in_windows_as_an_agent_would() {
     let _guard = exclusive();
     let out = output_dir("windows_agent");
-    let env = [("FIXTURE_SECONDS", "15"), ("FIXTURE_REPORT_PAIRS", "1")];
+    let env = [
+        ("FIXTURE_SECONDS", "15"),
+        ("FIXTURE_REPORT_PAIRS", "1"),
+        ("FIXTURE_BIG_BUFFER", "1"),
+    ];
     let mut fixtures = [
         Fixture::start(&aliasing_fixture(), &env),
         Fixture::start(&aliasing_fixture(), &env),
@@ -192,6 +199,7 @@ fn every_process_sampled_in_windows_as_an_agent_would() {
         "none",
         "--format",
         "heap",
+        "--verbose",
         "-o",
         out.to_str().unwrap(),
     ]);
@@ -221,9 +229,20 @@ fn every_process_sampled_in_windows_as_an_agent_would() {
         assert_within(&what, flat(&allocated, "cycle_48"), pairs * 48.0, 0.10);
         let what = format!("pid {pid} cycle_16 allocated");
         assert_within(&what, flat(&allocated, "cycle_16"), pairs * 16.0, 0.10);
+        let what = format!("pid {pid} big_buffer allocated");
+        assert_within(&what, flat(&allocated, "big_buffer"), 64.0 * MIB, 0.01);
     }
-    // Of the two processes' mallocs, a few percent trap: those in windows.
+    assert!(stderr.contains("malloc's large requests at"), "{stderr}");
+    assert!(!stderr.contains("malloc's slow path at"), "{stderr}");
+    // Every hit an allocation call: no small call on the slow path (one
+    // per 1,024 pairs here, on the old probe at its entry) trapped.
     let calls = summary_count(&stderr, " allocation calls");
+    let hits = probe_hits(&stderr);
+    assert!(
+        hits.saturating_sub(calls) as f64 <= 100.0 + all_calls / 1024.0 / 100.0,
+        "{hits} hits for {calls} allocation calls\n{stderr}"
+    );
+    // Of the two processes' mallocs, a few percent trap: those in windows.
     assert!(
         (calls as f64) < 0.1 * all_calls,
         "{calls} of {all_calls} trapped\n{stderr}"
@@ -366,4 +385,15 @@ fn a_process_that_exits_leaves_no_entry_in_the_kernel_tables() {
     staying.run_workload();
     memprobe.stop();
     assert!(staying.finish().success());
+}
+
+/// The cost line's count of probe hits: "memprobe: cost: N probe hits".
+fn probe_hits(stderr: &str) -> u64 {
+    stderr
+        .lines()
+        .find_map(|l| {
+            let rest = l.strip_prefix("memprobe: cost: ")?;
+            rest.split_once(" probe hits")?.0.parse().ok()
+        })
+        .unwrap_or_else(|| panic!("no cost line:\n{stderr}"))
 }

@@ -120,7 +120,7 @@ impl Session<'_> {
         let on_slow_path = windowed
             .as_ref()
             .ok()
-            .and_then(|_| allocator.on_slow_path());
+            .and_then(|_| allocator.on_slow_path(self.options.collector.allocations_only));
         let probed = on_slow_path.as_ref().unwrap_or(allocator);
         let before = self.probes.attached.len();
         let attached = self

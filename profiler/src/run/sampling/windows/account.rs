@@ -2,7 +2,7 @@
 //! while one is open, what they cost and the process uses, and each
 //! thread's account of bytes by which its samples are weighed.
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     path::{Path, PathBuf},
     time::{Duration, Instant},
 };
@@ -85,6 +85,9 @@ pub(in crate::run) struct Windows {
     pub(super) held: Vec<HeapEvent>,
     /// Per thread, jemalloc's counter at the end of its last window.
     ends: HashMap<u32, u64>,
+    /// The process's threads when its windows began (empty where they
+    /// could not be read): one born since counted its bytes from 0 then.
+    present_at_start: HashSet<u32>,
 }
 
 /// Events held in one window at most: past this the window closes early.
@@ -108,7 +111,8 @@ pub(super) const NARROW_AFTER: u32 = 3;
 pub(super) const WIDEN_AFTER: Duration = Duration::from_secs(30);
 
 impl Windows {
-    pub fn new(timing: &WindowTiming) -> Self {
+    /// Windows for a process whose threads are `threads` now.
+    pub fn new(timing: &WindowTiming, threads: Vec<u32>) -> Self {
         let now = Instant::now();
         Self {
             copies: Vec::new(),
@@ -131,6 +135,7 @@ impl Windows {
             since: now,
             held: Vec::new(),
             ends: HashMap::new(),
+            present_at_start: threads.into_iter().collect(),
         }
     }
 
@@ -280,12 +285,17 @@ impl Windows {
                 continue;
             }
             let within = record.end.wrapping_sub(record.first);
-            // Its first window stands for what it allocated since it was
-            // first seen on the slow path (or itself alone).
+            // Its first window stands for all it allocated, if it was born
+            // since the windows began (jemalloc's counter starts at 0);
+            // else since it was first seen on the slow path, or for itself
+            // alone.
+            let born_since =
+                !self.present_at_start.is_empty() && !self.present_at_start.contains(&tid);
             let since = self
                 .ends
                 .get(&tid)
                 .copied()
+                .or(born_since.then_some(0))
                 .or((record.base > 0).then_some(record.base))
                 .filter(|&start| start <= record.first)
                 .unwrap_or(record.first);
@@ -313,7 +323,7 @@ mod tests {
 
     #[test]
     fn a_window_stands_for_what_its_thread_allocated_since_the_last() {
-        let mut windows = Windows::new(&WindowTiming::default());
+        let mut windows = Windows::new(&WindowTiming::default(), vec![3, 7]);
         // Thread 7 first seen on the slow path at 1,000 bytes, its first
         // window from 41,000 to 42,000: 41,000 bytes in all for 1,000 seen.
         let scales = windows.weigh(1, &[(7, record(1, 41_000, 42_000, 1_000))]);
@@ -331,15 +341,26 @@ mod tests {
     }
 
     #[test]
+    fn a_thread_born_since_the_windows_began_stands_for_all_it_allocated() {
+        let mut windows = Windows::new(&WindowTiming::default(), vec![3, 7]);
+        let scales = windows.weigh(1, &[(9, record(1, 5_000, 6_000, 0))]);
+        assert_eq!(scales[&9], 6.0);
+        // Where the threads could not be read, none is taken for new.
+        let mut windows = Windows::new(&WindowTiming::default(), Vec::new());
+        let scales = windows.weigh(1, &[(9, record(1, 5_000, 6_000, 0))]);
+        assert_eq!(scales[&9], 1.0);
+    }
+
+    #[test]
     fn a_thread_never_seen_on_the_slow_path_stands_for_its_window_alone() {
-        let mut windows = Windows::new(&WindowTiming::default());
+        let mut windows = Windows::new(&WindowTiming::default(), vec![3, 7]);
         let scales = windows.weigh(1, &[(3, record(1, 5_000, 6_000, 0))]);
         assert_eq!(scales[&3], 1.0);
     }
 
     #[test]
     fn a_pause_does_not_bring_back_every_call_at_once() {
-        let mut windows = Windows::new(&WindowTiming::default());
+        let mut windows = Windows::new(&WindowTiming::default(), vec![3, 7]);
         let start = Instant::now();
         let at = |s: u64| start + Duration::from_secs(s);
         assert_eq!(windows.settle_duty(0.03, at(0)), 0.03);
@@ -355,7 +376,7 @@ mod tests {
 
     #[test]
     fn their_cost_is_held_to_a_share_of_what_the_process_uses() {
-        let mut windows = Windows::new(&WindowTiming::default());
+        let mut windows = Windows::new(&WindowTiming::default(), vec![3, 7]);
         let start = windows.cpu.2;
         let at = |ms: u64| start + Duration::from_millis(ms);
         windows.own_cpu_since(10.0, 0.0, at(1000));

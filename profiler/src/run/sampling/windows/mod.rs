@@ -5,8 +5,9 @@
 //! keeps their cost there. No call traps outside a window, and nothing in
 //! the program's own cycle can line up with the samples. Its slow path
 //! stays probed for the requests above 4 KiB (every one reaches it: a big
-//! buffer is never left to chance), and its other entry points and its
-//! frees stay probed as always.
+//! buffer is never left to chance; where frees are not followed, past its
+//! own size check, so that its small calls never trap), and its other
+//! entry points and its frees stay probed as always.
 //!
 //! Inside a window every call traps, so the program runs slower there than
 //! outside: a window sees fewer calls than its share of time. Its samples
@@ -43,8 +44,8 @@ impl Session<'_> {
         if !self.tracked.contains_key(&pid) {
             return;
         }
-        let windows =
-            (self.sampling.of_mut(pid).windows).get_or_insert_with(|| Windows::new(&timing));
+        let windows = (self.sampling.of_mut(pid).windows)
+            .get_or_insert_with(|| Windows::new(&timing, crate::proc::thread_ids(pid)));
         let Some((number, _)) = windows.open else {
             let first = windows.opened == 0;
             windows.add(copy);

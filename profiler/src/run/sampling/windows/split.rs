@@ -31,7 +31,8 @@ impl Session<'_> {
         }
         let not_recognised = "its malloc fast path is not a jemalloc 5.3 build memprobe recognises";
         let served = allocator.windowed_part().ok_or(not_recognised)?;
-        let fast = allocator.fast_path.as_ref().ok_or(not_recognised)?.fast;
+        let slow = allocator.fast_path.as_ref().ok_or(not_recognised)?;
+        let fast = slow.fast;
         let tls = match fast.tls {
             TlsOffset::Immediate(offset) => offset,
             TlsOffset::GotSlot(file_offset) => {
@@ -45,6 +46,7 @@ impl Session<'_> {
             large_above: fast.large_above,
             window_shift: 0,
             window: 0,
+            size_register: slow.large_requests.as_ref().map_or(0, |l| l.register),
         };
         if !self.probes.set_fast_path(pid, instance, config) {
             return Err("the kernel's table of fast paths is full");
