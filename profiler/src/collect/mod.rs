@@ -249,6 +249,13 @@ impl ProcessHeap {
         self.options.allocations_only = true;
     }
 
+    /// From now on a sampled call waits for its pointer and is in use until
+    /// its free, where frees are followed again (asked for a while under
+    /// `--track allocations`). What was counted before stays in use.
+    pub fn follow_frees(&mut self) {
+        self.options.allocations_only = false;
+    }
+
     /// Stops following the live allocations one allocator copy sampled
     /// (their frees will no longer be seen): no longer in use; how many.
     pub fn forget_copy(&mut self, copy: u16) -> usize {

@@ -1,7 +1,8 @@
-//! Tracking a process's allocations only: its frees unprobed, the step
+//! Tracking a process's allocations only: its frees unprobed, with
+//! `--track allocations` (but for a while when asked) and as the step
 //! `--max-overhead` takes before it detaches a process (frees are most of
 //! what a busy jemalloc process's probes cost: its allocations are sampled
-//! on the slow path, its frees all trap).
+//! in windows, its frees all trap).
 use aya::maps::HashMap;
 use profiler_common::{LiveKey, maps};
 
@@ -11,8 +12,20 @@ impl KernelProbes {
     /// Whether probes attached for `scope` leave out frees and resizes,
     /// and the return halves that only liveness needs.
     pub(super) fn allocations_only_in(&self, scope: Scope) -> bool {
-        self.allocations_only
+        let followed = matches!(scope, Scope::Process(pid) if self.frees_followed.contains(&pid));
+        (self.allocations_only && !followed)
             || matches!(scope, Scope::Process(pid) if self.frees_dropped.contains(&pid))
+    }
+
+    /// Under `--track allocations`, whether probes attached for `pid` from
+    /// now on follow its frees too (asked for a while through the
+    /// endpoints), or not again.
+    pub fn follow_frees(&mut self, pid: u32, follow: bool) {
+        if follow {
+            self.frees_followed.insert(pid);
+        } else {
+            self.frees_followed.remove(&pid);
+        }
     }
 
     /// Detaches `pid`'s probes on calls that only free (free, sdallocx,

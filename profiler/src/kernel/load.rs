@@ -145,6 +145,7 @@ impl KernelProbes {
             frame_pointer_fast_path: options.copy_stack && options.frame_pointer_fast_path,
             allocations_only: options.allocations_only,
             frees_dropped: std::collections::HashSet::new(),
+            frees_followed: std::collections::HashSet::new(),
             mapped_code_unavailable,
             mappings: Default::default(),
             knows_fsbase: fsbase_offset != 0,

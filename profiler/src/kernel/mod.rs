@@ -150,6 +150,9 @@ pub struct KernelProbes {
     allocations_only: bool,
     /// Processes whose frees were dropped to stay within their budget.
     frees_dropped: std::collections::HashSet<u32>,
+    /// Under `--track allocations`, processes whose frees are followed
+    /// for a while, as an endpoint asked.
+    frees_followed: std::collections::HashSet<u32>,
     /// Why the kernel cannot tell of newly mapped code (`--verbose`):
     /// then rescans alone find `dlopen`ed libraries.
     pub mapped_code_unavailable: Option<LinkFailure>,

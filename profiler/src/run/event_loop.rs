@@ -175,6 +175,7 @@ impl Session<'_> {
         self.apply(over_budget);
         let switched = self.own_profiler_actions();
         self.apply(switched);
+        self.end_frees_on_request();
         let silent = self.silence_actions();
         self.apply(silent);
         self.publish();

@@ -7,6 +7,7 @@ pub mod cost;
 mod drain;
 mod event_loop;
 mod finish;
+mod frees_on_request;
 mod memory;
 mod notice;
 mod options;
@@ -46,6 +47,7 @@ use crate::{
     run::{
         budget::Budget,
         cost::{Costs, calibrate},
+        frees_on_request::FreesOnRequest,
         process::Tracked,
         publish::Publishing,
         sampling::SamplingState,
@@ -84,6 +86,8 @@ struct Session<'a> {
     budget: Budget,
     /// How each process's calls are sampled beyond the byte countdown.
     sampling: SamplingState,
+    /// Under `--track allocations`, frees followed for a while on request.
+    frees_on_request: FreesOnRequest,
 }
 
 /// Runs a session; status lines go to `status` (stderr in the binary).
@@ -161,6 +165,7 @@ impl<'a> Session<'a> {
             costs: Costs::default(),
             budget: Budget::new(budget),
             sampling: SamplingState::default(),
+            frees_on_request: FreesOnRequest::default(),
         }
     }
 }

@@ -62,6 +62,11 @@ pub(in crate::run) enum TargetNotice {
 pub(in crate::run) enum SamplingNotice {
     /// How a copy is sampled, and why (`--verbose`).
     Sampling { pid: u32, note: String },
+    /// Under `--track allocations`, its frees followed for a delta asked
+    /// of the endpoints.
+    FreesFollowed { pid: u32, seconds: u64 },
+    /// And no longer.
+    FreesFollowedEnd { pid: u32 },
     /// jemalloc's profiler is on but does not sample (`--verbose`).
     OwnProfilerUnused { pid: u32, path: String, why: String },
     /// jemalloc's profiler was switched on or off while profiled.
@@ -254,6 +259,16 @@ impl fmt::Display for SamplingNotice {
                 active,
                 forgotten,
             } => own_profiler_switched(f, (*pid, path), *active, *forgotten),
+            Self::FreesFollowed { pid, seconds } => write!(
+                f,
+                "pid {pid}: frees followed for {seconds} s, as /debug/pprof/heap?seconds= asked"
+            ),
+            Self::FreesFollowedEnd { pid } => {
+                write!(
+                    f,
+                    "pid {pid}: frees no longer followed: allocations only again"
+                )
+            }
             Self::SamplingLost { pid, path, error } => write!(
                 f,
                 "warning: pid {pid}: {path}: {error}; its allocations are no longer sampled"

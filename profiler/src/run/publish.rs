@@ -105,8 +105,12 @@ impl Session<'_> {
         }
     }
 
-    /// A profile an endpoint asked for: the current estimates, copied.
+    /// A profile an endpoint asked for: the current estimates, copied (for
+    /// a delta, once the process's frees are followed).
     pub(super) fn answer(&mut self, request: SnapshotRequest) {
+        if let Some(wanted) = request.follow_frees {
+            self.follow_frees_for(request.pid, wanted);
+        }
         let profile = self.tracked.get(&request.pid).map(|t| t.profile());
         let _ = request.reply.send(profile);
     }

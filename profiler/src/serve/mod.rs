@@ -73,6 +73,11 @@ pub struct Published {
 /// A profile asked of the run: the current estimates of `pid`.
 pub struct SnapshotRequest {
     pub pid: u32,
+    /// For a delta (`?seconds=N`): follow the process's frees for this
+    /// long from now, where only its allocations are tracked, so that the
+    /// delta's in use is what stayed live; the profile is taken once they
+    /// are followed.
+    pub follow_frees: Option<std::time::Duration>,
     pub reply: oneshot::Sender<Option<HeapProfile>>,
 }
 

@@ -18,6 +18,10 @@ use crate::{
     symbolize::Namer,
 };
 
+/// How much longer than a delta's span frees are followed: its second
+/// profile is taken inside.
+const FOLLOW_GRACE: Duration = Duration::from_secs(2);
+
 pub(super) async fn heap(
     State(state): State<AppState>,
     Query(query): Query<HashMap<String, String>>,
@@ -56,10 +60,13 @@ async fn profile_of(state: &AppState, query: &HashMap<String, String>) -> Result
                 })?,
         ),
     };
-    let mut profile = snapshot(state, pid).await?;
+    // A delta follows the frees of a process tracked for its allocations
+    // only over its span (and the time to take its second profile).
+    let follow = seconds.map(|s| Duration::from_secs(s) + FOLLOW_GRACE);
+    let mut profile = snapshot(state, pid, follow).await?;
     if let Some(seconds) = seconds {
         tokio::time::sleep(Duration::from_secs(seconds)).await;
-        let after = snapshot(state, pid).await?;
+        let after = snapshot(state, pid, None).await?;
         profile = delta(&profile, after, seconds);
     }
     let encoded = tokio::task::spawn_blocking(move || {
@@ -106,7 +113,11 @@ fn pid_of(state: &AppState, pid: Option<&String>) -> Result<u32, Refusal> {
 }
 
 /// The run's current estimates of `pid`.
-async fn snapshot(state: &AppState, pid: u32) -> Result<HeapProfile, Refusal> {
+async fn snapshot(
+    state: &AppState,
+    pid: u32,
+    follow_frees: Option<Duration>,
+) -> Result<HeapProfile, Refusal> {
     let (reply, answer) = oneshot::channel();
     let gone = || {
         let reason = format!("pid {pid} is no longer profiled");
@@ -116,7 +127,11 @@ async fn snapshot(state: &AppState, pid: u32) -> Result<HeapProfile, Refusal> {
     state
         .run
         .snapshots
-        .send(SnapshotRequest { pid, reply })
+        .send(SnapshotRequest {
+            pid,
+            follow_frees,
+            reply,
+        })
         .await
         .map_err(|_| unavailable())?;
     answer.await.map_err(|_| unavailable())?.ok_or_else(gone)

@@ -73,6 +73,59 @@ fn go_tool_pprof_reads_the_heap_endpoint_and_its_delta() {
     memprobe.stop();
 }
 
+/// The host agent's setup, `--track allocations` (no free probed), asked
+/// for a delta: the process's frees are followed for its span, so its in
+/// use is what stayed live (the trends fixture: its leak, the working set
+/// it replaced, none of the burst it freed, which allocations alone would
+/// count 16 MiB), then no longer, and the profile says when they were.
+#[test]
+fn a_delta_follows_frees_for_its_span_under_track_allocations() {
+    let _guard = shared();
+    let out = output_dir("endpoint_frees_on_request");
+    let mut fixture = Fixture::start(&trends_fixture(), &[]);
+    let flags = [
+        "--track",
+        "allocations",
+        "--sample-interval",
+        "16384",
+        "--listen",
+        "127.0.0.1:0",
+        "--format",
+        "heap",
+    ];
+    let memprobe = Memprobe::attach(&fixture, &out, &flags);
+    let address = memprobe.listening_on();
+    let url = format!("http://{address}/debug/pprof/heap?seconds=9");
+    let saved = out.clone();
+    let delta = std::thread::spawn(move || pprof_url_top(&url, "inuse_space", &saved));
+    let within = Duration::from_secs(10);
+    memprobe.wait_for_stderr("frees followed for 11 s", within, "no frees followed");
+    fixture.run_workload();
+    let delta = delta.join().unwrap();
+    let flat = |site: &str| {
+        let listed = (delta.lines()).any(|l| l.split_whitespace().nth(5) == Some(site));
+        if listed {
+            pprof_flat(&delta, site)
+        } else {
+            0.0
+        }
+    };
+    // 60 blocks of 256 KiB kept; 128 of 64 KiB live at the end, each
+    // replaced within the span; 16 MiB allocated and freed.
+    assert_within("leak_steadily", flat("leak_steadily"), 15.0 * MIB, 0.1);
+    assert_within("working_set", flat("working_set"), 8.0 * MIB, 0.15);
+    assert!(flat("burst") < 0.5 * MIB, "{delta}");
+    memprobe.wait_for_stderr("frees no longer followed", within, "frees still followed");
+    let stderr = memprobe.stop();
+    assert!(fixture.finish().success());
+    let heap = &heap_files(&out)[0];
+    let tracking = heap_notes(heap).remove("tracking").unwrap_or_default();
+    assert!(
+        tracking.contains("but for what was freed while frees were followed on request"),
+        "{tracking}\n{stderr}"
+    );
+}
+
 /// Scrapers hammering the endpoints while a busy process allocates a
 /// million times a second: the event intake loses nothing.
 #[test]

@@ -93,6 +93,8 @@ impl Session<'_> {
         self.probes.unwatch_mappings(pid);
         self.probes.forget_fast_paths(pid);
         self.probes.forget_python(pid);
+        self.probes.follow_frees(pid, false);
+        self.frees_on_request.forget(pid);
         // Its last hits, counted between this tick's reading and the
         // detach, belong to this tick: the endpoints then show its final
         // count at once, not one tick later.

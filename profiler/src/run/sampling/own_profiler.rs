@@ -209,6 +209,7 @@ impl Session<'_> {
             }
         }
         self.probes.detach_probes(&slots);
+        self.frees_on_request.forget_copy(pid, copy.instance);
         self.say(SamplingNotice::OwnProfilerSwitched {
             pid,
             path: copy.path.clone(),

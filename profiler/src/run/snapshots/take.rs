@@ -33,7 +33,9 @@ impl Session<'_> {
         self.probes.unwatch_mappings(pid);
         self.probes.forget_fast_paths(pid);
         self.probes.forget_python(pid);
+        self.probes.follow_frees(pid, false);
         self.snapshot(pid, "process exited", SnapshotKind::Last, Announce::Exited);
+        self.frees_on_request.forget(pid);
         Ok(())
     }
 
@@ -142,7 +144,7 @@ impl Session<'_> {
         });
         notes.malloc_sampling = (!sampling.is_empty()).then(|| sampling.join("; "));
         notes.tracking = if self.options.collector.allocations_only {
-            Some("allocations only (--track allocations): in use = allocated".into())
+            Some(self.frees_on_request.note(pid))
         } else {
             self.budget.frees_dropped(pid).map(|dropped| dropped.note())
         };

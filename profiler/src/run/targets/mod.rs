@@ -16,6 +16,7 @@ use crate::{
     proc::{all_pids, parse_maps, read_maps},
     run::{
         Sampling, Session,
+        frees_on_request::UsualCopy,
         notice::{SamplingNotice, TargetNotice},
         process::Tracked,
         sampling::windows::WindowedCopy,
@@ -129,12 +130,16 @@ impl Session<'_> {
         self.print_verbose_probes(before);
         self.print_verbose_wrappers(path, allocator);
         self.say_found_by_code(scope, path, allocator);
-        let slots = (before..self.probes.attached.len()).collect();
+        let slots: Vec<usize> = (before..self.probes.attached.len()).collect();
         let file = (path, open_path);
-        self.watch(scope, file, allocator, (instance, slots), None);
+        self.watch(scope, file, allocator, (instance, slots.clone()), None);
         let Scope::Process(pid) = scope else {
             return Ok(attached);
         };
+        if self.options.collector.allocations_only {
+            let copy = UsualCopy::new(file, allocator, instance, on_slow_path.is_some(), slots);
+            self.frees_on_request.record(pid, copy);
+        }
         match windowed {
             Ok(parts) => {
                 let copy = WindowedCopy::new(path, open_path, instance, parts.served, parts.config);

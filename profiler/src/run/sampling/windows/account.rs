@@ -163,7 +163,7 @@ impl Windows {
 
     /// Whether the open window stays open: calls cheap enough to probe
     /// every one, whose samples are applied as they come.
-    pub(super) fn continuous(&self) -> bool {
+    pub(in crate::run) fn continuous(&self) -> bool {
         self.open.is_some() && self.duty >= 1.0
     }
 

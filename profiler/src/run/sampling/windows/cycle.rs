@@ -113,7 +113,7 @@ impl Session<'_> {
         }
     }
 
-    pub(super) fn open_window(&mut self, pid: u32) {
+    pub(in crate::run) fn open_window(&mut self, pid: u32) {
         let Some(mut windows) = self.sampling.of_mut(pid).windows.take() else {
             return;
         };
@@ -162,6 +162,12 @@ impl Session<'_> {
         for (pid, _) in pids {
             self.close_window(pid, Some(&mut *ring));
         }
+    }
+
+    /// Closes `pid`'s window that stays open (its probes to be attached
+    /// anew); the caller opens the next.
+    pub(in crate::run) fn close_continuous_window(&mut self, pid: u32) {
+        self.close_window(pid, None);
     }
 
     /// Closes `pid`'s short window if one is open (before a snapshot: what

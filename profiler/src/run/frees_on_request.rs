@@ -1,0 +1,273 @@
+//! Live heap on request. Under `--track allocations` (the host agent's
+//! setup) no free is probed: a process pays for its allocations alone, and
+//! its profile's in use is what it allocated. A delta asked of the
+//! endpoints (`/debug/pprof/heap?seconds=N`) has its process's frees
+//! followed for those N seconds: each of its allocator copies is attached
+//! again with its free probes and its return halves (jemalloc's slow path
+//! at its entry, where its pointer is known), so that the delta's in use
+//! is what was allocated in the span and is still live at its end. Then
+//! the copies go back to allocations only, and the cost with them.
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+    time::{Duration, Instant, SystemTime},
+};
+
+use crate::{
+    discover::Allocator,
+    kernel::Scope,
+    run::{Session, notice::SamplingNotice},
+};
+
+/// One allocator copy attached the usual way (memprobe's own sampling),
+/// as needed to attach it again in the other mode.
+#[derive(Debug)]
+pub(in crate::run) struct UsualCopy {
+    path: String,
+    open_path: PathBuf,
+    allocator: Allocator,
+    instance: u16,
+    /// Whether jemalloc's slow path stands in for `malloc` (windows).
+    on_slow_path: bool,
+    /// Every probe index the copy has held, in order: attached again, it
+    /// takes them back before any new one.
+    slots: Vec<usize>,
+}
+
+impl UsualCopy {
+    pub fn new(
+        (path, open_path): (&str, &Path),
+        allocator: &Allocator,
+        instance: u16,
+        on_slow_path: bool,
+        slots: Vec<usize>,
+    ) -> Self {
+        Self {
+            path: path.to_owned(),
+            open_path: open_path.to_owned(),
+            allocator: allocator.clone(),
+            instance,
+            on_slow_path,
+            slots,
+        }
+    }
+
+    /// Its probes now: with frees followed or not.
+    fn probed(&self, follow: bool) -> Option<Allocator> {
+        if self.on_slow_path {
+            self.allocator.on_slow_path(!follow)
+        } else {
+            Some(self.allocator.clone())
+        }
+    }
+}
+
+/// Since when and until when a process's frees are followed.
+#[derive(Debug, Clone, Copy)]
+struct Followed {
+    since: SystemTime,
+    until: Instant,
+}
+
+/// Per process: its usual copies, and the span its frees are followed.
+#[derive(Debug, Default)]
+pub(in crate::run) struct FreesOnRequest {
+    copies: BTreeMap<u32, Vec<UsualCopy>>,
+    followed: BTreeMap<u32, Followed>,
+    /// The last span each process's frees were followed, once over.
+    last: BTreeMap<u32, (SystemTime, SystemTime)>,
+}
+
+impl FreesOnRequest {
+    pub fn record(&mut self, pid: u32, copy: UsualCopy) {
+        self.copies.entry(pid).or_default().push(copy);
+    }
+
+    /// Forgets copy `instance` of `pid` (attached another way since).
+    pub fn forget_copy(&mut self, pid: u32, instance: u16) {
+        if let Some(copies) = self.copies.get_mut(&pid) {
+            copies.retain(|c| c.instance != instance);
+        }
+    }
+
+    /// Forgets `pid`, which exited or was detached.
+    pub fn forget(&mut self, pid: u32) {
+        self.copies.remove(&pid);
+        self.followed.remove(&pid);
+        self.last.remove(&pid);
+    }
+
+    /// The profile's `# tracking:` note for a process tracked for its
+    /// allocations only.
+    pub fn note(&self, pid: u32) -> String {
+        let clock = |t: SystemTime| humantime::format_rfc3339_seconds(t).to_string();
+        match (self.followed.get(&pid), self.last.get(&pid)) {
+            (Some(now), _) => format!(
+                "allocations and frees since {} (asked through /debug/pprof/heap?seconds=), \
+                 allocations only before (--track allocations)",
+                clock(now.since)
+            ),
+            (None, Some(&(from, to))) => format!(
+                "allocations only (--track allocations): in use = allocated, but for what was \
+                 freed while frees were followed on request (last from {} to {})",
+                clock(from),
+                clock(to)
+            ),
+            (None, None) => "allocations only (--track allocations): in use = allocated".into(),
+        }
+    }
+}
+
+impl Session<'_> {
+    /// Follows `pid`'s frees for `wanted` from now, where the run tracks
+    /// allocations only (longer if they are already followed). Nothing to
+    /// do where frees are followed anyway, were dropped for the budget, or
+    /// the process has no copy attached the usual way.
+    pub(in crate::run) fn follow_frees_for(&mut self, pid: u32, wanted: Duration) {
+        let until = Instant::now() + wanted;
+        if !self.options.collector.allocations_only
+            || self.budget.frees_dropped(pid).is_some()
+            || self.tracked.get(&pid).is_none_or(|t| t.exited)
+        {
+            return;
+        }
+        if let Some(followed) = self.frees_on_request.followed.get_mut(&pid) {
+            followed.until = followed.until.max(until);
+            return;
+        }
+        if self
+            .frees_on_request
+            .copies
+            .get(&pid)
+            .is_none_or(Vec::is_empty)
+        {
+            return;
+        }
+        self.switch_frees(pid, true);
+        let since = SystemTime::now();
+        (self.frees_on_request.followed).insert(pid, Followed { since, until });
+        self.say(SamplingNotice::FreesFollowed {
+            pid,
+            seconds: wanted.as_secs(),
+        });
+    }
+
+    /// Each tick: processes whose asked span is over go back to their
+    /// allocations only.
+    pub(in crate::run) fn end_frees_on_request(&mut self) {
+        let now = Instant::now();
+        let over: Vec<(u32, Followed)> = (self.frees_on_request.followed.iter())
+            .filter(|(_, f)| f.until <= now)
+            .map(|(&pid, &f)| (pid, f))
+            .collect();
+        for (pid, followed) in over {
+            self.frees_on_request.followed.remove(&pid);
+            if self.tracked.get(&pid).is_some_and(|t| !t.exited) {
+                self.switch_frees(pid, false);
+                self.say(SamplingNotice::FreesFollowedEnd { pid });
+            }
+            (self.frees_on_request.last).insert(pid, (followed.since, SystemTime::now()));
+        }
+    }
+
+    /// Attaches each usual copy of `pid` again, following its frees or
+    /// not, and counts its samples so from now on. A window open now is
+    /// closed first (its held events applied): the next opens with the
+    /// new probes.
+    fn switch_frees(&mut self, pid: u32, follow: bool) {
+        let continuous = self.sampling.windows(pid).is_some_and(|w| w.continuous());
+        if continuous {
+            self.close_continuous_window(pid);
+        } else {
+            self.close_open_window(pid);
+        }
+        self.probes.follow_frees(pid, follow);
+        let mut copies = self
+            .frees_on_request
+            .copies
+            .remove(&pid)
+            .unwrap_or_default();
+        for copy in &mut copies {
+            self.probes.detach_probes(&copy.slots);
+            if let Err(error) = self.attach_copy_again(pid, copy, follow) {
+                self.say(SamplingNotice::SamplingLost {
+                    pid,
+                    path: copy.path.clone(),
+                    error: crate::error::chain(&error),
+                });
+            }
+        }
+        self.frees_on_request.copies.insert(pid, copies);
+        if let Some(t) = self.tracked.get_mut(&pid) {
+            if follow {
+                t.heap.follow_frees();
+            } else {
+                t.heap.track_allocations_only();
+            }
+        }
+        if continuous {
+            self.open_window(pid);
+        }
+    }
+
+    fn attach_copy_again(
+        &mut self,
+        pid: u32,
+        copy: &mut UsualCopy,
+        follow: bool,
+    ) -> crate::error::Result<()> {
+        let Some(probed) = copy.probed(follow) else {
+            return Ok(());
+        };
+        let file = (copy.path.as_str(), copy.open_path.as_path());
+        let used = self.probes.attach_again(
+            Scope::Process(pid),
+            file,
+            &probed,
+            copy.instance,
+            &copy.slots,
+        )?;
+        if used.len() > copy.slots.len() {
+            copy.slots = used;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The note says whether frees are followed now, were for a while, or
+    /// never were.
+    #[test]
+    fn the_tracking_note_says_when_frees_were_followed() {
+        let mut requests = FreesOnRequest::default();
+        assert_eq!(
+            requests.note(7),
+            "allocations only (--track allocations): in use = allocated"
+        );
+        let since = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let until = Instant::now();
+        requests.followed.insert(7, Followed { since, until });
+        assert!(
+            requests
+                .note(7)
+                .starts_with("allocations and frees since 2027-01-15T08:00:00Z"),
+            "{}",
+            requests.note(7)
+        );
+        requests.followed.remove(&7);
+        let to = since + Duration::from_secs(30);
+        requests.last.insert(7, (since, to));
+        assert!(
+            requests
+                .note(7)
+                .ends_with("(last from 2027-01-15T08:00:00Z to 2027-01-15T08:00:30Z)"),
+            "{}",
+            requests.note(7)
+        );
+        requests.forget(7);
+        assert!(requests.note(7).ends_with("in use = allocated"));
+    }
+}
