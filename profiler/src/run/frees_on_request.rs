@@ -7,6 +7,11 @@
 //! at its entry, where its pointer is known), so that the delta's in use
 //! is what was allocated in the span and is still live at its end. Then
 //! the copies go back to allocations only, and the cost with them.
+//!
+//! The same re-attaching serves the budget's second step: a process whose
+//! frees it dropped has its copies attached again in their
+//! allocations-only form, where jemalloc's slow path traps on large
+//! requests alone.
 use std::{
     collections::BTreeMap,
     path::{Path, PathBuf},
@@ -168,6 +173,14 @@ impl Session<'_> {
             }
             (self.frees_on_request.last).insert(pid, (followed.since, SystemTime::now()));
         }
+    }
+
+    /// After the budget dropped `pid`'s frees (its free probes detached):
+    /// its copies attached again without return halves, jemalloc's slow
+    /// path past its size check.
+    pub(in crate::run) fn attach_without_frees(&mut self, pid: u32) {
+        self.frees_on_request.followed.remove(&pid);
+        self.switch_frees(pid, false);
     }
 
     /// Attaches each usual copy of `pid` again, following its frees or

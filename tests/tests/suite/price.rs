@@ -126,9 +126,11 @@ fn a_process_over_its_budget_loses_its_frees_then_is_detached() {
 
 /// A busy jemalloc process at the defaults (malloc in windows, a 10%
 /// budget) is profiled to the end of `--duration`: its frees, nearly all
-/// of what its probes cost, are dropped, and its profile says so. Shaped
-/// like a server: bursts of 1024 malloc+free pairs, 2 ms apart (some
-/// 300,000 frees a second, a third of a CPU in traps).
+/// of what its probes cost, are dropped, and its profile says so; its
+/// copies attached again without them, jemalloc's slow path traps on
+/// large requests alone. Shaped like a server: bursts of 1024 malloc+free
+/// pairs, 2 ms apart (some 300,000 frees a second, a third of a CPU in
+/// traps).
 #[test]
 fn a_busy_process_at_defaults_is_profiled_to_the_end_of_its_duration() {
     let _guard = exclusive();
@@ -148,6 +150,7 @@ fn a_busy_process_at_defaults_is_profiled_to_the_end_of_its_duration() {
         "30s",
         "--format",
         "heap",
+        "--verbose",
         "-o",
         out.to_str().unwrap(),
     ]);
@@ -162,6 +165,15 @@ fn a_busy_process_at_defaults_is_profiled_to_the_end_of_its_duration() {
         "{stderr}"
     );
     assert!(!stderr.contains("detached, over budget"), "{stderr}");
+    // The slow path's entry, probed while frees were, is no longer.
+    let (_, after) = stderr
+        .split_once("frees no longer tracked")
+        .expect("frees dropped");
+    let rates = after
+        .lines()
+        .rfind(|l| l.starts_with("memprobe: probe hits: "))
+        .unwrap_or_else(|| panic!("no rates after the drop: {stderr}"));
+    assert!(!rates.contains("malloc's slow path"), "{rates}\n{stderr}");
     let heaps = heap_files(&out);
     let last = heaps.last().expect("a profile");
     assert_eq!(heaps.len(), 2, "the first step's and the last: {stderr}");
@@ -176,8 +188,8 @@ fn a_busy_process_at_defaults_is_profiled_to_the_end_of_its_duration() {
 /// allocations`) whose windows (fixed here at half the time) cost it more
 /// than a 20% budget has them narrowed, which is enough: it is not
 /// detached, and that is said on stderr and in its profile. (What is left
-/// is jemalloc's slow path, some 20,000 traps a second in this loop, with
-/// no work between its calls: a tighter budget would detach it.)
+/// is `malloc` in windows 0.5% of the time: jemalloc's slow path traps on
+/// large requests alone where no free is followed.)
 #[test]
 fn windows_are_narrowed_before_anything_else() {
     let _guard = exclusive();

@@ -75,6 +75,7 @@ impl Session<'_> {
         if let Some(t) = self.tracked.get_mut(&pid) {
             t.heap.track_allocations_only();
         }
+        self.attach_without_frees(pid);
         self.say(CostNotice::FreesDropped {
             pid,
             reason: over.brief(),

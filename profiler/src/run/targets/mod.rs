@@ -136,10 +136,8 @@ impl Session<'_> {
         let Scope::Process(pid) = scope else {
             return Ok(attached);
         };
-        if self.options.collector.allocations_only {
-            let copy = UsualCopy::new(file, allocator, instance, on_slow_path.is_some(), slots);
-            self.frees_on_request.record(pid, copy);
-        }
+        let copy = UsualCopy::new(file, allocator, instance, on_slow_path.is_some(), slots);
+        self.frees_on_request.record(pid, copy);
         match windowed {
             Ok(parts) => {
                 let copy = WindowedCopy::new(path, open_path, instance, parts.served, parts.config);
