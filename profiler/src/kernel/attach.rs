@@ -97,6 +97,45 @@ impl KernelProbes {
         self.attach_into(&target, allocator, instance, slots)
     }
 
+    /// As [`Self::attach_again`] for a copy attached again in another form
+    /// (frees followed or not, jemalloc's slow path at its entry or past
+    /// its size check): each entry point takes back the index among
+    /// `held` (detached since) that the same entry point held, so that an
+    /// index's hits are always one entry point's (the cost line names and
+    /// prices them by it); one never held takes a new index.
+    pub fn attach_reusing(
+        &mut self,
+        scope: Scope,
+        (path, open_path): (&str, &Path),
+        allocator: &Allocator,
+        instance: u16,
+        held: &[usize],
+    ) -> Result<Vec<usize>> {
+        let target = Target::new(scope, path, open_path)?;
+        let allocations_only = self.allocations_only_in(scope);
+        let mut free: Vec<usize> = held
+            .iter()
+            .copied()
+            .filter(|&i| self.links.get(i).is_some_and(ProbeLinks::is_empty))
+            .collect();
+        let slots: Vec<usize> = allocator
+            .entry_points
+            .iter()
+            .filter(|e| !allocations_only || e.shape.allocates())
+            .map(|entry| {
+                let same = free.iter().position(|&i| {
+                    let probe = &self.attached[i];
+                    probe.symbol == entry.symbol
+                        && probe.shape == entry.shape
+                        && probe.file_offset == entry.file_offset
+                        && probe.placement.offset == entry.placement.offset
+                });
+                same.map_or(usize::MAX, |at| free.swap_remove(at))
+            })
+            .collect();
+        self.attach_into(&target, allocator, instance, &slots)
+    }
+
     /// As [`Self::attach_again`], for a sampling window: the calls these
     /// probes see count their bytes 2^`window_shift` times (the copy's
     /// [`FastPathConfig`](profiler_common::FastPathConfig)), and requests

@@ -34,8 +34,8 @@ pub(in crate::run) struct UsualCopy {
     instance: u16,
     /// Whether jemalloc's slow path stands in for `malloc` (windows).
     on_slow_path: bool,
-    /// Every probe index the copy has held, in order: attached again, it
-    /// takes them back before any new one.
+    /// Every probe index the copy has held: attached again, each entry
+    /// point takes back the one it held.
     slots: Vec<usize>,
 }
 
@@ -233,15 +233,17 @@ impl Session<'_> {
             return Ok(());
         };
         let file = (copy.path.as_str(), copy.open_path.as_path());
-        let used = self.probes.attach_again(
+        let used = self.probes.attach_reusing(
             Scope::Process(pid),
             file,
             &probed,
             copy.instance,
             &copy.slots,
         )?;
-        if used.len() > copy.slots.len() {
-            copy.slots = used;
+        for index in used {
+            if !copy.slots.contains(&index) {
+                copy.slots.push(index);
+            }
         }
         Ok(())
     }
