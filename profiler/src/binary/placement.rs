@@ -128,7 +128,7 @@ pub fn place(code: &[u8], address: u64, reads: &[Register], with_return: bool) -
 /// Branch targets anywhere in the function past its first byte: a probe
 /// must not sit where a branch lands, or after such a place, or it would
 /// run twice.
-fn branch_targets(instructions: &[Instruction], address: u64) -> Vec<u64> {
+pub(crate) fn branch_targets(instructions: &[Instruction], address: u64) -> Vec<u64> {
     instructions
         .iter()
         .filter(|i| {

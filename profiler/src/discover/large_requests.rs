@@ -21,7 +21,7 @@ use profiler_common::gpr;
 
 use crate::binary::{
     elf::FunctionSymbols,
-    placement::{Placement, is_emulated, registers_written},
+    placement::{Placement, branch_targets, is_emulated, registers_written},
 };
 
 /// Most bytes of the slow path decoded.
@@ -85,16 +85,24 @@ pub fn find(
         return None;
     }
     let check_indexes: Vec<usize> = checks.iter().map(|&(i, _)| i).collect();
+    let landings = branch_targets(&instructions, slow_path);
     let mut places = Vec::new();
     for &(at, _) in &checks {
         let target = index_of(&instructions, instructions[at + 1].near_branch_target())?;
-        if !entered_only_by(&instructions, target, at + 1)
+        if !entered_only_by(&instructions, target, &landings)
             || reaches_any(&instructions, target, &check_indexes)
         {
             return None;
         }
         let frame = states[at]?.frame;
-        places.push(place(&instructions, target, register, frame, slow_path)?);
+        let at_target = (register, frame);
+        places.push(place(
+            &instructions,
+            target,
+            at_target,
+            &landings,
+            slow_path,
+        )?);
     }
     Some(LargeRequests { register, places })
 }
@@ -246,14 +254,13 @@ fn size_check(
     (shaped && state.sizes & bit(register) != 0).then_some(register)
 }
 
-/// Whether the instruction at `target` is entered only by the jump at
-/// `jump`: no other branch lands there, and the code before it does not
-/// run on into it.
-fn entered_only_by(instructions: &[Instruction], target: usize, jump: usize) -> bool {
+/// Whether the instruction at `target` is entered only by its check's
+/// jump: no other branch lands there (`landings`: every branch's target,
+/// that jump's among them), and the code before it does not run on into
+/// it.
+fn entered_only_by(instructions: &[Instruction], target: usize, landings: &[u64]) -> bool {
     let address = instructions[target].ip();
-    let other_branch = instructions.iter().enumerate().any(|(i, instruction)| {
-        i != jump && is_direct_branch(instruction) && instruction.near_branch_target() == address
-    });
+    let other_branch = landings.iter().filter(|&&t| t == address).count() > 1;
     // Padding between the code before and the target is skipped over.
     let before = instructions[..target].iter().rev().find(|i| {
         !matches!(
@@ -297,12 +304,12 @@ fn reaches_any(instructions: &[Instruction], start: usize, to: &[usize]) -> bool
 
 /// The probe's place on the straight line from `target`: the first
 /// instruction the kernel emulates, with the size's register and the frame
-/// as at the check, and no branch landing between.
+/// as at the check, and none of `landings` between.
 fn place(
     instructions: &[Instruction],
     target: usize,
-    register: u64,
-    frame: i64,
+    (register, frame): (u64, i64),
+    landings: &[u64],
     function: u64,
 ) -> Option<Placement> {
     let mut info = InstructionInfoFactory::new();
@@ -310,12 +317,8 @@ fn place(
         sizes: bit(register),
         frame,
     };
-    for i in target..(target + MAX_TO_PLACE).min(instructions.len()) {
-        let instruction = &instructions[i];
-        let landed_on = i > target
-            && instructions
-                .iter()
-                .any(|b| is_direct_branch(b) && b.near_branch_target() == instruction.ip());
+    for (k, instruction) in instructions[target..].iter().take(MAX_TO_PLACE).enumerate() {
+        let landed_on = k > 0 && landings.contains(&instruction.ip());
         if landed_on || state.sizes & bit(register) == 0 || state.frame != frame {
             return None;
         }
@@ -333,16 +336,6 @@ fn place(
         state = step(&mut info, instruction, state)?;
     }
     None
-}
-
-fn is_direct_branch(instruction: &Instruction) -> bool {
-    matches!(
-        instruction.op0_kind(),
-        OpKind::NearBranch16 | OpKind::NearBranch32 | OpKind::NearBranch64
-    ) && matches!(
-        instruction.flow_control(),
-        FlowControl::ConditionalBranch | FlowControl::UnconditionalBranch | FlowControl::Call
-    )
 }
 
 fn index_of(instructions: &[Instruction], address: u64) -> Option<usize> {
@@ -453,7 +446,8 @@ mod tests {
             size_check(&instructions, 2, states[2].unwrap(), 4096),
             Some(gpr::RBX)
         );
-        let place = place(&instructions, 5, gpr::RBX, 0, 0x1000).unwrap();
+        let landings = branch_targets(&instructions, 0x1000);
+        let place = place(&instructions, 5, (gpr::RBX, 0), &landings, 0x1000).unwrap();
         assert_eq!(place.offset, 18);
     }
 }

@@ -81,10 +81,11 @@ impl KernelProbes {
     }
 
     /// As [`Self::attach`], each entry point into the probe index it held
-    /// before (`slots`, in the same order; detached since), so that a part
-    /// of a copy attached again and again (the slow path's trial) keeps its
-    /// counters instead of taking new ones; new indexes where `slots` has
-    /// none. Returns the indexes used.
+    /// before (among `slots`, detached since), so that a copy or part of
+    /// one attached again and again (a window's entry points, a copy whose
+    /// frees are followed for a while) keeps its counters instead of taking
+    /// new ones; a new index for an entry point that held none. Returns the
+    /// indexes used.
     pub fn attach_again(
         &mut self,
         scope: Scope,
@@ -95,45 +96,6 @@ impl KernelProbes {
     ) -> Result<Vec<usize>> {
         let target = Target::new(scope, path, open_path)?;
         self.attach_into(&target, allocator, instance, slots)
-    }
-
-    /// As [`Self::attach_again`] for a copy attached again in another form
-    /// (frees followed or not, jemalloc's slow path at its entry or past
-    /// its size check): each entry point takes back the index among
-    /// `held` (detached since) that the same entry point held, so that an
-    /// index's hits are always one entry point's (the cost line names and
-    /// prices them by it); one never held takes a new index.
-    pub fn attach_reusing(
-        &mut self,
-        scope: Scope,
-        (path, open_path): (&str, &Path),
-        allocator: &Allocator,
-        instance: u16,
-        held: &[usize],
-    ) -> Result<Vec<usize>> {
-        let target = Target::new(scope, path, open_path)?;
-        let allocations_only = self.allocations_only_in(scope);
-        let mut free: Vec<usize> = held
-            .iter()
-            .copied()
-            .filter(|&i| self.links.get(i).is_some_and(ProbeLinks::is_empty))
-            .collect();
-        let slots: Vec<usize> = allocator
-            .entry_points
-            .iter()
-            .filter(|e| !allocations_only || e.shape.allocates())
-            .map(|entry| {
-                let same = free.iter().position(|&i| {
-                    let probe = &self.attached[i];
-                    probe.symbol == entry.symbol
-                        && probe.shape == entry.shape
-                        && probe.file_offset == entry.file_offset
-                        && probe.placement.offset == entry.placement.offset
-                });
-                same.map_or(usize::MAX, |at| free.swap_remove(at))
-            })
-            .collect();
-        self.attach_into(&target, allocator, instance, &slots)
     }
 
     /// As [`Self::attach_again`], for a sampling window: the calls these
@@ -168,9 +130,27 @@ impl KernelProbes {
             .entry_points
             .iter()
             .filter(|e| !allocations_only || e.shape.allocates());
+        // Each entry point takes back the index it held among `slots`: an
+        // index's hits are always one entry point's (the cost line names
+        // and prices them by it), also where the copy comes back in
+        // another form (frees followed or not, jemalloc's slow path at its
+        // entry or past its size check).
+        let mut held: Vec<usize> = slots
+            .iter()
+            .copied()
+            .filter(|&i| i < attached_before)
+            .collect();
         let mut used = Vec::new();
-        for (k, entry) in entries.enumerate() {
-            let slot = slots.get(k).copied().filter(|&i| i < attached_before);
+        for entry in entries {
+            let slot = held
+                .iter()
+                .position(|&i| {
+                    let probe = &self.attached[i];
+                    probe.symbol == entry.symbol
+                        && probe.shape == entry.shape
+                        && probe.file_offset == entry.file_offset
+                })
+                .map(|at| held.remove(at));
             match self.attach_entry(target, entry, allocator, instance, slot) {
                 Ok(index) => used.push(index),
                 Err(mut error) => {

@@ -233,7 +233,7 @@ impl Session<'_> {
             return Ok(());
         };
         let file = (copy.path.as_str(), copy.open_path.as_path());
-        let used = self.probes.attach_reusing(
+        let used = self.probes.attach_again(
             Scope::Process(pid),
             file,
             &probed,
