@@ -22,13 +22,12 @@ pub enum CallShape {
     /// jemalloc's `malloc_default`, where `malloc` and `operator new` go
     /// when their inlined fast path cannot serve: size in the first argument.
     SlowPath,
-    /// Inside jemalloc's `malloc_default`, past its own check for a request
-    /// above the fast path's largest: reached by those alone, so a small
-    /// call on the slow path (a cache refill, a threshold crossed) never
-    /// traps. The size is in a register the decoding found
-    /// ([`crate::FastPathConfig::size_register`]); the pointer is not
-    /// known there (no return probe can sit inside a function), so only
-    /// where frees are not followed (`--track allocations`).
+    /// jemalloc's `arena_malloc_hard(tsdn, arena, size, ind, zero)`, where
+    /// `malloc_default` sends the requests no thread cache holds (above
+    /// [`crate::FastPathConfig::large_above`]): size in the third argument.
+    /// A call is counted only when it comes from the slow path
+    /// ([`crate::FastPathConfig::callers`]) and is that large; small and
+    /// middle-sized requests never trap there.
     LargeRequest,
     /// jemalloc's `prof_malloc_sample_object(tsd, ptr, size, usize, tctx)`:
     /// an allocation jemalloc's own profiler (`prof:true`) sampled, its
@@ -75,7 +74,9 @@ impl CallShape {
             CallShape::Xallocx => (programs::RESIZE_XALLOCX, Some(session::XALLOCX)),
             CallShape::Free => (programs::FREE_ARG0, None),
             CallShape::SlowPath => (programs::ALLOC_SLOW_PATH, Some(session::SLOW_PATH)),
-            CallShape::LargeRequest => (programs::ALLOC_LARGE_REQUEST, None),
+            CallShape::LargeRequest => {
+                (programs::ALLOC_LARGE_REQUEST, Some(session::LARGE_REQUEST))
+            }
             CallShape::OwnSample => (programs::OWN_SAMPLE, None),
             // Without sessions, a plain free (see `returns_by_uretprobe`).
             CallShape::FreeInResize => (programs::FREE_ARG0, Some(session::FREE_IN_RESIZE)),

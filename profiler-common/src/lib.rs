@@ -153,9 +153,11 @@ pub mod programs {
         pub const RALLOCX: &str = "session_rallocx";
         pub const XALLOCX: &str = "session_xallocx";
         pub const SLOW_PATH: &str = "session_slow_path";
+        pub const LARGE_REQUEST: &str = "session_large_request";
         pub const FREE_IN_RESIZE: &str = "session_free_in_resize";
-        pub const ALL: [&str; 10] = [
+        pub const ALL: [&str; 11] = [
             SLOW_PATH,
+            LARGE_REQUEST,
             FREE_IN_RESIZE,
             SIZE_ARG0,
             SIZE_ARG1,
@@ -438,9 +440,11 @@ pub struct FastPathKey {
 pub struct FastPathConfig {
     /// fs-relative address of the allocated-bytes counter.
     pub allocated: i64,
-    /// Requests above this many bytes always take the slow path, which
-    /// samples them (none is left to chance); smaller ones are sampled by
-    /// windowed entry probes.
+    /// Requests above this many bytes are sampled where the slow path
+    /// sends them, every one of them (none is left to chance): above the
+    /// thread cache's largest where that place was found, else above the
+    /// fast path's largest, at the slow path's entry. Smaller ones are
+    /// sampled by windowed entry probes.
     pub large_above: u64,
     /// Inside the window now open each call's bytes count 2^window_shift
     /// times towards the thread's countdown: windows see a share of the
@@ -450,30 +454,10 @@ pub struct FastPathConfig {
     /// The process's sampling window now open (numbered from 1), which its
     /// windowed calls note in their thread's state.
     pub window: u64,
-    /// Where probes sit past the slow path's own size check (see
-    /// [`CallShape::LargeRequest`]), the register that holds the size
-    /// there: one of [`gpr`].
-    pub size_register: u64,
-}
-
-/// x86-64 general-purpose registers by number, as
-/// [`FastPathConfig::size_register`] names them.
-pub mod gpr {
-    pub const RAX: u64 = 0;
-    pub const RBX: u64 = 1;
-    pub const RCX: u64 = 2;
-    pub const RDX: u64 = 3;
-    pub const RSI: u64 = 4;
-    pub const RDI: u64 = 5;
-    pub const RBP: u64 = 6;
-    pub const R8: u64 = 7;
-    pub const R9: u64 = 8;
-    pub const R10: u64 = 9;
-    pub const R11: u64 = 10;
-    pub const R12: u64 = 11;
-    pub const R13: u64 = 12;
-    pub const R14: u64 = 13;
-    pub const R15: u64 = 14;
+    /// The process addresses of jemalloc's slow path, `[start, end)`: a
+    /// call to its large requests' function from elsewhere (`calloc`,
+    /// `realloc`, probed at their own entries) is not counted there.
+    pub callers: [u64; 2],
 }
 
 /// The densest a window samples: 2^MAX_WINDOW_SHIFT times an entry probe's

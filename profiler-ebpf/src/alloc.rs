@@ -23,7 +23,7 @@ use crate::{
     maps::{COPY_STACK, EVENTS, FP_TRUSTED, PENDING, RING_BUSY_BYTES},
     python,
     sampling::{Args, Thread, count, count_hit, draw_countdown, header_at, now, probe_cookie},
-    slow_path::{counters, small_usable_size},
+    slow_path::{counters, usable_size},
 };
 
 /// Counts `size` bytes down on this thread; records the call if it crossed.
@@ -54,8 +54,8 @@ pub(crate) fn on_allocation(
 /// A call inside a sampling window: its bytes count 2^window_shift times
 /// (the event carries them as its window), and its thread notes jemalloc's
 /// allocated-bytes counter, by which userspace weighs the window's samples.
-/// A request that jemalloc's slow path sees anyway (above its fast path's
-/// largest) is left to that probe.
+/// A request above the copy's limit is left to the probe where jemalloc's
+/// slow path takes it.
 #[inline(always)]
 fn on_windowed_allocation(
     ctx: &ProbeContext,
@@ -81,7 +81,7 @@ fn on_windowed_allocation(
             (*state).window = config.window;
             (*state).window_first = allocated;
         }
-        (*state).window_end = allocated.wrapping_add(small_usable_size(size));
+        (*state).window_end = allocated.wrapping_add(usable_size(size));
     }
     let window = size.max(1) << config.window_shift.min(MAX_WINDOW_SHIFT);
     let wanted = count_down(ctx, thread, size, align, pending, window);

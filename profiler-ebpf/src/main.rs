@@ -135,15 +135,13 @@ entry_point!(
     on_slow_path
 );
 
-/// jemalloc's malloc_default past its check for a request above the fast
-/// path's largest (`--track allocations`): size in a register, no return.
-#[uprobe]
-pub fn alloc_large_request(ctx: ProbeContext) -> u32 {
-    if let Some(thread) = Thread::current() {
-        on_large_request(&ctx, &thread);
-    }
-    0
-}
+entry_point!(
+    /// jemalloc's arena_malloc_hard, where the slow path sends requests no
+    /// thread cache holds: size in the third argument.
+    alloc_large_request,
+    session_large_request,
+    on_large_request
+);
 
 #[inline(always)]
 fn size_arg0(ctx: &ProbeContext, thread: &Thread) -> bool {

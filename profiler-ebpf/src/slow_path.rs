@@ -3,14 +3,14 @@
 //! path's largest reaches it and is sampled by its size there, so a big
 //! buffer is never left to a window's chance. A small request here (a
 //! thread-cache refill, a crossing of the thread's byte threshold) is the
-//! windows' to sample. Where frees are not followed, the probe sits past
-//! the slow path's own size check instead, and small calls never trap.
+//! windows' to sample. Where the function the slow path calls for requests
+//! no thread cache holds was found, that is probed instead, and neither
+//! small nor middle-sized requests trap.
 use aya_ebpf::{
-    bindings::pt_regs,
     helpers::{bpf_probe_read_kernel, bpf_probe_read_user, generated::bpf_get_current_task},
     programs::ProbeContext,
 };
-use profiler_common::{FastPathConfig, FastPathKey, PendingCall, cookie, gpr, pending_kind};
+use profiler_common::{FastPathConfig, FastPathKey, PendingCall, cookie, pending_kind};
 
 use crate::{
     alloc::on_allocation,
@@ -51,12 +51,14 @@ pub(crate) fn on_slow_path(ctx: &ProbeContext, thread: &Thread) -> bool {
     false
 }
 
-/// A request above the fast path's largest, probed inside the slow path
-/// past its own size check, where no small call comes: its size is in the
-/// register the copy's config names. No return half (`--track
-/// allocations`).
+/// jemalloc's `arena_malloc_hard(tsdn, arena, size, ind, zero)`, where the
+/// slow path sends the requests no thread cache holds: counted when called
+/// from the slow path for more than the copy's limit (its other callers
+/// are probed at their own entries; a thread without a cache sends its
+/// small requests here too, the windows' to sample). Returns whether the
+/// call's return half is needed.
 #[inline(always)]
-pub(crate) fn on_large_request(ctx: &ProbeContext, thread: &Thread) {
+pub(crate) fn on_large_request(ctx: &ProbeContext, thread: &Thread) -> bool {
     let thread = &Thread {
         past_entry: true,
         ..*thread
@@ -68,37 +70,19 @@ pub(crate) fn on_large_request(ctx: &ProbeContext, thread: &Thread) {
     // SAFETY: a lookup in a map of plain values.
     let Some(config) = (unsafe { FAST_PATHS.get(key) }) else {
         count_hit(ctx);
-        return;
+        return false;
     };
-    // SAFETY: `regs` points at the probe's pt_regs, readable for its lifetime.
-    let size = register(unsafe { &*ctx.regs }, config.size_register);
-    on_allocation(ctx, thread, size, 0, POINTER);
-}
-
-/// General-purpose register `number` (one of [`gpr`]). Read through the
-/// helper: the compiler merges the arms into one load from a computed
-/// offset, which the verifier refuses as a direct access to the context.
-#[inline(always)]
-fn register(regs: &pt_regs, number: u64) -> u64 {
-    let field = match number {
-        gpr::RAX => &regs.rax,
-        gpr::RBX => &regs.rbx,
-        gpr::RCX => &regs.rcx,
-        gpr::RDX => &regs.rdx,
-        gpr::RSI => &regs.rsi,
-        gpr::RDI => &regs.rdi,
-        gpr::RBP => &regs.rbp,
-        gpr::R8 => &regs.r8,
-        gpr::R9 => &regs.r9,
-        gpr::R10 => &regs.r10,
-        gpr::R11 => &regs.r11,
-        gpr::R12 => &regs.r12,
-        gpr::R13 => &regs.r13,
-        gpr::R14 => &regs.r14,
-        _ => &regs.r15,
-    };
-    // SAFETY: a field of the probe's pt_regs; the helper faults safely.
-    unsafe { bpf_probe_read_kernel(field as *const u64) }.unwrap_or(0)
+    let args = Args::of(ctx);
+    let slot = args.stack_pointer + cookie::return_address_offset(probe_cookie(ctx));
+    // SAFETY: reading user memory through the helper, which faults safely.
+    let caller = unsafe { bpf_probe_read_user(slot as *const u64) }.unwrap_or(0);
+    let [start, end] = config.callers;
+    let size = args.arg(2);
+    if caller.wrapping_sub(start) >= end.wrapping_sub(start) || size <= config.large_above {
+        count_hit(ctx);
+        return false;
+    }
+    on_allocation(ctx, thread, size, 0, POINTER)
 }
 
 /// The copy's counter layout and the thread's allocated bytes, read from
@@ -127,19 +111,23 @@ pub(crate) fn counters(ctx: &ProbeContext, thread: &Thread) -> Option<(FastPathC
     Some((config, allocated))
 }
 
-/// jemalloc 5.3's size class of a request of at most 4 KiB.
+/// jemalloc 5.3's size class of a request (its `sz_s2u`): 8 bytes, 16-byte
+/// steps to 64, then four classes per doubling.
 #[inline(always)]
-pub(crate) fn small_usable_size(size: u64) -> u64 {
+pub(crate) fn usable_size(size: u64) -> u64 {
     if size <= 8 {
         return 8;
     }
     if size <= 64 {
         return (size + 15) & !15;
     }
-    // Four classes per doubling above 64 bytes.
     let mut delta = 16u64;
     let mut limit = 128u64;
-    while limit < size && limit < 8192 {
+    // Bounded for the verifier: the doublings to 2^62.
+    for _ in 0..56 {
+        if limit >= size {
+            break;
+        }
         delta <<= 1;
         limit <<= 1;
     }

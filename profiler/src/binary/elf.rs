@@ -213,6 +213,13 @@ impl FunctionSymbols {
             || self.functions.values().any(|f| f.address == address)
     }
 
+    /// The first loadable segment's file offset and address: where the
+    /// file's address 0 is in a process, from where that is mapped.
+    pub fn anchor(&self) -> Option<(u64, u64)> {
+        let first = self.segments.first()?;
+        Some((first.file_offset, first.address))
+    }
+
     /// The file offset of the byte at `address`.
     pub fn file_offset(&self, address: u64) -> Option<u64> {
         self.segments.iter().find_map(|s| s.offset_of(address))

@@ -90,8 +90,8 @@ pub struct Cli {
     ///
     /// `all`: what is in use. `allocations`: what allocates most; it probes
     /// no free and no return: no trap per free, jemalloc's malloc in
-    /// windows and its slow path only for requests above 4 KiB (other
-    /// allocators: a trap per allocating call), and profiles of what was
+    /// windows and a trap only for the requests no thread cache holds
+    /// (other allocators: a trap per allocating call), and profiles of what was
     /// allocated, with in use = allocated, at the least cost.
     #[arg(long, value_name = "WHAT", value_enum, default_value_t = TrackArg::All,
           help_heading = help::SAMPLING, hide_possible_values = true)]
@@ -242,8 +242,9 @@ pub struct Cli {
     /// the CPU time it uses itself, or 0.1% of one CPU; once dearer, only in
     /// 100 ms windows opened at random times, for as small a share of the
     /// time as keeps them at that cost, each sample weighed by its thread's
-    /// bytes from jemalloc's own counter; requests above 4 KiB always
-    /// sampled on jemalloc's slow path, which they all reach. `entry`: a
+    /// bytes from jemalloc's own counter; requests no thread cache holds
+    /// (above 32 KiB by default) always sampled where jemalloc's slow path
+    /// takes them. `entry`: a
     /// trap per call. Windows need a recognised jemalloc 5.3 build and BTF;
     /// elsewhere entry is used. Each profile's `# malloc_sampling:` says
     /// which, and why. Frees are probed either way. A jemalloc 5.3 copy

@@ -18,10 +18,8 @@ pub fn registers_read(shape: CallShape) -> &'static [Register] {
         | CallShape::Realloc
         | CallShape::Mallocx
         | CallShape::FreeInResize => &[RDI, RSI],
-        CallShape::PosixMemalign | CallShape::Rallocx => &[RDI, RSI, RDX],
+        CallShape::PosixMemalign | CallShape::Rallocx | CallShape::LargeRequest => &[RDI, RSI, RDX],
         CallShape::OwnSample => &[RSI, RCX],
-        // Placed by `large_requests`, which follows the size's register.
-        CallShape::LargeRequest => &[],
     }
 }
 

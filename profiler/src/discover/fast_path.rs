@@ -10,7 +10,7 @@ use iced_x86::{Code, Decoder, DecoderOptions, FlowControl, Instruction, OpKind, 
 use crate::binary::{elf::FunctionSymbols, placement};
 use crate::discover::{
     by_code, entry_points,
-    large_requests::{self, LargeRequests},
+    large_requests::{self, LargeRequestsProbe},
     served::SERVED,
 };
 
@@ -46,10 +46,9 @@ pub struct FastPath {
 pub struct SlowPath {
     pub fast: FastPath,
     pub placement: crate::binary::placement::Placement,
-    /// The places in the slow path only large requests reach, relative to
-    /// its start, where they were found: probed instead of its entry where
-    /// frees are not followed.
-    pub large_requests: Option<LargeRequests>,
+    /// Where the slow path sends the requests no thread cache holds,
+    /// where that was found: probed instead of its entry.
+    pub large_requests: Option<LargeRequestsProbe>,
     /// File-offset extents of jemalloc's own code between its slow path
     /// and the program: the served entry points and the functions they
     /// branch to (`operator new`'s fallback). A sample's leading frames
@@ -208,6 +207,11 @@ pub(crate) fn in_file_offsets(
         TlsOffset::GotSlot(slot) => TlsOffset::GotSlot(symbols.file_offset(slot)?),
         immediate => immediate,
     };
+    let large_requests = large_requests::find(symbols, data, fast.slow_path)
+        .and_then(|found| found.in_file(symbols, data));
+    let mut own_code = own_code(symbols, data, prefix, &SERVED);
+    // Its samples' leading frames are jemalloc's too.
+    own_code.extend(large_requests.as_ref().map(|l| l.function.clone()));
     Some(SlowPath {
         fast: FastPath {
             slow_path: symbols.file_offset(fast.slow_path)?,
@@ -215,8 +219,8 @@ pub(crate) fn in_file_offsets(
             ..fast
         },
         placement,
-        large_requests: large_requests::find(symbols, data, fast.slow_path, fast.large_above),
-        own_code: own_code(symbols, data, prefix, &SERVED).into(),
+        large_requests,
+        own_code: own_code.into(),
     })
 }
 

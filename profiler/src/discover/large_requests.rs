@@ -1,28 +1,34 @@
-//! Where jemalloc 5.3's slow path (`malloc_default`) goes for requests
-//! above the fast path's largest, and only for those: past each of its own
-//! `cmp SIZE, 4096; ja LARGE` checks. A probe there traps on big requests
-//! alone, never on the small calls that reach the slow path to refill a
-//! thread cache or cross the thread's byte threshold (some 100,000 a
-//! second in a busy allocation loop).
+//! Where jemalloc 5.3's slow path (`malloc_default`) sends the requests
+//! no thread cache holds: past a `cmp SIZE, [tcache_maxclass]` check, a
+//! call to `arena_malloc_hard(tsdn, arena, size, ind, zero)`. Probed at
+//! that function's entry, memprobe traps on those requests alone (above
+//! 32 KiB unless `tcache_max` says otherwise), never on the small and
+//! middle-sized ones a thread cache serves, nor on the slow path's refills
+//! and threshold crossings: a server that allocates a 4 KiB buffer per
+//! request leaves them all to the windows.
 //!
-//! Found by following the function's control flow with a real decoder:
-//! which registers still hold the size (the first argument, moved to a
-//! callee-saved register that survives calls) and how far `rsp` is from
-//! the return address on every path. A place is kept only when it is
-//! reached exactly once per call: its check's jump is the only way in, and
-//! no path from there comes back to a check.
+//! The function has other callers (`calloc`, `realloc`, ... probed at their
+//! own entries; a thread without a cache, whose small requests come here
+//! too): the kernel counts a call only when it comes from the slow path
+//! and asks for more than the copy's limit, read from `tcache_maxclass` in
+//! the running process.
+//!
+//! Found by following the slow path's control flow with a real decoder:
+//! which registers hold the size (the first argument, moved to a
+//! callee-saved register that calls keep) at each instruction on every
+//! path. Every check of the size against the global must lead, in a
+//! straight line, to a call of the same function with the size as its
+//! third argument.
 use std::collections::VecDeque;
+use std::ops::Range;
 
-use iced_x86::{
-    Code, Decoder, DecoderOptions, FlowControl, Instruction, InstructionInfoFactory, OpKind,
-    Register,
-};
-use profiler_common::gpr;
+use iced_x86::{Code, Decoder, DecoderOptions, FlowControl, Instruction, OpKind, Register};
 
 use crate::binary::{
     elf::FunctionSymbols,
-    placement::{Placement, branch_targets, is_emulated, registers_written},
+    placement::{self, Placement, registers_written},
 };
+use crate::discover::entry_points;
 
 /// Most bytes of the slow path decoded.
 const MAX_FUNCTION_BYTES: u64 = 16 * 1024;
@@ -30,38 +36,73 @@ const MAX_FUNCTION_BYTES: u64 = 16 * 1024;
 /// Most instructions visited while following its paths.
 const MAX_STEPS: usize = 16_384;
 
-/// Most instructions between a check's target and the probe's place.
-const MAX_TO_PLACE: usize = 8;
+/// Most instructions between a check and its call.
+const MAX_TO_CALL: usize = 12;
 
-/// The places in a slow path reached by large requests only.
+/// Most instructions between the `lea` of the global's address and the
+/// check that reads through it.
+const MAX_TO_CHECK: usize = 4;
+
+/// jemalloc 5.3's largest small size class with 4 KiB pages: a request up
+/// to it takes a thread cache's small bins whatever `tcache_max` is.
+pub const SMALL_MAX_CLASS: u64 = 14 * 1024;
+
+/// Where a slow path's large requests go, as addresses in the file.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LargeRequests {
-    /// The register that holds the size at every place: one of
-    /// [`profiler_common::gpr`].
-    pub register: u64,
-    /// Each place, relative to the slow path's start; `pushes` counts the
-    /// words between `rsp` and the return address there.
-    pub places: Vec<Placement>,
+    /// `arena_malloc_hard`, called with the size as its third argument.
+    pub function: u64,
+    /// The slow path's extent: a call from elsewhere is not malloc's.
+    pub callers: Range<u64>,
+    /// `tcache_maxclass`: requests above it (and above
+    /// [`SMALL_MAX_CLASS`]) reach the function.
+    pub limit: u64,
 }
 
-/// What is known at an instruction on every path that reaches it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct State {
-    /// The registers that hold the size (bits by `gpr` number).
-    sizes: u32,
-    /// Bytes between `rsp` and the return address.
-    frame: i64,
+/// The same, as a run attaches and reads it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LargeRequestsProbe {
+    /// The function's file offset, and where its probe goes.
+    pub file_offset: u64,
+    pub placement: Placement,
+    /// The function's extent and the slow path's, as file offsets.
+    pub function: Range<u64>,
+    pub callers: Range<u64>,
+    /// `tcache_maxclass`'s address (in `.bss`: placed by address), and the
+    /// first loadable segment's file offset and address.
+    pub limit: u64,
+    pub anchor: (u64, u64),
 }
 
-/// The places in the slow path at `slow_path` (an address in `symbols`)
-/// reached only by requests above `large_above` bytes; `None` where its
+impl LargeRequests {
+    /// In file offsets, with the function's probe placed.
+    pub fn in_file(&self, symbols: &FunctionSymbols, data: &[u8]) -> Option<LargeRequestsProbe> {
+        let length = symbols.next_function_start(self.function)? - self.function;
+        let code = symbols.code(data, self.function, length)?;
+        let shape = profiler_common::CallShape::LargeRequest;
+        let placement = placement::place(
+            code,
+            self.function,
+            entry_points::registers_read(shape),
+            shape.needs_return(),
+        );
+        let file_offset = symbols.file_offset(self.function)?;
+        let callers = symbols.file_offset(self.callers.start)?;
+        Some(LargeRequestsProbe {
+            file_offset,
+            placement,
+            function: file_offset..file_offset + length,
+            callers: callers..callers + (self.callers.end - self.callers.start),
+            limit: self.limit,
+            anchor: symbols.anchor()?,
+        })
+    }
+}
+
+/// The function the slow path at `slow_path` (an address in `symbols`)
+/// calls for requests above its thread cache's largest; `None` where its
 /// code is not shaped so, or not surely.
-pub fn find(
-    symbols: &FunctionSymbols,
-    data: &[u8],
-    slow_path: u64,
-    large_above: u64,
-) -> Option<LargeRequests> {
+pub fn find(symbols: &FunctionSymbols, data: &[u8], slow_path: u64) -> Option<LargeRequests> {
     let end = symbols
         .next_function_start(slow_path)
         .unwrap_or(slow_path + MAX_FUNCTION_BYTES)
@@ -72,112 +113,62 @@ pub fn find(
             .into_iter()
             .take_while(|i| !i.is_invalid())
             .collect();
-    let states = follow(&instructions)?;
-    let checks: Vec<(usize, u64)> = (0..instructions.len())
-        .filter_map(|i| {
-            let state = states[i]?;
-            let register = size_check(&instructions, i, state, large_above)?;
-            Some((i, register))
-        })
-        .collect();
-    let (_, register) = *checks.first()?;
-    if checks.iter().any(|&(_, r)| r != register) {
-        return None;
-    }
-    let check_indexes: Vec<usize> = checks.iter().map(|&(i, _)| i).collect();
-    let landings = branch_targets(&instructions, slow_path);
-    let mut places = Vec::new();
-    for &(at, _) in &checks {
-        let target = index_of(&instructions, instructions[at + 1].near_branch_target())?;
-        if !entered_only_by(&instructions, target, &landings)
-            || reaches_any(&instructions, target, &check_indexes)
-        {
+    let sizes = follow(&instructions)?;
+    let mut found: Option<(u64, u64)> = None;
+    for i in 0..instructions.len() {
+        let Some(held) = sizes[i] else { continue };
+        let Some((limit, target)) = limit_check(&instructions, i, held) else {
+            continue;
+        };
+        let function = called_with_size(&instructions, target, sizes[target]?)?;
+        if found.is_some_and(|f| f != (function, limit)) {
             return None;
         }
-        let frame = states[at]?.frame;
-        let at_target = (register, frame);
-        places.push(place(
-            &instructions,
-            target,
-            at_target,
-            &landings,
-            slow_path,
-        )?);
+        found = Some((function, limit));
     }
-    Some(LargeRequests { register, places })
+    let (function, limit) = found?;
+    symbols
+        .is_function_start(function)
+        .then_some(LargeRequests {
+            function,
+            callers: slow_path..end,
+            limit,
+        })
 }
 
-/// Follows every path from the entry to a fixed point: the state at each
-/// instruction reached, or `None` where the paths disagree on the frame.
-fn follow(instructions: &[Instruction]) -> Option<Vec<Option<State>>> {
-    let mut states: Vec<Option<State>> = vec![None; instructions.len()];
-    let mut queue = VecDeque::from([(
-        0,
-        State {
-            sizes: bit(gpr::RDI),
-            frame: 0,
-        },
-    )]);
-    let mut info = InstructionInfoFactory::new();
+/// Follows every path from the entry to a fixed point: at each instruction
+/// reached, the registers that hold the size on every path to it (bits by
+/// register number).
+fn follow(instructions: &[Instruction]) -> Option<Vec<Option<u32>>> {
+    let mut sizes: Vec<Option<u32>> = vec![None; instructions.len()];
+    let mut queue = VecDeque::from([(0, bit(Register::RDI))]);
     let mut steps = 0;
     while let Some((i, incoming)) = queue.pop_front() {
         steps += 1;
         if steps > MAX_STEPS {
             return None;
         }
-        let state = match states[i] {
-            Some(old) if old.frame != incoming.frame => return None,
-            Some(old) if old.sizes & incoming.sizes == old.sizes => continue,
-            Some(old) => State {
-                sizes: old.sizes & incoming.sizes,
-                ..old
-            },
+        let held = match sizes[i] {
+            Some(old) if old & incoming == old => continue,
+            Some(old) => old & incoming,
             None => incoming,
         };
-        states[i] = Some(state);
-        let instruction = &instructions[i];
-        let Some(after) = step(&mut info, instruction, state) else {
-            continue;
-        };
+        sizes[i] = Some(held);
+        let after = step(&instructions[i], held);
         for next in successors(instructions, i) {
             queue.push_back((next, after));
         }
     }
-    Some(states)
+    Some(sizes)
 }
 
-/// The state after `instruction`; `None` where `rsp` moves in a way not
-/// followed (an epilogue's `lea rsp, [rbp - N]`, a stack realignment).
-fn step(
-    info: &mut InstructionInfoFactory,
-    instruction: &Instruction,
-    state: State,
-) -> Option<State> {
-    let mut sizes = state.sizes;
-    let mut frame = state.frame;
-    let written = registers_written(info, instruction);
-    match instruction.code() {
-        Code::Push_r64 | Code::Pushq_imm32 | Code::Pushq_imm8 => frame += 8,
-        Code::Pop_r64 => frame -= 8,
-        Code::Sub_rm64_imm32 | Code::Sub_rm64_imm8 if is_rsp(instruction) => {
-            frame += instruction.immediate(1) as i64;
-        }
-        Code::Add_rm64_imm32 | Code::Add_rm64_imm8 if is_rsp(instruction) => {
-            frame -= instruction.immediate(1) as i64;
-        }
-        _ if matches!(
-            instruction.flow_control(),
-            FlowControl::Call | FlowControl::IndirectCall
-        ) => {}
-        _ if written.contains(&Register::RSP) => return None,
-        _ => {}
-    }
-    let copied = register_copy(instruction).filter(|&(_, from)| sizes & bit(from) != 0);
-    for register in written.iter().filter_map(|&r| gpr_number(r)) {
-        sizes &= !bit(register);
-    }
-    if let Some((to, _)) = copied {
-        sizes |= bit(to);
+/// The registers that hold the size after `instruction`.
+fn step(instruction: &Instruction, held: u32) -> u32 {
+    let mut info = iced_x86::InstructionInfoFactory::new();
+    let copied = register_copy(instruction).filter(|&(_, from)| held & bit(from) != 0);
+    let mut held = held;
+    for register in registers_written(&mut info, instruction) {
+        held &= !bit(register);
     }
     if matches!(
         instruction.flow_control(),
@@ -185,39 +176,23 @@ fn step(
     ) {
         // What a called function may change: the System V caller-saved
         // registers.
-        for register in [
-            gpr::RAX,
-            gpr::RCX,
-            gpr::RDX,
-            gpr::RSI,
-            gpr::RDI,
-            gpr::R8,
-            gpr::R9,
-            gpr::R10,
-            gpr::R11,
-        ] {
-            sizes &= !bit(register);
+        use Register::*;
+        for register in [RAX, RCX, RDX, RSI, RDI, R8, R9, R10, R11] {
+            held &= !bit(register);
         }
     }
-    Some(State { sizes, frame })
+    if let Some((to, _)) = copied {
+        held |= bit(to);
+    }
+    held
 }
 
 /// `mov TO, FROM` between 64-bit registers: (TO, FROM).
-fn register_copy(instruction: &Instruction) -> Option<(u64, u64)> {
+fn register_copy(instruction: &Instruction) -> Option<(Register, Register)> {
     let is_move = matches!(instruction.code(), Code::Mov_r64_rm64 | Code::Mov_rm64_r64)
         && instruction.op0_kind() == OpKind::Register
         && instruction.op1_kind() == OpKind::Register;
-    if !is_move {
-        return None;
-    }
-    Some((
-        gpr_number(instruction.op0_register())?,
-        gpr_number(instruction.op1_register())?,
-    ))
-}
-
-fn is_rsp(instruction: &Instruction) -> bool {
-    instruction.op0_kind() == OpKind::Register && instruction.op0_register() == Register::RSP
+    is_move.then(|| (instruction.op0_register(), instruction.op1_register()))
 }
 
 /// The indexes control may go to after instruction `i`, inside the
@@ -236,104 +211,80 @@ fn successors(instructions: &[Instruction], i: usize) -> Vec<usize> {
     }
 }
 
-/// `cmp SIZE, large_above; ja LARGE` at `i`, SIZE a register that holds
-/// the size there: SIZE's number.
-fn size_check(
-    instructions: &[Instruction],
-    i: usize,
-    state: State,
-    large_above: u64,
-) -> Option<u64> {
+/// A check of the size against a global at `i`: `cmp [G], SIZE; jb T` or
+/// `cmp SIZE, [G]; ja T`, G read rip-relative or through a register just
+/// loaded with `lea REG, [rip + G]`. Returns G and the index of T, where
+/// the size is above it.
+fn limit_check(instructions: &[Instruction], i: usize, held: u32) -> Option<(u64, usize)> {
     let compare = &instructions[i];
     let jump = instructions.get(i + 1)?;
-    let shaped = matches!(compare.code(), Code::Cmp_rm64_imm32 | Code::Cmp_rm64_imm8)
-        && compare.op0_kind() == OpKind::Register
-        && compare.immediate(1) == large_above
-        && matches!(jump.code(), Code::Ja_rel32_64 | Code::Ja_rel8_64);
-    let register = gpr_number(compare.op0_register())?;
-    (shaped && state.sizes & bit(register) != 0).then_some(register)
+    let (memory_first, size) = match compare.code() {
+        Code::Cmp_rm64_r64 if compare.op0_kind() == OpKind::Memory => {
+            (true, compare.op1_register())
+        }
+        Code::Cmp_r64_rm64 if compare.op1_kind() == OpKind::Memory => {
+            (false, compare.op0_register())
+        }
+        _ => return None,
+    };
+    let above = match jump.code() {
+        Code::Jb_rel8_64 | Code::Jb_rel32_64 => memory_first,
+        Code::Ja_rel8_64 | Code::Ja_rel32_64 => !memory_first,
+        _ => false,
+    };
+    if !above || held & bit(size) == 0 {
+        return None;
+    }
+    let global = global_address(instructions, i)?;
+    Some((global, index_of(instructions, jump.near_branch_target())?))
 }
 
-/// Whether the instruction at `target` is entered only by its check's
-/// jump: no other branch lands there (`landings`: every branch's target,
-/// that jump's among them), and the code before it does not run on into
-/// it.
-fn entered_only_by(instructions: &[Instruction], target: usize, landings: &[u64]) -> bool {
-    let address = instructions[target].ip();
-    let other_branch = landings.iter().filter(|&&t| t == address).count() > 1;
-    // Padding between the code before and the target is skipped over.
-    let before = instructions[..target].iter().rev().find(|i| {
-        !matches!(
-            i.code(),
-            Code::Nopd
-                | Code::Nopq
-                | Code::Nopw
-                | Code::Nop_rm16
-                | Code::Nop_rm32
-                | Code::Nop_rm64
-                | Code::Int3
-        )
-    });
-    let runs_on = before.is_none_or(|i| {
-        matches!(
-            i.flow_control(),
-            FlowControl::Next
-                | FlowControl::ConditionalBranch
-                | FlowControl::Call
-                | FlowControl::IndirectCall
-        )
-    });
-    !other_branch && !runs_on
-}
-
-/// Whether any path from `start` comes to one of the instructions `to`.
-fn reaches_any(instructions: &[Instruction], start: usize, to: &[usize]) -> bool {
-    let mut seen = vec![false; instructions.len()];
-    let mut queue = VecDeque::from([start]);
-    while let Some(i) = queue.pop_front() {
-        if std::mem::replace(&mut seen[i], true) {
+/// The address the memory operand of instruction `i` reads: rip-relative,
+/// or `[REG]` with REG loaded by a `lea REG, [rip + G]` a few instructions
+/// before and not written since.
+fn global_address(instructions: &[Instruction], i: usize) -> Option<u64> {
+    let compare = &instructions[i];
+    if compare.is_ip_rel_memory_operand() {
+        return Some(compare.ip_rel_memory_address());
+    }
+    let base = compare.memory_base();
+    let plain = compare.memory_index() == Register::None && compare.memory_displacement64() == 0;
+    if !plain || !base.is_gpr64() {
+        return None;
+    }
+    let mut info = iced_x86::InstructionInfoFactory::new();
+    for before in instructions[..i].iter().rev().take(MAX_TO_CHECK) {
+        if !registers_written(&mut info, before).contains(&base) {
             continue;
         }
-        if to.contains(&i) {
-            return true;
-        }
-        queue.extend(successors(instructions, i));
+        let loads_address = before.code() == Code::Lea_r64_m
+            && before.op0_register() == base
+            && before.is_ip_rel_memory_operand();
+        return loads_address.then(|| before.ip_rel_memory_address());
     }
-    false
+    None
 }
 
-/// The probe's place on the straight line from `target`: the first
-/// instruction the kernel emulates, with the size's register and the frame
-/// as at the check, and none of `landings` between.
-fn place(
-    instructions: &[Instruction],
-    target: usize,
-    (register, frame): (u64, i64),
-    landings: &[u64],
-    function: u64,
-) -> Option<Placement> {
-    let mut info = InstructionInfoFactory::new();
-    let mut state = State {
-        sizes: bit(register),
-        frame,
-    };
-    for (k, instruction) in instructions[target..].iter().take(MAX_TO_PLACE).enumerate() {
-        let landed_on = k > 0 && landings.contains(&instruction.ip());
-        if landed_on || state.sizes & bit(register) == 0 || state.frame != frame {
-            return None;
+/// On the straight line from `target` (through direct jumps), the first
+/// call's target, where it is a direct call with the size in `rdx` (its
+/// third argument).
+fn called_with_size(instructions: &[Instruction], target: usize, held: u32) -> Option<u64> {
+    let (mut i, mut held) = (target, held);
+    for _ in 0..MAX_TO_CALL {
+        let instruction = instructions.get(i)?;
+        match instruction.flow_control() {
+            FlowControl::Call if instruction.code() == Code::Call_rel32_64 => {
+                return (held & bit(Register::RDX) != 0).then(|| instruction.near_branch_target());
+            }
+            FlowControl::Next => {
+                held = step(instruction, held);
+                i += 1;
+            }
+            FlowControl::UnconditionalBranch => {
+                i = index_of(instructions, instruction.near_branch_target())?;
+            }
+            _ => return None,
         }
-        if is_emulated(instruction) {
-            return Some(Placement {
-                offset: instruction.ip() - function,
-                pushes: u16::try_from(frame / 8).ok().filter(|_| frame % 8 == 0)?,
-                instruction: instruction.to_string(),
-                fallback: None,
-            });
-        }
-        if instruction.flow_control() != FlowControl::Next {
-            return None;
-        }
-        state = step(&mut info, instruction, state)?;
     }
     None
 }
@@ -344,30 +295,13 @@ fn index_of(instructions: &[Instruction], address: u64) -> Option<usize> {
         .ok()
 }
 
-fn bit(register: u64) -> u32 {
-    1 << register
-}
-
-/// A 64-bit general-purpose register's number in [`gpr`].
-pub fn gpr_number(register: Register) -> Option<u64> {
-    Some(match register {
-        Register::RAX => gpr::RAX,
-        Register::RBX => gpr::RBX,
-        Register::RCX => gpr::RCX,
-        Register::RDX => gpr::RDX,
-        Register::RSI => gpr::RSI,
-        Register::RDI => gpr::RDI,
-        Register::RBP => gpr::RBP,
-        Register::R8 => gpr::R8,
-        Register::R9 => gpr::R9,
-        Register::R10 => gpr::R10,
-        Register::R11 => gpr::R11,
-        Register::R12 => gpr::R12,
-        Register::R13 => gpr::R13,
-        Register::R14 => gpr::R14,
-        Register::R15 => gpr::R15,
-        _ => return None,
-    })
+/// A 64-bit general-purpose register's bit; none for other registers.
+fn bit(register: Register) -> u32 {
+    if register.is_gpr64() {
+        1 << register.number()
+    } else {
+        0
+    }
 }
 
 #[cfg(test)]
@@ -385,69 +319,78 @@ mod tests {
         let symbols = FunctionSymbols::parse(&data).unwrap();
         let address = symbols.function(malloc).unwrap().address;
         let fast = fast_path::recognise(&symbols, &data, address).expect("recognised");
-        Some(find(&symbols, &data, fast.slow_path, fast.large_above).expect("found"))
+        Some(find(&symbols, &data, fast.slow_path).expect("found"))
     }
 
-    /// Debian's libjemalloc2 5.3.0: `malloc_default` moves the size to
-    /// `rbp` and checks it twice, on the thread's usual state and after
-    /// its slow fetch; each large branch starts `movabs; cmp; jb`, the
-    /// `jb` emulated, 6 pushes and 0x88 bytes below the return address.
+    /// Debian's libjemalloc2 5.3.0 (stripped): `malloc_default` at
+    /// 0x21e80 compares the size (moved to `rbp`) with `tcache_maxclass`
+    /// (0x2ec888, in `.bss`) and calls `arena_malloc_hard` (0x37a10).
     #[test]
-    fn debians_shared_libjemalloc_has_two_large_branches() {
+    fn debians_shared_libjemalloc_calls_arena_malloc_hard() {
         let path = Path::new("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2");
         let Some(found) = large_requests_in(path, "malloc") else {
             return;
         };
-        assert_eq!(found.register, gpr::RBP);
-        assert_eq!(found.places.len(), 2, "{found:?}");
-        for place in &found.places {
-            assert_eq!(place.pushes, (6 * 8 + 0x88) / 8, "{place:?}");
-            assert!(place.instruction.starts_with("jb "), "{place:?}");
-        }
+        assert_eq!(found.function, 0x37a10, "{found:x?}");
+        assert_eq!(found.limit, 0x2ec888, "{found:x?}");
+        assert_eq!(found.callers.start, 0x21e80, "{found:x?}");
+        assert!(found.callers.end > 0x22486, "{found:x?}");
     }
 
-    /// `code` decoded at 0x1000, and its paths followed.
-    fn decoded(code: &[u8]) -> (Vec<Instruction>, Vec<Option<State>>) {
+    /// `code` decoded at 0x1000, and the size's registers followed.
+    fn decoded(code: &[u8]) -> (Vec<Instruction>, Vec<Option<u32>>) {
         let instructions: Vec<Instruction> =
             Decoder::with_ip(64, code, 0x1000, DecoderOptions::NONE)
                 .into_iter()
                 .collect();
-        let states = follow(&instructions).unwrap();
-        (instructions, states)
+        let sizes = follow(&instructions).unwrap();
+        (instructions, sizes)
     }
 
-    /// A size that is copied, then overwritten before the check, is not
-    /// taken for the size: `mov rbx, rdi; mov rbx, rsi; cmp rbx, 4096; ja`.
+    /// `mov rbp, rdi; lea rcx, [rip + 0x100]; cmp [rcx], rbp; jb +2;
+    /// ret; ret; mov rdx, rbp; call +0`, then `ret`.
+    const CHECK_AND_CALL: [u8; 25] = [
+        0x48, 0x89, 0xfd, // mov rbp, rdi
+        0x48, 0x8d, 0x0d, 0x00, 0x01, 0x00, 0x00, // lea rcx, [rip + 0x100]
+        0x48, 0x39, 0x29, // cmp [rcx], rbp
+        0x72, 0x02, // jb +2
+        0xc3, 0xc3, // ret; ret
+        0x48, 0x89, 0xea, // mov rdx, rbp
+        0xe8, 0x00, 0x00, 0x00, 0x00, // call +0
+    ];
+
     #[test]
-    fn a_register_overwritten_before_the_check_is_not_the_size() {
-        let code = [
-            0x48, 0x89, 0xfb, // mov rbx, rdi
-            0x48, 0x89, 0xf3, // mov rbx, rsi
-            0x48, 0x81, 0xfb, 0x00, 0x10, 0x00, 0x00, // cmp rbx, 0x1000
-            0x77, 0x01, // ja +1
-            0xc3, // ret
-            0x72, 0x00, // jb +0
-            0xc3, // ret
-        ];
-        let (instructions, states) = decoded(&code);
-        assert_eq!(size_check(&instructions, 2, states[2].unwrap(), 4096), None);
-        // Through a callee-saved copy that a call keeps, it is.
-        let kept = [
-            0x48, 0x89, 0xfb, // mov rbx, rdi
-            0xe8, 0x00, 0x00, 0x00, 0x00, // call +0
-            0x48, 0x81, 0xfb, 0x00, 0x10, 0x00, 0x00, // cmp rbx, 0x1000
-            0x77, 0x01, // ja +1
-            0xc3, // ret
-            0x72, 0x00, // jb +0
-            0xc3, // ret
-        ];
-        let (instructions, states) = decoded(&kept);
+    fn a_check_through_a_lea_leads_to_the_call_with_the_size() {
+        let (instructions, sizes) = decoded(&CHECK_AND_CALL);
+        let (limit, target) = limit_check(&instructions, 2, sizes[2].unwrap()).unwrap();
+        assert_eq!(limit, 0x100a + 0x100);
+        let call = called_with_size(&instructions, target, sizes[target].unwrap());
+        assert_eq!(call, Some(0x1019));
+    }
+
+    /// The same check on a register that no longer holds the size (`mov
+    /// rbp, rsi` first) is not a check of the size.
+    #[test]
+    fn a_register_overwritten_is_not_the_size() {
+        let mut code = CHECK_AND_CALL.to_vec();
+        code.splice(0..0, [0x48, 0x89, 0xfd, 0x48, 0x89, 0xf5]); // mov rbp, rdi; mov rbp, rsi
+        code.drain(6..9);
+        let (instructions, sizes) = decoded(&code);
+        assert_eq!(instructions[3].code(), Code::Cmp_rm64_r64);
+        assert_eq!(limit_check(&instructions, 3, sizes[3].unwrap()), None);
+    }
+
+    /// A call whose third argument is not the size (`mov rdx, rsi`) is not
+    /// the one large requests go to.
+    #[test]
+    fn a_call_without_the_size_in_rdx_is_not_taken() {
+        let mut code = CHECK_AND_CALL.to_vec();
+        code[19] = 0xf2; // mov rdx, rsi
+        let (instructions, sizes) = decoded(&code);
+        let (_, target) = limit_check(&instructions, 2, sizes[2].unwrap()).unwrap();
         assert_eq!(
-            size_check(&instructions, 2, states[2].unwrap(), 4096),
-            Some(gpr::RBX)
+            called_with_size(&instructions, target, sizes[target].unwrap()),
+            None
         );
-        let landings = branch_targets(&instructions, 0x1000);
-        let place = place(&instructions, 5, (gpr::RBX, 0), &landings, 0x1000).unwrap();
-        assert_eq!(place.offset, 18);
     }
 }

@@ -25,10 +25,10 @@ pub fn is_served(symbol: &str, prefix: &str) -> bool {
 impl Allocator {
     /// This jemalloc copy as probed on its slow path: `malloc` and
     /// `operator new` give way to it; `None` where the fast path was not
-    /// recognised. With `large_only` (frees not followed, so no pointer
-    /// needed), probed where only large requests go, if those places
-    /// were found.
-    pub fn on_slow_path(&self, large_only: bool) -> Option<Allocator> {
+    /// recognised. With `large_requests` (the process's limit was read),
+    /// probed where the slow path sends requests no thread cache holds,
+    /// if that was found; else at the slow path's entry.
+    pub fn on_slow_path(&self, large_requests: bool) -> Option<Allocator> {
         let slow = self.fast_path.clone()?;
         let served = |symbol: &str| is_served(symbol, &self.prefix);
         let mut entry_points: Vec<EntryPoint> = self
@@ -37,14 +37,14 @@ impl Allocator {
             .filter(|e| !served(&e.symbol))
             .cloned()
             .collect();
-        match slow.large_requests.as_ref().filter(|_| large_only) {
-            Some(large) => entry_points.extend(large.places.iter().map(|place| EntryPoint {
+        match slow.large_requests.as_ref().filter(|_| large_requests) {
+            Some(large) => entry_points.push(EntryPoint {
                 symbol: format!("{}malloc's large requests", self.prefix),
                 shape: profiler_common::CallShape::LargeRequest,
-                file_offset: slow.fast.slow_path,
-                placement: place.clone(),
+                file_offset: large.file_offset,
+                placement: large.placement.clone(),
                 forwards: false,
-            })),
+            }),
             None => entry_points.push(EntryPoint {
                 symbol: format!("{}malloc's slow path", self.prefix),
                 shape: profiler_common::CallShape::SlowPath,

@@ -99,6 +99,13 @@ pub fn proc_path(pid: u32, rest: &str) -> PathBuf {
     PathBuf::from(format!("/proc/{pid}/{rest}"))
 }
 
+/// Where a process has address 0 of `path` (per its `maps` text), from
+/// where it mapped `anchor`: a loadable segment's file offset and address.
+/// What places the file's data and `.bss` by their addresses.
+pub fn file_base(maps: &str, path: &str, (offset, address): (u64, u64)) -> Option<u64> {
+    mapped_address(maps, path, offset, 1)?.checked_sub(address)
+}
+
 /// Where `pid` has byte `file_offset` of `path` mapped (per its `maps`
 /// text), if one mapping holds `len` bytes from there.
 pub fn mapped_address(maps: &str, path: &str, file_offset: u64, len: u64) -> Option<u64> {

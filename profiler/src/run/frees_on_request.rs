@@ -30,10 +30,11 @@ use crate::{
 pub(in crate::run) struct UsualCopy {
     path: String,
     open_path: PathBuf,
-    allocator: Allocator,
+    /// Its entry points as attached (jemalloc's slow path standing in for
+    /// `malloc` in windows): frees and return halves follow the process's
+    /// tracking when attached again.
+    probed: Allocator,
     instance: u16,
-    /// Whether jemalloc's slow path stands in for `malloc` (windows).
-    on_slow_path: bool,
     /// Every probe index the copy has held: attached again, each entry
     /// point takes back the one it held.
     slots: Vec<usize>,
@@ -42,27 +43,16 @@ pub(in crate::run) struct UsualCopy {
 impl UsualCopy {
     pub fn new(
         (path, open_path): (&str, &Path),
-        allocator: &Allocator,
+        probed: &Allocator,
         instance: u16,
-        on_slow_path: bool,
         slots: Vec<usize>,
     ) -> Self {
         Self {
             path: path.to_owned(),
             open_path: open_path.to_owned(),
-            allocator: allocator.clone(),
+            probed: probed.clone(),
             instance,
-            on_slow_path,
             slots,
-        }
-    }
-
-    /// Its probes now: with frees followed or not.
-    fn probed(&self, follow: bool) -> Option<Allocator> {
-        if self.on_slow_path {
-            self.allocator.on_slow_path(!follow)
-        } else {
-            Some(self.allocator.clone())
         }
     }
 }
@@ -176,8 +166,7 @@ impl Session<'_> {
     }
 
     /// After the budget dropped `pid`'s frees (its free probes detached):
-    /// its copies attached again without return halves, jemalloc's slow
-    /// path past its size check.
+    /// its copies attached again without return halves.
     pub(in crate::run) fn attach_without_frees(&mut self, pid: u32) {
         self.frees_on_request.followed.remove(&pid);
         self.switch_frees(pid, false);
@@ -202,7 +191,7 @@ impl Session<'_> {
             .unwrap_or_default();
         for copy in &mut copies {
             self.probes.detach_probes(&copy.slots);
-            if let Err(error) = self.attach_copy_again(pid, copy, follow) {
+            if let Err(error) = self.attach_copy_again(pid, copy) {
                 self.say(SamplingNotice::SamplingLost {
                     pid,
                     path: copy.path.clone(),
@@ -223,20 +212,12 @@ impl Session<'_> {
         }
     }
 
-    fn attach_copy_again(
-        &mut self,
-        pid: u32,
-        copy: &mut UsualCopy,
-        follow: bool,
-    ) -> crate::error::Result<()> {
-        let Some(probed) = copy.probed(follow) else {
-            return Ok(());
-        };
+    fn attach_copy_again(&mut self, pid: u32, copy: &mut UsualCopy) -> crate::error::Result<()> {
         let file = (copy.path.as_str(), copy.open_path.as_path());
         let used = self.probes.attach_again(
             Scope::Process(pid),
             file,
-            &probed,
+            &copy.probed,
             copy.instance,
             &copy.slots,
         )?;

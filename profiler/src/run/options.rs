@@ -13,8 +13,8 @@ pub enum Sampling {
     /// At their entry: one trap per call.
     Entry,
     /// At their entry while that is cheap, else only in short windows at
-    /// random times, weighed by jemalloc's per-thread byte counter;
-    /// jemalloc's slow path for requests above 4 KiB. For jemalloc copies
+    /// random times, weighed by jemalloc's per-thread byte counter; every
+    /// request no thread cache holds where the slow path takes it. For jemalloc copies
     /// whose build is recognised; the others are sampled at entry.
     #[default]
     Windows,

@@ -20,9 +20,10 @@ fn static_jemalloc_in_the_executable() {
     let mut fixture = Fixture::start(&binary, &[]);
     let (heap, stderr) = profile_workload(&mut fixture, &out, &["--verbose"]);
     // The probes sit in the executable itself, not in a shared library
-    // (on malloc's slow path: the executable's jemalloc is 5.3's).
+    // (where its slow path sends large requests: the executable's jemalloc
+    // is 5.3's).
     assert!(
-        stderr.contains(&format!("malloc's slow path at {}+", binary.display())),
+        stderr.contains(&format!("malloc's large requests at {}+", binary.display())),
         "{stderr}"
     );
     assert!(!stderr.contains("libjemalloc.so"), "{stderr}");
@@ -38,7 +39,7 @@ fn rust_program_on_tikv_jemallocator() {
     let (heap, stderr) = profile_workload(&mut fixture, &out, &["--verbose"]);
     // The prefix comes from the symbols; frees go through _rjem_sdallocx.
     for symbol in [
-        "_rjem_malloc's slow path",
+        "_rjem_malloc's large requests",
         "_rjem_mallocx",
         "_rjem_sdallocx",
         "_rjem_rallocx",

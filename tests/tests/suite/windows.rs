@@ -11,16 +11,25 @@ fn flat(rows: &[JeprofRow], name: &str) -> f64 {
     row(rows, name).flat * MIB
 }
 
-/// The aliasing fixture's 48 B + 16 B cycle for 20 s with a 64 MiB buffer
-/// allocated first, profiled with `flags` (and a 32 KiB interval unless
-/// they set one): the pairs it allocated, its profile and memprobe's
-/// stderr. Fewer than `trapped` of its mallocs trapped.
-fn profile_the_cycle(out: &Path, flags: &[&str], trapped: f64) -> (f64, PathBuf, String) {
-    let env = [
+/// The aliasing fixture's 48 B + 16 B cycle (or, `middle`, its 6,000 B +
+/// 20,000 B one) for 20 s with a 64 MiB buffer allocated first, profiled
+/// with `flags` (and a 32 KiB interval unless they set one): the pairs it
+/// allocated, its profile and memprobe's stderr. Fewer than `trapped` of
+/// its mallocs trapped.
+fn profile_the_cycle(
+    out: &Path,
+    middle: bool,
+    flags: &[&str],
+    trapped: f64,
+) -> (f64, PathBuf, String) {
+    let mut env = vec![
         ("FIXTURE_SECONDS", "20"),
         ("FIXTURE_BIG_BUFFER", "1"),
         ("FIXTURE_REPORT_PAIRS", "1"),
     ];
+    if middle {
+        env.push(("FIXTURE_MIDDLE", "1"));
+    }
     let mut fixture = Fixture::start(&aliasing_fixture(), &env);
     let mut args = vec!["--max-overhead", "none", "-v"];
     if !flags.contains(&"--sample-interval") {
@@ -54,7 +63,7 @@ fn profile_the_cycle(out: &Path, flags: &[&str], trapped: f64) -> (f64, PathBuf,
 fn windows_split_an_aliasing_cycle_right_and_never_miss_a_big_buffer() {
     let _guard = shared();
     let out = output_dir("windows_cycle");
-    let (_, heap, stderr) = profile_the_cycle(&out, &[], 0.2);
+    let (_, heap, stderr) = profile_the_cycle(&out, false, &[], 0.2);
     let note = malloc_sampling_note(&heap);
     assert!(note.contains("else in windows of 100ms"), "{note}");
     let open: f64 = note
@@ -83,8 +92,8 @@ fn windows_split_an_aliasing_cycle_right_and_never_miss_a_big_buffer() {
     assert_within("cycle_16 over cycle_48", b16 / b48, 16.0 / 48.0, 0.30);
     // Allocated once, at the start, by a call outside any window (the
     // first window stays open some seconds, but the buffer is allocated
-    // before the workload): on the slow path, where every request above
-    // 4 KiB is seen.
+    // before the workload): where jemalloc's slow path sends every request
+    // no thread cache holds.
     let inuse = jeprof_rows(&aliasing_fixture(), &heap, "--inuse_space");
     assert_within(
         "big_buffer in use",
@@ -109,7 +118,7 @@ fn windows_weigh_an_aliasing_cycle_right() {
     let _guard = shared();
     let out = output_dir("windows_cycle_fixed");
     let flags = ["--windows", "500ms/1s", "--sample-interval", "8192"];
-    let (pairs, heap, stderr) = profile_the_cycle(&out, &flags, 0.5);
+    let (pairs, heap, stderr) = profile_the_cycle(&out, false, &flags, 0.5);
     let note = malloc_sampling_note(&heap);
     assert!(note.contains("in windows of 500ms every 1s"), "{note}");
     let allocated = jeprof_rows(&aliasing_fixture(), &heap, "--alloc_space");
@@ -121,6 +130,45 @@ fn windows_weigh_an_aliasing_cycle_right() {
     );
     assert_within("cycle_48 allocated", b48, pairs * 48.0, 0.10);
     assert_within("cycle_16 allocated", b16, pairs * 16.0, 0.10);
+}
+
+/// Requests a thread cache holds but jemalloc's fast path does not (6,000
+/// and 20,000 bytes: above 4 KiB, at most 32 KiB) are the windows' to
+/// sample, at defaults and under `--track allocations`: only those made in
+/// a window trap (every one trapped once on the slow path before, as a
+/// server allocating a 4 KiB buffer per request did), each site's bytes
+/// as allocated within 10%, and the 64 MiB buffer, which no cache holds,
+/// is seen where the slow path sends it. Windows half the time: a window's
+/// calls trap and run slower, so fewer than half of the calls do.
+#[test]
+fn middle_sized_requests_are_left_to_the_windows() {
+    let _guard = shared();
+    for (name, tracking) in [
+        ("windows_middle", &[][..]),
+        (
+            "windows_middle_allocations",
+            &["--track", "allocations"][..],
+        ),
+    ] {
+        let out = output_dir(name);
+        let mut flags = vec!["--windows", "500ms/1s", "--sample-interval", "262144"];
+        flags.extend_from_slice(tracking);
+        let (pairs, heap, stderr) = profile_the_cycle(&out, true, &flags, 0.5);
+        assert!(stderr.contains("malloc's large requests at"), "{stderr}");
+        assert!(!stderr.contains("malloc's slow path at"), "{stderr}");
+        let allocated = jeprof_rows(&aliasing_fixture(), &heap, "--alloc_space");
+        let (b6k, b20k) = (flat(&allocated, "cycle_48"), flat(&allocated, "cycle_16"));
+        eprintln!(
+            "{name}: {pairs} pairs: 6,000 B {:+.1}%, 20,000 B {:+.1}%",
+            (b6k / (pairs * 6144.0) - 1.0) * 100.0,
+            (b20k / (pairs * 20480.0) - 1.0) * 100.0
+        );
+        assert_within("6,000 B allocated", b6k, pairs * 6144.0, 0.10);
+        assert_within("20,000 B allocated", b20k, pairs * 20480.0, 0.10);
+        let inuse = jeprof_rows(&aliasing_fixture(), &heap, "--inuse_space");
+        let big = flat(&inuse, "big_buffer");
+        assert_within("big_buffer in use", big, 64.0 * MIB, 0.01);
+    }
 }
 
 /// Without uprobe sessions (before 6.13) a window's `malloc` has a

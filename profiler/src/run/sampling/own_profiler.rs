@@ -8,7 +8,7 @@ use crate::{
     discover::{Allocator, own_sampling::ProfSwitches},
     error::Result,
     kernel::Scope,
-    proc::{ProcessMemory, mapped_address},
+    proc::{ProcessMemory, file_base},
     run::{Sampling, Session, actions::Action, notice::SamplingNotice},
 };
 
@@ -280,9 +280,7 @@ pub(in crate::run) fn read_switches(
     path: &str,
     switches: &ProfSwitches,
 ) -> Option<ProfState> {
-    let (anchor_offset, anchor_address) = switches.anchor;
-    // Where the file's address 0 is in the process.
-    let base = mapped_address(maps, path, anchor_offset, 1)?.checked_sub(anchor_address)?;
+    let base = file_base(maps, path, switches.anchor)?;
     let mem = ProcessMemory::open(pid)?;
     let read = |address: u64, bytes: &mut [u8]| mem.read(base + address, bytes);
     let flag = |address: u64| {

@@ -121,7 +121,7 @@ impl Session<'_> {
         let on_slow_path = windowed
             .as_ref()
             .ok()
-            .and_then(|_| allocator.on_slow_path(self.options.collector.allocations_only));
+            .and_then(|parts| allocator.on_slow_path(parts.large_requests));
         let probed = on_slow_path.as_ref().unwrap_or(allocator);
         let before = self.probes.attached.len();
         let attached = self
@@ -136,7 +136,12 @@ impl Session<'_> {
         let Scope::Process(pid) = scope else {
             return Ok(attached);
         };
-        let copy = UsualCopy::new(file, allocator, instance, on_slow_path.is_some(), slots);
+        let copy = UsualCopy::new(
+            file,
+            on_slow_path.as_ref().unwrap_or(allocator),
+            instance,
+            slots,
+        );
         self.frees_on_request.record(pid, copy);
         match windowed {
             Ok(parts) => {

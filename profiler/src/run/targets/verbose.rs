@@ -77,8 +77,21 @@ impl Session<'_> {
 
 /// `--verbose`'s words on jemalloc's fast path.
 fn describe_fast_path(fast: Option<&SlowPath>) -> String {
-    let Some(SlowPath { fast, .. }) = fast else {
+    let Some(SlowPath {
+        fast,
+        large_requests,
+        ..
+    }) = fast
+    else {
         return "jemalloc's malloc fast path not recognised".into();
+    };
+    let large = match large_requests {
+        Some(l) => format!(
+            "; the slow path sends requests no thread cache holds to the function at file \
+             offset {:#x} (its limit read from address {:#x})",
+            l.file_offset, l.limit
+        ),
+        None => "; where the slow path sends requests no thread cache holds: not found".into(),
     };
     let tls = match fast.tls {
         TlsOffset::GotSlot(slot) => {
@@ -89,7 +102,7 @@ fn describe_fast_path(fast: Option<&SlowPath>) -> String {
     format!(
         "jemalloc 5.3 malloc fast path recognised: above {} bytes and at a thread's \
          threshold it leaves for the slow path at file offset {:#x}; thread counters at TLS \
-         {} and {}, {tls}",
+         {} and {}, {tls}{large}",
         fast.large_above,
         fast.slow_path,
         signed_hex(fast.allocated),

@@ -154,10 +154,12 @@ impl Windows {
 
     /// Each copy's note for the profile: how it is sampled, and so far.
     pub fn notes(&self, timing: &WindowTiming) -> Vec<String> {
-        let note = super::windows_note(timing, Some(self));
         self.copies
             .iter()
-            .map(|c| format!("{}: {note}", c.path))
+            .map(|c| {
+                let note = super::windows_note(timing, Some(self), c.config.large_above);
+                format!("{}: {note}", c.path)
+            })
             .collect()
     }
 

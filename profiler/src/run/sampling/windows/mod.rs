@@ -3,11 +3,12 @@
 //! little ([`WINDOWS_COST`]), and in short windows opened at random times
 //! once it would cost more, open for as small a share of the time as
 //! keeps their cost there. No call traps outside a window, and nothing in
-//! the program's own cycle can line up with the samples. Its slow path
-//! stays probed for the requests above 4 KiB (every one reaches it: a big
-//! buffer is never left to chance; where frees are not followed, past its
-//! own size check, so that its small calls never trap), and its other
-//! entry points and its frees stay probed as always.
+//! the program's own cycle can line up with the samples. The requests no
+//! thread cache holds (above 32 KiB by default) stay probed where the slow
+//! path sends them, every one (a big buffer is never left to chance; where
+//! that place was not found, the slow path's entry, for requests above
+//! 4 KiB), and the copy's other entry points and its frees stay probed as
+//! always.
 //!
 //! Inside a window every call traps, so the program runs slower there than
 //! outside: a window sees fewer calls than its share of time. Its samples
@@ -39,7 +40,7 @@ impl Session<'_> {
         self.say(SamplingNotice::WindowsStarted {
             pid,
             path: copy.path.clone(),
-            note: windows_note(&timing, None),
+            note: windows_note(&timing, None, copy.config.large_above),
         });
         if !self.tracked.contains_key(&pid) {
             return;
@@ -187,7 +188,11 @@ enum WindowRefused {
 
 /// How a copy's `malloc` and `operator new` are sampled, for the profile
 /// (with the share of time in windows so far) and `--verbose`.
-pub(in crate::run) fn windows_note(timing: &WindowTiming, windows: Option<&Windows>) -> String {
+pub(in crate::run) fn windows_note(
+    timing: &WindowTiming,
+    windows: Option<&Windows>,
+    large_above: u64,
+) -> String {
     let how = match timing.every {
         Some(every) => format!(
             "in windows of {} every {} on average",
@@ -221,6 +226,7 @@ pub(in crate::run) fn windows_note(timing: &WindowTiming, windows: Option<&Windo
     });
     format!(
         "malloc and operator new {how} (weighed by jemalloc's per-thread byte counter){so_far}, \
-         requests above 4 KiB on its slow path"
+         requests above {} where its slow path takes them",
+        crate::units::bytes(large_above as f64)
     )
 }

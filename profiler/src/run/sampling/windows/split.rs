@@ -2,7 +2,11 @@
 //! new` for the windows, its thread counters' place told to the kernel;
 //! or why it is sampled at entry instead.
 use crate::{
-    discover::{Allocator, fast_path::TlsOffset},
+    discover::{
+        Allocator,
+        fast_path::TlsOffset,
+        large_requests::{LargeRequestsProbe, SMALL_MAX_CLASS},
+    },
     kernel::Scope,
     run::{Sampling, Session},
 };
@@ -41,17 +45,24 @@ impl Session<'_> {
                 read_mapped_word(pid, maps, path, file_offset).ok_or(unread)? as i64
             }
         };
+        let maps = &self.tracked.get(&pid).ok_or(not_recognised)?.maps;
+        let large =
+            (slow.large_requests.as_ref()).and_then(|l| read_large_requests(pid, maps, path, l));
         let config = profiler_common::FastPathConfig {
             allocated: tls.wrapping_add(fast.allocated),
-            large_above: fast.large_above,
+            large_above: large.map_or(fast.large_above, |l| l.above),
             window_shift: 0,
             window: 0,
-            size_register: slow.large_requests.as_ref().map_or(0, |l| l.register),
+            callers: large.map_or([0, 0], |l| l.callers),
         };
         if !self.probes.set_fast_path(pid, instance, config) {
             return Err("the kernel's table of fast paths is full");
         }
-        Ok(WindowedParts { served, config })
+        Ok(WindowedParts {
+            served,
+            config,
+            large_requests: large.is_some(),
+        })
     }
 }
 
@@ -61,6 +72,43 @@ impl Session<'_> {
 pub(in crate::run) struct WindowedParts {
     pub served: Allocator,
     pub config: profiler_common::FastPathConfig,
+    /// Whether the slow path is probed where it sends the requests no
+    /// thread cache holds (else at its entry).
+    pub large_requests: bool,
+}
+
+/// A copy's large requests as its process has them: above what, and
+/// coming from where.
+#[derive(Clone, Copy)]
+struct LargeRequestsIn {
+    above: u64,
+    callers: [u64; 2],
+}
+
+/// Largest `tcache_maxclass` jemalloc 5.3 takes (`TCACHE_MAXCLASS_LIMIT`).
+const MAX_CACHED: u64 = 8 << 20;
+
+/// Reads `pid`'s `tcache_maxclass` (set as jemalloc starts: 0 before) and
+/// places its slow path; `None` where either cannot be.
+fn read_large_requests(
+    pid: u32,
+    maps: &str,
+    path: &str,
+    large: &LargeRequestsProbe,
+) -> Option<LargeRequestsIn> {
+    let base = crate::proc::file_base(maps, path, large.anchor)?;
+    let mut word = [0u8; 8];
+    crate::proc::ProcessMemory::open(pid)?.read(base.checked_add(large.limit)?, &mut word)?;
+    let cached = u64::from_le_bytes(word);
+    if cached == 0 || cached > MAX_CACHED {
+        return None;
+    }
+    let len = large.callers.end - large.callers.start;
+    let start = crate::proc::mapped_address(maps, path, large.callers.start, len)?;
+    Some(LargeRequestsIn {
+        above: cached.max(SMALL_MAX_CLASS),
+        callers: [start, start + len],
+    })
 }
 
 /// The word at `file_offset` of `path` as `pid` has it mapped (a GOT slot
