@@ -103,10 +103,10 @@ impl LargeRequests {
 /// calls for requests above its thread cache's largest; `None` where its
 /// code is not shaped so, or not surely.
 pub fn find(symbols: &FunctionSymbols, data: &[u8], slow_path: u64) -> Option<LargeRequests> {
+    // Its whole extent, known: a call from past it would not be counted.
     let end = symbols
         .next_function_start(slow_path)
-        .unwrap_or(slow_path + MAX_FUNCTION_BYTES)
-        .min(slow_path + MAX_FUNCTION_BYTES);
+        .filter(|&end| end - slow_path <= MAX_FUNCTION_BYTES)?;
     let code = symbols.code(data, slow_path, end - slow_path)?;
     let instructions: Vec<Instruction> =
         Decoder::with_ip(64, code, slow_path, DecoderOptions::NONE)
@@ -120,6 +120,9 @@ pub fn find(symbols: &FunctionSymbols, data: &[u8], slow_path: u64) -> Option<La
         let Some((limit, target)) = limit_check(&instructions, i, held) else {
             continue;
         };
+        // A large side outside the function (a cold part) calls from
+        // elsewhere than the slow path: not counted there, so not taken.
+        let target = index_of(&instructions, target)?;
         let function = called_with_size(&instructions, target, sizes[target]?)?;
         if found.is_some_and(|f| f != (function, limit)) {
             return None;
@@ -213,9 +216,9 @@ fn successors(instructions: &[Instruction], i: usize) -> Vec<usize> {
 
 /// A check of the size against a global at `i`: `cmp [G], SIZE; jb T` or
 /// `cmp SIZE, [G]; ja T`, G read rip-relative or through a register just
-/// loaded with `lea REG, [rip + G]`. Returns G and the index of T, where
-/// the size is above it.
-fn limit_check(instructions: &[Instruction], i: usize, held: u32) -> Option<(u64, usize)> {
+/// loaded with `lea REG, [rip + G]`. Returns G and T, where the size is
+/// above it.
+fn limit_check(instructions: &[Instruction], i: usize, held: u32) -> Option<(u64, u64)> {
     let compare = &instructions[i];
     let jump = instructions.get(i + 1)?;
     let (memory_first, size) = match compare.code() {
@@ -236,7 +239,7 @@ fn limit_check(instructions: &[Instruction], i: usize, held: u32) -> Option<(u64
         return None;
     }
     let global = global_address(instructions, i)?;
-    Some((global, index_of(instructions, jump.near_branch_target())?))
+    Some((global, jump.near_branch_target()))
 }
 
 /// The address the memory operand of instruction `i` reads: rip-relative,
@@ -364,6 +367,7 @@ mod tests {
         let (instructions, sizes) = decoded(&CHECK_AND_CALL);
         let (limit, target) = limit_check(&instructions, 2, sizes[2].unwrap()).unwrap();
         assert_eq!(limit, 0x100a + 0x100);
+        let target = index_of(&instructions, target).unwrap();
         let call = called_with_size(&instructions, target, sizes[target].unwrap());
         assert_eq!(call, Some(0x1019));
     }
@@ -388,6 +392,7 @@ mod tests {
         code[19] = 0xf2; // mov rdx, rsi
         let (instructions, sizes) = decoded(&code);
         let (_, target) = limit_check(&instructions, 2, sizes[2].unwrap()).unwrap();
+        let target = index_of(&instructions, target).unwrap();
         assert_eq!(
             called_with_size(&instructions, target, sizes[target].unwrap()),
             None

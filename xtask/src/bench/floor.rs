@@ -119,8 +119,11 @@ pub(super) fn memprobe_places(
     malloc_loop: &Path,
     library: &str,
 ) -> Result<[Place; 2]> {
+    // Long enough to outlast memprobe's start (its cost calibration can
+    // take seconds on a busy host: a 2 s loop once exited first), stopped
+    // once the places are read.
     let mut target = Command::new(malloc_loop)
-        .args(["0", "2"])
+        .args(["0", "60"])
         .stdout(Stdio::null())
         .spawn()?;
     let pid = target.id().to_string();
@@ -135,9 +138,11 @@ pub(super) fn memprobe_places(
         "--format",
         "heap",
     ];
-    let (mut probe, stderr) = start_memprobe(memprobe, &args)?;
-    stop(&mut probe);
+    let started = start_memprobe(memprobe, &args);
+    let _ = target.kill();
     let _ = target.wait();
+    let (mut probe, stderr) = started?;
+    stop(&mut probe);
     let place = |symbol: &str| -> Result<Place> {
         let key = format!(": {symbol} at {library}+");
         let line = line_with(&stderr, &key)

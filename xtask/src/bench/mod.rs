@@ -125,7 +125,11 @@ fn start_memprobe(memprobe: &Path, args: &[&str]) -> Result<(Child, Stderr)> {
             return Ok((child, kept));
         }
     }
-    bail!("memprobe did not attach")
+    let said: Vec<String> = kept
+        .lock()
+        .map(|k| k.iter().map(|(_, l)| l.clone()).collect())
+        .unwrap_or_default();
+    bail!("memprobe did not attach: {}", said.join("\n"))
 }
 
 /// memprobe's first line containing `text`.
@@ -169,6 +173,9 @@ pub enum Part {
     /// redis-server under the other loads: other requests, value sizes and
     /// pipelining.
     RedisOtherLoads,
+    /// redis-server under HSETs of 4 KiB values alone: requests above
+    /// jemalloc's fast path that a thread cache holds.
+    RedisMiddleSized,
     /// Offline reports of a large profile.
     Offline,
     /// An mmap/munmap loop: what tracing mappings costs.
@@ -221,6 +228,7 @@ pub fn bench(only: Option<Part>) -> Result<()> {
         None | Some(Part::Redis) => &redis::LOADS,
         Some(Part::RedisDefaultLoad) => &redis::LOADS[..1],
         Some(Part::RedisOtherLoads) => &redis::LOADS[1..],
+        Some(Part::RedisMiddleSized) => &redis::LOADS[3..4],
         Some(_) => &[],
     };
     if !loads.is_empty() {
