@@ -153,6 +153,15 @@ pub struct Cli {
           help_heading = help::SNAPSHOTS, hide_short_help = true)]
     pub min_dump_gap: Duration,
 
+    /// Under --track allocations, follow frees for DUR after RSS growth.
+    ///
+    /// When an rss: --dump-on-growth trigger fires, that process's frees
+    /// are followed for DUR, then what it allocated in that span and still
+    /// holds is written as a snapshot (a delta: what grew). 0 turns it off.
+    #[arg(long, value_name = "DUR", default_value = "1m", value_parser = parse_duration,
+          help_heading = help::SNAPSHOTS, hide_short_help = true)]
+    pub follow_on_growth: Duration,
+
     /// Formats to write (default: all five).
     ///
     /// Comma-separated, of: heap (jeprof), pb.gz (pprof, symbolized), folded,

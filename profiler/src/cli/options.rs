@@ -36,6 +36,7 @@ impl Cli {
             snapshot_interval: self.interval,
             dump_on_growth: self.dump_on_growth.clone(),
             min_dump_gap: self.min_dump_gap,
+            follow_on_growth: self.follow_on_growth,
             java_perfmap: !self.no_java_perfmap,
             debug_dir: self.debug_dir.clone(),
             allocators: AllocatorArg::kinds(&self.allocator),

@@ -1,4 +1,5 @@
 //! A finished heap profile of one process: what every writer takes.
+mod delta;
 mod memory;
 mod notes;
 

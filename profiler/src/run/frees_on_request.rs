@@ -3,15 +3,16 @@
 //! its profile's in use is what it allocated. A delta asked of the
 //! endpoints (`/debug/pprof/heap?seconds=N`) has its process's frees
 //! followed for those N seconds: each of its allocator copies is attached
-//! again with its free probes and its return halves (jemalloc's slow path
-//! at its entry, where its pointer is known), so that the delta's in use
-//! is what was allocated in the span and is still live at its end. Then
-//! the copies go back to allocations only, and the cost with them.
+//! again with its free probes and its return halves, so that the delta's
+//! in use is what was allocated in the span and is still live at its end.
+//! Then the copies go back to allocations only, and the cost with them.
+//! Resident growth asks the same (`--dump-on-growth rss:...`): its frees
+//! are followed for `--follow-on-growth`, and the delta over that span is
+//! written as a snapshot: what grew.
 //!
 //! The same re-attaching serves the budget's second step: a process whose
 //! frees it dropped has its copies attached again in their
-//! allocations-only form, where jemalloc's slow path traps on large
-//! requests alone.
+//! allocations-only form.
 use std::{
     collections::BTreeMap,
     path::{Path, PathBuf},
@@ -21,7 +22,12 @@ use std::{
 use crate::{
     discover::Allocator,
     kernel::Scope,
-    run::{Session, notice::SamplingNotice},
+    profile::HeapProfile,
+    run::{
+        Session,
+        notice::{FollowCause, SamplingNotice},
+        snapshots::{SnapshotKind, writer::Announce},
+    },
 };
 
 /// One allocator copy attached the usual way (memprobe's own sampling),
@@ -64,11 +70,22 @@ struct Followed {
     until: Instant,
 }
 
+/// A process's frees followed since its resident memory grew: its profile
+/// then, and why.
+#[derive(Debug)]
+struct GrowthSpan {
+    before: HeapProfile,
+    since: Instant,
+    growth: String,
+}
+
 /// Per process: its usual copies, and the span its frees are followed.
 #[derive(Debug, Default)]
 pub(in crate::run) struct FreesOnRequest {
     copies: BTreeMap<u32, Vec<UsualCopy>>,
     followed: BTreeMap<u32, Followed>,
+    /// Spans asked by resident growth, whose delta is written at their end.
+    growth: BTreeMap<u32, GrowthSpan>,
     /// The last span each process's frees were followed, once over.
     last: BTreeMap<u32, (SystemTime, SystemTime)>,
 }
@@ -89,6 +106,7 @@ impl FreesOnRequest {
     pub fn forget(&mut self, pid: u32) {
         self.copies.remove(&pid);
         self.followed.remove(&pid);
+        self.growth.remove(&pid);
         self.last.remove(&pid);
     }
 
@@ -115,20 +133,26 @@ impl FreesOnRequest {
 
 impl Session<'_> {
     /// Follows `pid`'s frees for `wanted` from now, where the run tracks
-    /// allocations only (longer if they are already followed). Nothing to
-    /// do where frees are followed anyway, were dropped for the budget, or
-    /// the process has no copy attached the usual way.
-    pub(in crate::run) fn follow_frees_for(&mut self, pid: u32, wanted: Duration) {
+    /// allocations only (longer if they are already followed); returns
+    /// whether they are followed now. Nothing to do where frees are
+    /// followed anyway, were dropped for the budget, or the process has no
+    /// copy attached the usual way.
+    pub(in crate::run) fn follow_frees_for(
+        &mut self,
+        pid: u32,
+        wanted: Duration,
+        cause: FollowCause,
+    ) -> bool {
         let until = Instant::now() + wanted;
         if !self.options.collector.allocations_only
             || self.budget.frees_dropped(pid).is_some()
             || self.tracked.get(&pid).is_none_or(|t| t.exited)
         {
-            return;
+            return false;
         }
         if let Some(followed) = self.frees_on_request.followed.get_mut(&pid) {
             followed.until = followed.until.max(until);
-            return;
+            return true;
         }
         if self
             .frees_on_request
@@ -136,7 +160,7 @@ impl Session<'_> {
             .get(&pid)
             .is_none_or(Vec::is_empty)
         {
-            return;
+            return false;
         }
         self.switch_frees(pid, true);
         let since = SystemTime::now();
@@ -144,7 +168,31 @@ impl Session<'_> {
         self.say(SamplingNotice::FreesFollowed {
             pid,
             seconds: wanted.as_secs(),
+            cause,
         });
+        true
+    }
+
+    /// `--follow-on-growth`: after `pid`'s resident memory grew (`growth`
+    /// says how), its frees are followed for that long, and what it
+    /// allocated then and still holds at the end is written as a snapshot.
+    pub(in crate::run) fn follow_on_growth(&mut self, pid: u32, growth: &str) {
+        let span = self.options.follow_on_growth;
+        if span.is_zero()
+            || self.frees_on_request.growth.contains_key(&pid)
+            || !self.follow_frees_for(pid, span, FollowCause::Growth)
+        {
+            return;
+        }
+        let Some(t) = self.tracked.get(&pid) else {
+            return;
+        };
+        let span = GrowthSpan {
+            before: t.profile(),
+            since: Instant::now(),
+            growth: growth.to_owned(),
+        };
+        self.frees_on_request.growth.insert(pid, span);
     }
 
     /// Each tick: processes whose asked span is over go back to their
@@ -157,12 +205,30 @@ impl Session<'_> {
             .collect();
         for (pid, followed) in over {
             self.frees_on_request.followed.remove(&pid);
+            if let Some(span) = self.frees_on_request.growth.remove(&pid) {
+                self.write_growth_delta(pid, span);
+            }
             if self.tracked.get(&pid).is_some_and(|t| !t.exited) {
                 self.switch_frees(pid, false);
                 self.say(SamplingNotice::FreesFollowedEnd { pid });
             }
             (self.frees_on_request.last).insert(pid, (followed.since, SystemTime::now()));
         }
+    }
+
+    /// The snapshot at the end of a span asked by resident growth: the
+    /// profile less the one at its start, what was allocated in the span
+    /// and is still live.
+    fn write_growth_delta(&mut self, pid: u32, span: GrowthSpan) {
+        let seconds = span.since.elapsed().as_secs();
+        let reason = format!(
+            "allocated in the {seconds} s after {} and still live (frees followed)",
+            span.growth
+        );
+        let announce = Announce::Growth(reason.clone());
+        self.snapshot_as(pid, &reason, SnapshotKind::Requested, announce, |now| {
+            now.since(&span.before, seconds).growth_only()
+        });
     }
 
     /// After the budget dropped `pid`'s frees (its free probes detached):

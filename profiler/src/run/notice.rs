@@ -57,14 +57,27 @@ pub(in crate::run) enum TargetNotice {
     },
 }
 
+/// Why frees are followed for a while under `--track allocations`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(in crate::run) enum FollowCause {
+    /// A delta asked of the endpoints.
+    Request,
+    /// An `rss:` growth trigger fired.
+    Growth,
+}
+
 /// How a process's allocations are sampled, and changes to it.
 #[derive(Debug, Clone, PartialEq)]
 pub(in crate::run) enum SamplingNotice {
     /// How a copy is sampled, and why (`--verbose`).
     Sampling { pid: u32, note: String },
-    /// Under `--track allocations`, its frees followed for a delta asked
-    /// of the endpoints.
-    FreesFollowed { pid: u32, seconds: u64 },
+    /// Under `--track allocations`, its frees followed for a while: for a
+    /// delta asked of the endpoints, or after its resident memory grew.
+    FreesFollowed {
+        pid: u32,
+        seconds: u64,
+        cause: FollowCause,
+    },
     /// And no longer.
     FreesFollowedEnd { pid: u32 },
     /// jemalloc's profiler is on but does not sample (`--verbose`).
@@ -259,10 +272,17 @@ impl fmt::Display for SamplingNotice {
                 active,
                 forgotten,
             } => own_profiler_switched(f, (*pid, path), *active, *forgotten),
-            Self::FreesFollowed { pid, seconds } => write!(
-                f,
-                "pid {pid}: frees followed for {seconds} s, as /debug/pprof/heap?seconds= asked"
-            ),
+            Self::FreesFollowed {
+                pid,
+                seconds,
+                cause,
+            } => {
+                let why = match cause {
+                    FollowCause::Request => "as /debug/pprof/heap?seconds= asked",
+                    FollowCause::Growth => "after its resident memory grew (--follow-on-growth)",
+                };
+                write!(f, "pid {pid}: frees followed for {seconds} s, {why}")
+            }
             Self::FreesFollowedEnd { pid } => {
                 write!(
                     f,

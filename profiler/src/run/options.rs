@@ -60,6 +60,10 @@ pub struct SessionOptions {
     /// Least time between two growth-triggered snapshots of one process.
     /// Default: 10 s.
     pub min_dump_gap: Duration,
+    /// Under `--track allocations`: how long a process's frees are followed
+    /// after its resident memory grew (an `rss:` growth trigger), the delta
+    /// over that span written as a snapshot. Zero: not at all. Default: 1 min.
+    pub follow_on_growth: Duration,
     /// The files each snapshot is written as. Default: all formats.
     pub formats: Vec<Format>,
     /// Snapshots kept per process on disk (`--keep`, `--max-disk`).
@@ -141,6 +145,7 @@ impl Default for SessionOptions {
             snapshot_interval: None,
             dump_on_growth: Vec::new(),
             min_dump_gap: Duration::from_secs(10),
+            follow_on_growth: Duration::from_secs(60),
             formats: Format::ALL.to_vec(),
             java_perfmap: true,
             max_overhead: Some(0.10),

@@ -9,7 +9,7 @@ use tokio::sync::mpsc;
 
 use crate::{
     kernel::Scope,
-    run::Session,
+    run::{Session, notice::FollowCause},
     serve::{Endpoints, MAX_IN_FLIGHT, ProcessStatus, Published, RunHandle, SnapshotRequest},
 };
 
@@ -109,7 +109,7 @@ impl Session<'_> {
     /// a delta, once the process's frees are followed).
     pub(super) fn answer(&mut self, request: SnapshotRequest) {
         if let Some(wanted) = request.follow_frees {
-            self.follow_frees_for(request.pid, wanted);
+            self.follow_frees_for(request.pid, wanted, FollowCause::Request);
         }
         let profile = self.tracked.get(&request.pid).map(|t| t.profile());
         let _ = request.reply.send(profile);

@@ -12,11 +12,7 @@ use axum::{
 use tokio::sync::oneshot;
 
 use super::{AppState, MAX_DELTA_SECONDS, Refusal, SnapshotRequest, refuse};
-use crate::{
-    output,
-    profile::{HeapProfile, StackEstimate},
-    symbolize::Namer,
-};
+use crate::{output, profile::HeapProfile, symbolize::Namer};
 
 /// How much longer than a delta's span frees are followed: its second
 /// profile is taken inside.
@@ -67,7 +63,7 @@ async fn profile_of(state: &AppState, query: &HashMap<String, String>) -> Result
     if let Some(seconds) = seconds {
         tokio::time::sleep(Duration::from_secs(seconds)).await;
         let after = snapshot(state, pid, None).await?;
-        profile = delta(&profile, after, seconds);
+        profile = after.since(&profile, seconds);
     }
     let encoded = tokio::task::spawn_blocking(move || {
         let mut namer = Namer::for_process(pid, &profile.mapped_libraries);
@@ -135,80 +131,4 @@ async fn snapshot(
         .await
         .map_err(|_| unavailable())?;
     answer.await.map_err(|_| unavailable())?.ok_or_else(gone)
-}
-
-/// `after` less `before`, per identical stack: what changed in between.
-fn delta(before: &HeapProfile, mut after: HeapProfile, seconds: u64) -> HeapProfile {
-    let mut earlier: HashMap<&[u64], &StackEstimate> = before
-        .stacks
-        .iter()
-        .map(|s| (s.frames.as_slice(), s))
-        .collect();
-    for stack in &mut after.stacks {
-        if let Some(old) = earlier.remove(stack.frames.as_slice()) {
-            stack.inuse_objects -= old.inuse_objects;
-            stack.inuse_bytes -= old.inuse_bytes;
-            stack.alloc_objects -= old.alloc_objects;
-            stack.alloc_bytes -= old.alloc_bytes;
-        }
-    }
-    // Stacks gone since: all of theirs was freed.
-    after
-        .stacks
-        .extend(earlier.into_values().map(|old| StackEstimate {
-            frames: old.frames.clone(),
-            inuse_objects: -old.inuse_objects,
-            inuse_bytes: -old.inuse_bytes,
-            alloc_objects: 0.0,
-            alloc_bytes: 0.0,
-            oldest_live_s: None,
-        }));
-    after.stacks.retain(|s| {
-        s.inuse_objects != 0.0
-            || s.inuse_bytes != 0.0
-            || s.alloc_objects != 0.0
-            || s.alloc_bytes != 0.0
-    });
-    after.notes.delta_seconds = Some(seconds);
-    after
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn stack(frames: &[u64], inuse: f64, alloc: f64) -> StackEstimate {
-        StackEstimate {
-            frames: frames.to_vec(),
-            inuse_objects: inuse,
-            inuse_bytes: inuse * 64.0,
-            alloc_objects: alloc,
-            alloc_bytes: alloc * 64.0,
-            oldest_live_s: None,
-        }
-    }
-
-    #[test]
-    fn delta_is_the_change_per_stack() {
-        let before = HeapProfile {
-            stacks: vec![stack(&[1, 2], 10.0, 10.0), stack(&[3], 5.0, 5.0)],
-            ..HeapProfile::default()
-        };
-        let after = HeapProfile {
-            stacks: vec![stack(&[1, 2], 12.0, 20.0), stack(&[4], 1.0, 1.0)],
-            ..HeapProfile::default()
-        };
-        let change = delta(&before, after, 30);
-        let of = |frames: &[u64]| change.stacks.iter().find(|s| s.frames == frames).unwrap();
-        assert_eq!(
-            (of(&[1, 2]).inuse_objects, of(&[1, 2]).alloc_objects),
-            (2.0, 10.0)
-        );
-        assert_eq!(
-            (of(&[3]).inuse_objects, of(&[3]).alloc_objects),
-            (-5.0, 0.0)
-        );
-        assert_eq!(of(&[4]).inuse_objects, 1.0);
-        assert_eq!(change.notes.delta_seconds, Some(30));
-    }
 }

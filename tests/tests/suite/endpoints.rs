@@ -126,6 +126,68 @@ fn a_delta_follows_frees_for_its_span_under_track_allocations() {
     );
 }
 
+/// The same span asked by resident growth (`--dump-on-growth rss:`, the
+/// trends fixture writing its blocks whole): its frees are followed for
+/// `--follow-on-growth`, then the delta over that span is written as a
+/// snapshot: the working set it replaced in that time, its leak at its
+/// rate over the span, none of the burst (allocated before the span or
+/// inside it, and freed inside it).
+#[test]
+fn resident_growth_follows_frees_and_writes_what_grew() {
+    let _guard = shared();
+    let out = output_dir("growth_follows_frees");
+    let mut fixture = Fixture::start(&trends_fixture(), &[("FIXTURE_TOUCH", "1")]);
+    let flags = [
+        "--track",
+        "allocations",
+        "--sample-interval",
+        "16384",
+        "--dump-on-growth",
+        "rss:4MiB/1m",
+        "--follow-on-growth",
+        "4s",
+        "--format",
+        "heap",
+    ];
+    let memprobe = Memprobe::attach(&fixture, &out, &flags);
+    let pid = fixture.pid;
+    fixture.run_workload();
+    let within = Duration::from_secs(10);
+    memprobe.wait_for_stderr("frees no longer followed", within, "frees still followed");
+    let stderr = memprobe.stop();
+    assert!(fixture.finish().success());
+    let followed = format!("pid {pid}: frees followed for 4 s, after its resident");
+    assert!(stderr.contains(&followed), "{stderr}");
+    let delta = heap_files(&out)
+        .into_iter()
+        .find(|h| {
+            let reason = heap_notes(h).remove("reason").unwrap_or_default();
+            reason.starts_with("allocated in the") && reason.contains("after resident growth")
+        })
+        .unwrap_or_else(|| panic!("no delta written: {stderr}"));
+    let seconds: f64 = heap_notes(&delta)
+        .remove("delta_seconds")
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no span: {stderr}"));
+    let inuse = jeprof_rows(&trends_fixture(), &delta, "--inuse_space");
+    let flat = |site: &str| {
+        inuse
+            .iter()
+            .find(|r| r.name == site)
+            .map_or(0.0, |r| r.flat * MIB)
+    };
+    // 16 of 128 blocks of 64 KiB replaced every 100 ms: all live ones.
+    assert_within("working_set", flat("working_set"), 8.0 * MIB, 0.15);
+    // 256 KiB every 100 ms, over a span of whole seconds give or take one.
+    let leak = flat("leak_steadily");
+    let rate = 2.5 * MIB;
+    assert!(
+        leak > rate * (seconds - 1.5) && leak < rate * (seconds + 1.5),
+        "leak {leak} over {seconds} s\n{stderr}"
+    );
+    assert!(flat("burst") < 0.5 * MIB, "burst {}", flat("burst"));
+}
+
 /// Scrapers hammering the endpoints while a busy process allocates a
 /// million times a second: the event intake loses nothing.
 #[test]

@@ -43,6 +43,16 @@ pub(in crate::run) enum SnapshotKind {
     Last,
 }
 
+/// A process whose growth calls for a snapshot.
+#[derive(Debug)]
+pub(in crate::run) struct Grown {
+    pub pid: u32,
+    /// Why (each trigger that fired).
+    pub reason: String,
+    /// Whether its resident memory's trigger fired.
+    pub resident: bool,
+}
+
 /// What one process's snapshots left.
 #[derive(Debug, Default)]
 pub(in crate::run) struct ProcessSnapshots {
@@ -118,13 +128,13 @@ impl Snapshots {
     /// `--dump-on-growth`: takes each process's estimated heap in use and
     /// resident bytes now (where read); the processes whose growth calls
     /// for a snapshot, with why (one snapshot however many triggers).
-    pub fn grown(&mut self, now: Instant, readings: Vec<(u32, Reading)>) -> Vec<(u32, String)> {
+    pub fn grown(&mut self, now: Instant, readings: Vec<(u32, Reading)>) -> Vec<Grown> {
         let (triggers, min_gap) = self.growth.clone();
         let mut due = Vec::new();
         for (pid, reading) in readings {
             let windows = &mut self.of_mut(pid).growth;
             windows.resize_with(triggers.len(), GrowthWindow::default);
-            let reasons: Vec<String> = triggers
+            let fired: Vec<(Growing, String)> = triggers
                 .iter()
                 .zip(windows.iter_mut())
                 .filter_map(|(trigger, window)| {
@@ -132,11 +142,20 @@ impl Snapshots {
                         Growing::Heap => reading.heap,
                         Growing::Resident => reading.resident?,
                     };
-                    window.observe(now, bytes, *trigger, min_gap)
+                    let reason = window.observe(now, bytes, *trigger, min_gap)?;
+                    Some((trigger.of, reason))
                 })
                 .collect();
-            if !reasons.is_empty() {
-                due.push((pid, reasons.join("; ")));
+            if !fired.is_empty() {
+                due.push(Grown {
+                    pid,
+                    resident: fired.iter().any(|(of, _)| *of == Growing::Resident),
+                    reason: fired
+                        .into_iter()
+                        .map(|(_, r)| r)
+                        .collect::<Vec<_>>()
+                        .join("; "),
+                });
             }
         }
         due

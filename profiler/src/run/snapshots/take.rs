@@ -5,7 +5,7 @@ use std::time::Instant;
 use crate::{
     error::Result,
     output::Format,
-    profile::ProfileNotes,
+    profile::{HeapProfile, ProfileNotes},
     run::{
         Session,
         actions::Action,
@@ -47,8 +47,8 @@ impl Session<'_> {
     }
 
     /// `--dump-on-growth`'s answer each tick: a snapshot of each process
-    /// whose estimated in-use bytes grew by the trigger's size within its
-    /// window.
+    /// whose estimated in-use bytes (or resident memory) grew by the
+    /// trigger's size within its window.
     pub(in crate::run) fn growth_actions(&mut self) -> Vec<Action> {
         let resident = self.snapshots.watches_resident();
         let readings: Vec<(u32, Reading)> = self
@@ -67,12 +67,17 @@ impl Session<'_> {
             })
             .collect();
         let grown = self.snapshots.grown(Instant::now(), readings);
+        // Under --track allocations, resident growth has the process's
+        // frees followed for a while: what grows shows in the delta.
+        for g in grown.iter().filter(|g| g.resident) {
+            self.follow_on_growth(g.pid, &g.reason);
+        }
         grown
             .into_iter()
-            .map(|(pid, reason)| Action::Snapshot {
-                pid,
-                announce: Announce::Growth(reason.clone()),
-                reason,
+            .map(|g| Action::Snapshot {
+                pid: g.pid,
+                announce: Announce::Growth(g.reason.clone()),
+                reason: g.reason,
             })
             .collect()
     }
@@ -89,13 +94,26 @@ impl Session<'_> {
             self.snapshots.of_mut(pid).skipped += 1;
             return;
         }
+        self.snapshot_as(pid, reason, kind, announce, |profile| profile);
+    }
+
+    /// Takes `pid`'s profile now, made into what `shape` gives (a delta),
+    /// and hands it to the writer.
+    pub(in crate::run) fn snapshot_as(
+        &mut self,
+        pid: u32,
+        reason: &str,
+        kind: SnapshotKind,
+        announce: Announce,
+        shape: impl FnOnce(HeapProfile) -> HeapProfile,
+    ) {
         self.close_open_window(pid);
         let allocator_calls = self.allocator_calls(pid, &self.probes.probe_hits());
         let Some(t) = self.tracked.get_mut(&pid) else {
             return;
         };
         t.allocator_calls = allocator_calls;
-        let mut profile = t.profile();
+        let mut profile = shape(t.profile());
         self.note_the_run(pid, reason, &mut profile.notes);
         profile.memory = self.read_memory(pid);
         let Some(t) = self.tracked.get(&pid) else {
