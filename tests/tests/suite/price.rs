@@ -450,7 +450,9 @@ fn emulated_micros(costs: &str) -> f64 {
 /// `--recalibrate-every`: the per-hit costs are measured again while the
 /// run goes on (in the background: the loop keeps running), each time
 /// near the first measurement; the summary gives the latest costs; and no
-/// calibration copy outlives memprobe.
+/// calibration copy outlives memprobe. A measurement takes seconds on a
+/// host the loop and memprobe keep busy (the next is due 2 s after it
+/// ends): the loop runs 14 s, where 7 s once left room for one only.
 #[test]
 fn costs_are_measured_again_during_the_run() {
     let _guard = exclusive();
@@ -469,7 +471,7 @@ fn costs_are_measured_again_during_the_run() {
         "--",
         looping.to_str().unwrap(),
         "0",
-        "7",
+        "14",
     ];
     let (status, stderr) = run_memprobe(&args, &[]);
     assert!(status.success(), "{stderr}");
