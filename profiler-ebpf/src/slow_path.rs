@@ -63,12 +63,7 @@ pub(crate) fn on_large_request(ctx: &ProbeContext, thread: &Thread) -> bool {
         past_entry: true,
         ..*thread
     };
-    let key = FastPathKey {
-        pid: (thread.id >> 32) as u32,
-        instance: cookie::instance(probe_cookie(ctx)),
-    };
-    // SAFETY: a lookup in a map of plain values.
-    let Some(config) = (unsafe { FAST_PATHS.get(key) }) else {
+    let Some(config) = fast_path(ctx, thread) else {
         count_hit(ctx);
         return false;
     };
@@ -85,16 +80,23 @@ pub(crate) fn on_large_request(ctx: &ProbeContext, thread: &Thread) -> bool {
     on_allocation(ctx, thread, size, 0, POINTER)
 }
 
-/// The copy's counter layout and the thread's allocated bytes, read from
-/// its TLS block.
+/// What userspace told the kernel of the probed copy in this thread's
+/// process.
 #[inline(always)]
-pub(crate) fn counters(ctx: &ProbeContext, thread: &Thread) -> Option<(FastPathConfig, u64)> {
+fn fast_path(ctx: &ProbeContext, thread: &Thread) -> Option<FastPathConfig> {
     let key = FastPathKey {
         pid: (thread.id >> 32) as u32,
         instance: cookie::instance(probe_cookie(ctx)),
     };
     // SAFETY: a lookup in a map of plain values.
-    let config = *unsafe { FAST_PATHS.get(key) }?;
+    unsafe { FAST_PATHS.get(key) }.copied()
+}
+
+/// The copy's counter layout and the thread's allocated bytes, read from
+/// its TLS block.
+#[inline(always)]
+pub(crate) fn counters(ctx: &ProbeContext, thread: &Thread) -> Option<(FastPathConfig, u64)> {
+    let config = fast_path(ctx, thread)?;
     // SAFETY: a plain read of a global userspace set at load time.
     let fsbase_offset = unsafe { core::ptr::read_volatile(&TASK_FSBASE) };
     if fsbase_offset == 0 {

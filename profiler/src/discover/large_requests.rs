@@ -22,7 +22,10 @@
 use std::collections::VecDeque;
 use std::ops::Range;
 
-use iced_x86::{Code, Decoder, DecoderOptions, FlowControl, Instruction, OpKind, Register};
+use iced_x86::{
+    Code, Decoder, DecoderOptions, FlowControl, Instruction, InstructionInfoFactory, OpKind,
+    Register,
+};
 
 use crate::binary::{
     elf::FunctionSymbols,
@@ -145,6 +148,7 @@ pub fn find(symbols: &FunctionSymbols, data: &[u8], slow_path: u64) -> Option<La
 fn follow(instructions: &[Instruction]) -> Option<Vec<Option<u32>>> {
     let mut sizes: Vec<Option<u32>> = vec![None; instructions.len()];
     let mut queue = VecDeque::from([(0, bit(Register::RDI))]);
+    let mut info = InstructionInfoFactory::new();
     let mut steps = 0;
     while let Some((i, incoming)) = queue.pop_front() {
         steps += 1;
@@ -157,7 +161,7 @@ fn follow(instructions: &[Instruction]) -> Option<Vec<Option<u32>>> {
             None => incoming,
         };
         sizes[i] = Some(held);
-        let after = step(&instructions[i], held);
+        let after = step(&mut info, &instructions[i], held);
         for next in successors(instructions, i) {
             queue.push_back((next, after));
         }
@@ -166,11 +170,10 @@ fn follow(instructions: &[Instruction]) -> Option<Vec<Option<u32>>> {
 }
 
 /// The registers that hold the size after `instruction`.
-fn step(instruction: &Instruction, held: u32) -> u32 {
-    let mut info = iced_x86::InstructionInfoFactory::new();
+fn step(info: &mut InstructionInfoFactory, instruction: &Instruction, held: u32) -> u32 {
     let copied = register_copy(instruction).filter(|&(_, from)| held & bit(from) != 0);
     let mut held = held;
-    for register in registers_written(&mut info, instruction) {
+    for register in registers_written(info, instruction) {
         held &= !bit(register);
     }
     if matches!(
@@ -255,7 +258,7 @@ fn global_address(instructions: &[Instruction], i: usize) -> Option<u64> {
     if !plain || !base.is_gpr64() {
         return None;
     }
-    let mut info = iced_x86::InstructionInfoFactory::new();
+    let mut info = InstructionInfoFactory::new();
     for before in instructions[..i].iter().rev().take(MAX_TO_CHECK) {
         if !registers_written(&mut info, before).contains(&base) {
             continue;
@@ -273,6 +276,7 @@ fn global_address(instructions: &[Instruction], i: usize) -> Option<u64> {
 /// third argument).
 fn called_with_size(instructions: &[Instruction], target: usize, held: u32) -> Option<u64> {
     let (mut i, mut held) = (target, held);
+    let mut info = InstructionInfoFactory::new();
     for _ in 0..MAX_TO_CALL {
         let instruction = instructions.get(i)?;
         match instruction.flow_control() {
@@ -280,7 +284,7 @@ fn called_with_size(instructions: &[Instruction], target: usize, held: u32) -> O
                 return (held & bit(Register::RDX) != 0).then(|| instruction.near_branch_target());
             }
             FlowControl::Next => {
-                held = step(instruction, held);
+                held = step(&mut info, instruction, held);
                 i += 1;
             }
             FlowControl::UnconditionalBranch => {

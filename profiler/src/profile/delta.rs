@@ -40,9 +40,7 @@ impl HeapProfile {
         self.notes.delta_seconds = Some(seconds);
         self
     }
-}
 
-impl HeapProfile {
     /// Only what grew: each count that fell left at 0 (a `.heap` file holds
     /// no negative count), and the stacks with nothing left dropped.
     pub fn growth_only(mut self) -> HeapProfile {

@@ -37,17 +37,17 @@ impl Session<'_> {
         let served = allocator.windowed_part().ok_or(not_recognised)?;
         let slow = allocator.fast_path.as_ref().ok_or(not_recognised)?;
         let fast = slow.fast;
+        let maps = self.tracked.get(&pid).map(|t| t.maps.as_str());
         let tls = match fast.tls {
             TlsOffset::Immediate(offset) => offset,
             TlsOffset::GotSlot(file_offset) => {
                 let unread = "its TLS offset is not in its GOT yet: a process not started";
-                let maps = &self.tracked.get(&pid).ok_or(unread)?.maps;
-                read_mapped_word(pid, maps, path, file_offset).ok_or(unread)? as i64
+                read_mapped_word(pid, maps.ok_or(unread)?, path, file_offset).ok_or(unread)? as i64
             }
         };
-        let maps = &self.tracked.get(&pid).ok_or(not_recognised)?.maps;
-        let large =
-            (slow.large_requests.as_ref()).and_then(|l| read_large_requests(pid, maps, path, l));
+        let large = maps
+            .zip(slow.large_requests.as_ref())
+            .and_then(|(maps, l)| read_large_requests(pid, maps, path, l));
         let config = profiler_common::FastPathConfig {
             allocated: tls.wrapping_add(fast.allocated),
             large_above: large.map_or(fast.large_above, |l| l.above),
@@ -97,9 +97,7 @@ fn read_large_requests(
     large: &LargeRequestsProbe,
 ) -> Option<LargeRequestsIn> {
     let base = crate::proc::file_base(maps, path, large.anchor)?;
-    let mut word = [0u8; 8];
-    crate::proc::ProcessMemory::open(pid)?.read(base.checked_add(large.limit)?, &mut word)?;
-    let cached = u64::from_le_bytes(word);
+    let cached = read_word(pid, base.checked_add(large.limit)?)?;
     if cached == 0 || cached > MAX_CACHED {
         return None;
     }
@@ -115,7 +113,14 @@ fn read_large_requests(
 /// the dynamic linker filled), read from `/proc/PID/mem`: read, never
 /// written.
 fn read_mapped_word(pid: u32, maps: &str, path: &str, file_offset: u64) -> Option<u64> {
-    let address = crate::proc::mapped_address(maps, path, file_offset, 8)?;
+    read_word(
+        pid,
+        crate::proc::mapped_address(maps, path, file_offset, 8)?,
+    )
+}
+
+/// The word at `address` in `pid`, read from `/proc/PID/mem`.
+fn read_word(pid: u32, address: u64) -> Option<u64> {
     let mut word = [0u8; 8];
     crate::proc::ProcessMemory::open(pid)?.read(address, &mut word)?;
     Some(u64::from_le_bytes(word))
