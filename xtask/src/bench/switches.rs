@@ -99,7 +99,7 @@ fn round_trip_ns(
 /// docs/overhead.md's table.
 pub(super) fn switches_table(Switches(ns): &Switches) -> String {
     let mut table = format!(
-        "\n| a pipe ping-pong, no allocator call (two context switches a round trip; CPU 0, memprobe on CPU 1; median of {ROUNDS}) | CPU ns a round trip | vs no profiler |\n|---|---|---|\n\
+        "\n| a pipe ping-pong, no allocator call (two context switches a round trip; CPU 0, memprobe on CPU 1; median of {ROUNDS}) | CPU ns a round trip (both processes) | vs no profiler |\n|---|---|---|\n\
          | no profiler | {:.0} | - |\n",
         ns[0]
     );

@@ -93,11 +93,14 @@ fn parse_switch_request(line: &str) -> Option<(u64, bool)> {
     Some((trips, on_main))
 }
 
-/// Nanoseconds of the timed thread's CPU time per round trip (see
-/// [`parse_switch_request`]): each trip switches it out and back in once.
-/// Both threads keep to the CPU the request came on, so each switch hands
-/// that CPU over (a wake-up on another CPU costs several times more, and
-/// where each one lands would swamp what is measured).
+/// Nanoseconds of CPU time per round trip (see [`parse_switch_request`]),
+/// the timed thread's and its partner's: each trip switches the timed
+/// thread out and back in once, and what the kernel does for its perf
+/// events on the way out is charged to the task switched in, its partner
+/// (timing the thread alone priced a switch at half, and at a different
+/// share each time). Both threads keep to the CPU the request came on, so
+/// each switch hands that CPU over (a wake-up on another CPU costs several
+/// times more, and where each one lands would swamp what is measured).
 fn ping_pong(trips: u64, on_main: bool) -> Option<f64> {
     use std::io::Read;
     // SAFETY: sched_getcpu takes nothing and only answers.
@@ -106,9 +109,10 @@ fn ping_pong(trips: u64, on_main: bool) -> Option<f64> {
     let (mut back_in, mut back_out) = std::io::pipe().ok()?;
     let echo = std::thread::spawn(move || {
         set_affinity(&cpu)?;
+        let started = thread_cpu_time();
         let mut byte = [0u8];
         while there_in.read_exact(&mut byte).is_ok() && back_out.write_all(&byte).is_ok() {}
-        Some(())
+        Some(thread_cpu_time().saturating_sub(started))
     });
     let timed = move || {
         let started = thread_cpu_time();
@@ -135,8 +139,8 @@ fn ping_pong(trips: u64, on_main: bool) -> Option<f64> {
         .join()
         .ok()?
     };
-    echo.join().ok()??;
-    Some(elapsed?.as_nanos() as f64 / trips.max(1) as f64)
+    let echoed = echo.join().ok()??;
+    Some((elapsed? + echoed).as_nanos() as f64 / trips.max(1) as f64)
 }
 
 /// The set of the one CPU `cpu` (`None` if the number is not one).
