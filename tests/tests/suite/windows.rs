@@ -140,7 +140,13 @@ fn windows_weigh_an_aliasing_cycle_right() {
 /// server allocating a 4 KiB buffer per request did), each site's bytes
 /// as allocated within 10%, and the 64 MiB buffer, which no cache holds,
 /// is seen where the slow path sends it. Windows half the time: a window's
-/// calls trap and run slower, so fewer than half of the calls do.
+/// calls trap and run slower, so fewer than half of the calls do. What the
+/// fixture allocates after its last window, before it exits, is in none
+/// (a window stands for the bytes since the one before): under
+/// `--track allocations` nearly all its bytes are allocated between
+/// windows, so a gap at the end holds its share of them, up to 15% with
+/// gaps of up to 750 ms of a 10 s run (both sites 11% low once). Gaps of
+/// up to 375 ms hold up to 7.5%.
 #[test]
 fn middle_sized_requests_are_left_to_the_windows() {
     let _guard = shared();
@@ -152,7 +158,7 @@ fn middle_sized_requests_are_left_to_the_windows() {
         ),
     ] {
         let out = output_dir(name);
-        let mut flags = vec!["--windows", "500ms/1s", "--sample-interval", "262144"];
+        let mut flags = vec!["--windows", "250ms/500ms", "--sample-interval", "262144"];
         flags.extend_from_slice(tracking);
         let (pairs, heap, stderr) = profile_the_cycle(&out, true, &flags, 0.5);
         assert!(stderr.contains("malloc's large requests at"), "{stderr}");
@@ -160,7 +166,7 @@ fn middle_sized_requests_are_left_to_the_windows() {
         let allocated = jeprof_rows(&aliasing_fixture(), &heap, "--alloc_space");
         let (b6k, b20k) = (flat(&allocated, "cycle_48"), flat(&allocated, "cycle_16"));
         eprintln!(
-            "{name}: {pairs} pairs: 6,000 B {:+.1}%, 20,000 B {:+.1}%",
+            "{name}: {pairs} pairs: 6,000 B {:+.1}%, 20,000 B {:+.1}%\n{stderr}",
             (b6k / (pairs * 6144.0) - 1.0) * 100.0,
             (b20k / (pairs * 20480.0) - 1.0) * 100.0
         );

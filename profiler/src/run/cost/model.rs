@@ -47,7 +47,7 @@ impl Default for CostModel {
             return_half: Duration::from_nanos(310),
             forced_return: Duration::from_nanos(310),
             endbr64: Duration::from_nanos(10_000),
-            switch_per_event: Duration::from_nanos(180),
+            switch_per_event: Duration::from_nanos(500),
             measured: false,
         }
     }
@@ -55,7 +55,7 @@ impl Default for CostModel {
 
 impl std::fmt::Display for CostModel {
     /// "per hit, measured here: 0.76 µs emulated (0.76 µs a free), 10.0 µs
-    /// single-stepped, 0.31 µs return, 0.31 µs a forced return; 0.18 µs a
+    /// single-stepped, 0.31 µs return, 0.31 µs a forced return; 0.50 µs a
     /// context switch per perf event" (the last where one was timed).
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let micros = |d: Duration| d.as_secs_f64() * 1e6;
