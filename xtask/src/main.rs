@@ -245,7 +245,7 @@ fn run_counting_tests(command: &mut Command) -> Result<(u64, u64)> {
 }
 
 /// How long the test command fuzzes the `.heap` reader.
-const FUZZ_SECONDS: u32 = 60;
+const FUZZ_SECONDS: u32 = 30;
 
 /// Runs the fuzz target for a bounded time, from the seed corpus. With no
 /// sanitizer: the reader and the analyses are safe Rust, where a fault
