@@ -36,6 +36,9 @@ pub mod maps {
     /// Threads inside an `mmap` or `mremap` of anonymous memory, to be
     /// told of at its return (pid_tgid -> [`crate::MapCall`]).
     pub const MAP_CALLS: &str = "MAP_CALLS";
+    /// Where each process's threads sampled in windows keep their counter
+    /// (tgid -> [`crate::ExitCounters`]), read as it calls `_exit`.
+    pub const EXIT_COUNTERS: &str = "EXIT_COUNTERS";
     /// Processes whose samples carry their Python frames (tgid ->
     /// [`crate::python::PythonProcess`]).
     pub const PYTHON_PROCESSES: &str = "PYTHON_PROCESSES";
@@ -114,14 +117,18 @@ pub mod programs {
     /// Uprobe on the dynamic loader's `_dl_debug_state`, which it calls
     /// as it maps a library (`dlopen`), for debuggers.
     pub const LIBRARY_LOADED: &str = "library_loaded";
-    /// Every program that follows what a process maps.
-    pub const MAPPINGS: [&str; 6] = [
+    /// Uprobe on libc's `_exit`: a process sampled in windows ends.
+    pub const PROCESS_EXIT: &str = "process_exit";
+    /// Every program in a profiled process's libc and loader: what it
+    /// maps, and its end.
+    pub const MAPPINGS: [&str; 7] = [
         MMAP_CALL,
         MMAP_RETURN,
         MUNMAP_CALL,
         MREMAP_CALL,
         MREMAP_RETURN,
         LIBRARY_LOADED,
+        PROCESS_EXIT,
     ];
     /// Every plain uprobe program.
     pub const ALL: [&str; 13] = [
@@ -212,10 +219,12 @@ pub enum EventKind {
     /// A [`python::PythonStackEvent`]: the Python frames of the sampled
     /// call whose record comes next from the same thread.
     PythonStack = 13,
+    /// A [`ProcessExitEvent`]: a process sampled in windows calls `_exit`.
+    ProcessExit = 14,
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 13] = [
+    pub const ALL: [EventKind; 14] = [
         EventKind::Alloc,
         EventKind::AllocReturn,
         EventKind::Free,
@@ -229,6 +238,7 @@ impl EventKind {
         EventKind::Unmapped,
         EventKind::Remapped,
         EventKind::PythonStack,
+        EventKind::ProcessExit,
     ];
 
     /// The kind a header's `kind` field names; `None` for one this build
@@ -383,6 +393,33 @@ pub struct RemapEvent {
     pub new_len: u64,
 }
 
+/// Threads of a process whose counters are read as it ends: at most
+/// this many (the busiest, as userspace lists them).
+pub const MAX_EXIT_THREADS: usize = 256;
+
+/// Where a process's threads sampled in windows keep jemalloc's
+/// allocated-bytes counter ([`maps::EXIT_COUNTERS`], by tgid), listed by
+/// userspace after each window: read as the process calls `_exit`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ExitCounters {
+    pub count: u64,
+    pub tids: [u32; MAX_EXIT_THREADS],
+    pub addresses: [u64; MAX_EXIT_THREADS],
+}
+
+/// A process sampled in windows calls `_exit` (from `exit`, or a return
+/// from `main`): each listed thread's counter, its memory still there,
+/// which ends what the thread allocated after its last window.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ProcessExitEvent {
+    pub header: EventHeader,
+    pub count: u64,
+    pub tids: [u32; MAX_EXIT_THREADS],
+    pub allocated: [u64; MAX_EXIT_THREADS],
+}
+
 /// A sampled pointer was resized in place by `xallocx`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -424,6 +461,11 @@ pub struct ThreadState {
     pub window: u64,
     pub window_first: u64,
     pub window_end: u64,
+    /// Where that counter is in the thread's TLS (0: not known yet), as
+    /// its last windowed call found it: read again as its process calls
+    /// `_exit` or the run ends, for what it allocated after its last
+    /// window.
+    pub counter_at: u64,
 }
 
 /// Key of [`maps::FAST_PATHS`]: a process and a probed jemalloc copy.
@@ -564,10 +606,14 @@ pub enum Counter {
     /// Samples of a Python process sent without their Python frames: the
     /// ring buffer had no room for them.
     PythonStacksLost = 14,
+    /// Exits of processes sampled in windows not told because the ring
+    /// buffer was full: what their threads allocated after their last
+    /// window is lost.
+    ExitsLost = 15,
 }
 
 impl Counter {
-    pub const COUNT: u32 = 15;
+    pub const COUNT: u32 = 16;
     pub const ALL: [Counter; Self::COUNT as usize] = [
         Counter::AllocCalls,
         Counter::SampledCalls,
@@ -584,6 +630,7 @@ impl Counter {
         Counter::MappingEventsLost,
         Counter::MappingStacksSkipped,
         Counter::PythonStacksLost,
+        Counter::ExitsLost,
     ];
 }
 
@@ -603,6 +650,7 @@ mod pod {
     unsafe impl aya::Pod for Forwarder {}
     unsafe impl aya::Pod for FastPathKey {}
     unsafe impl aya::Pod for FastPathConfig {}
+    unsafe impl aya::Pod for ExitCounters {}
     unsafe impl aya::Pod for PendingCall {}
     unsafe impl aya::Pod for LiveKey {}
     unsafe impl aya::Pod for python::PythonProcess {}

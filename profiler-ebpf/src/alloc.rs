@@ -63,7 +63,7 @@ fn on_windowed_allocation(
     (size, align): (u64, u64),
     pending: PendingCall,
 ) -> bool {
-    let Some((config, allocated)) = counters(ctx, thread) else {
+    let Some((config, allocated, counter_at)) = counters(ctx, thread) else {
         return false;
     };
     if size > config.large_above {
@@ -82,6 +82,7 @@ fn on_windowed_allocation(
             (*state).window_first = allocated;
         }
         (*state).window_end = allocated.wrapping_add(usable_size(size));
+        (*state).counter_at = counter_at;
     }
     let window = size.max(1) << config.window_shift.min(MAX_WINDOW_SHIFT);
     let wanted = count_down(ctx, thread, size, align, pending, window);

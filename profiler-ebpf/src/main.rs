@@ -14,6 +14,7 @@
 #![allow(internal_features)]
 
 mod alloc;
+mod exits;
 mod mapped;
 mod maps;
 mod python;

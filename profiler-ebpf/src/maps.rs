@@ -8,8 +8,8 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
 };
 use profiler_common::{
-    FastPathConfig, FastPathKey, LiveKey, MapCall, PendingCall, ThreadState, python::PythonProcess,
-    sampling,
+    ExitCounters, FastPathConfig, FastPathKey, LiveKey, MapCall, PendingCall, ThreadState,
+    python::PythonProcess, sampling,
 };
 
 #[map(name = "EVENTS")]
@@ -47,6 +47,11 @@ pub static PROBE_HITS: PerCpuArray<u64> =
 /// LRU: a thread killed inside `mmap` leaves its call behind.
 #[map(name = "MAP_CALLS")]
 pub static MAP_CALLS: LruHashMap<u64, MapCall> = LruHashMap::with_max_entries(4096, 0);
+
+/// A process's threads' counters, listed by userspace, bounded by the
+/// processes sampled in windows at once.
+#[map(name = "EXIT_COUNTERS")]
+pub static EXIT_COUNTERS: HashMap<u32, ExitCounters> = HashMap::with_max_entries(1024, 0);
 
 #[map(name = "FAST_PATHS")]
 pub static FAST_PATHS: HashMap<FastPathKey, FastPathConfig> = HashMap::with_max_entries(4096, 0);

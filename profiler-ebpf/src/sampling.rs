@@ -160,6 +160,7 @@ impl Thread {
             window: 0,
             window_first: 0,
             window_end: 0,
+            counter_at: 0,
         };
         let _ = THREADS.insert(id, fresh, 0);
         let state = THREADS.get_ptr_mut(id)?;

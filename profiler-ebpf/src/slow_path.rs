@@ -31,7 +31,7 @@ pub(crate) fn on_slow_path(ctx: &ProbeContext, thread: &Thread) -> bool {
         ..*thread
     };
     let size = Args::of(ctx).arg(0);
-    let Some((config, allocated)) = counters(ctx, thread) else {
+    let Some((config, allocated, _)) = counters(ctx, thread) else {
         return on_allocation(ctx, thread, size, 0, POINTER);
     };
     if size > config.large_above {
@@ -92,11 +92,21 @@ fn fast_path(ctx: &ProbeContext, thread: &Thread) -> Option<FastPathConfig> {
     unsafe { FAST_PATHS.get(key) }.copied()
 }
 
-/// The copy's counter layout and the thread's allocated bytes, read from
-/// its TLS block.
+/// The copy's counter layout, and the thread's allocated bytes and where
+/// they are, read from its TLS block.
 #[inline(always)]
-pub(crate) fn counters(ctx: &ProbeContext, thread: &Thread) -> Option<(FastPathConfig, u64)> {
+pub(crate) fn counters(ctx: &ProbeContext, thread: &Thread) -> Option<(FastPathConfig, u64, u64)> {
     let config = fast_path(ctx, thread)?;
+    let at = counter_address(&config)?;
+    // SAFETY: reading user memory through the helper, which faults safely.
+    let allocated = unsafe { bpf_probe_read_user(at as *const u64) }.ok()?;
+    Some((config, allocated, at))
+}
+
+/// Where the current thread's allocated-bytes counter of the copy
+/// `config` describes is: its TLS block's base plus the counter's offset.
+#[inline(always)]
+fn counter_address(config: &FastPathConfig) -> Option<u64> {
     // SAFETY: a plain read of a global userspace set at load time.
     let fsbase_offset = unsafe { core::ptr::read_volatile(&TASK_FSBASE) };
     if fsbase_offset == 0 {
@@ -107,10 +117,7 @@ pub(crate) fn counters(ctx: &ProbeContext, thread: &Thread) -> Option<(FastPathC
         let task = bpf_get_current_task();
         bpf_probe_read_kernel((task + fsbase_offset) as *const u64).ok()?
     };
-    let at = fsbase.wrapping_add(config.allocated as u64);
-    // SAFETY: reading user memory through the helper, which faults safely.
-    let allocated = unsafe { bpf_probe_read_user(at as *const u64) }.ok()?;
-    Some((config, allocated))
+    Some(fsbase.wrapping_add(config.allocated as u64))
 }
 
 /// jemalloc 5.3's size class of a request (its `sz_s2u`): 8 bytes, 16-byte

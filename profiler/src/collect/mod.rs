@@ -135,15 +135,8 @@ impl ProcessHeap {
         if sample.stack_error {
             self.drops.stack_errors += 1;
         }
+        let (weight, usable) = self.weight(&sample);
         let stack = self.stack_id(sample.frames);
-        let usable = sample.allocator.usable_size(sample.size, sample.align);
-        let interval = sample.interval.unwrap_or(self.sample_interval);
-        let weight = match (sample.scale, sample.window) {
-            // Sampled as though `window` bytes, in its thread's window.
-            (Some(scale), window) => sample_weight(window, interval) * scale,
-            (None, 0) => sample_weight(sample.size, interval),
-            (None, window) => window_weight(usable, window, interval),
-        };
         if self.options.allocations_only {
             self.count_allocation(stack, weight, usable);
             return;
@@ -158,6 +151,34 @@ impl ProcessHeap {
                 copy: sample.copy,
             },
         );
+    }
+
+    /// How many allocations a sample stands for, and its usable bytes.
+    fn weight(&self, sample: &Sample) -> (f64, u64) {
+        let usable = sample.allocator.usable_size(sample.size, sample.align);
+        let interval = sample.interval.unwrap_or(self.sample_interval);
+        let weight = match (sample.scale, sample.window) {
+            // Sampled as though `window` bytes, in its thread's window.
+            (Some(scale), window) => sample_weight(window, interval) * scale,
+            (None, 0) => sample_weight(sample.size, interval),
+            (None, window) => window_weight(usable, window, interval),
+        };
+        (weight, usable)
+    }
+
+    /// What a thread allocated after its last window, in the shape of
+    /// that window's `sample` (its scale the tail's): allocated, and in
+    /// use only where frees are not followed (its pointers are unknown).
+    pub fn count_tail(&mut self, sample: &Sample) {
+        let (weight, usable) = self.weight(sample);
+        let stack = self.stack_id(sample.frames.clone());
+        if self.options.allocations_only {
+            self.count_allocation(stack, weight, usable);
+            return;
+        }
+        let stats = &mut self.stacks[stack as usize];
+        stats.alloc_objects += weight;
+        stats.alloc_bytes += weight * usable as f64;
     }
 
     /// A sampled call's pointer: the allocation is live from now on.

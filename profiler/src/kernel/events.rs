@@ -3,8 +3,8 @@ use std::mem::size_of;
 
 use profiler_common::{
     AllocEvent, AllocReturnEvent, AllocStackEvent, EventHeader, EventKind, FreeEvent,
-    MAX_STACK_DEPTH, MappingEvent, RemapEvent, ResizeEvent, SMALL_STACK_COPY_BYTES,
-    STACK_COPY_BYTES, UserRegs,
+    MAX_STACK_DEPTH, MappingEvent, ProcessExitEvent, RemapEvent, ResizeEvent,
+    SMALL_STACK_COPY_BYTES, STACK_COPY_BYTES, UserRegs,
     python::{MAX_PYTHON_FRAMES, PythonFrame, PythonStackEvent},
 };
 
@@ -56,6 +56,12 @@ pub enum Event {
         new_addr: u64,
         new_len: u64,
     },
+    /// A process sampled in windows calls `_exit`: each listed thread
+    /// and jemalloc's allocated-bytes counter of the thread then.
+    ProcessExiting {
+        header: EventHeader,
+        threads: Vec<(u32, u64)>,
+    },
 }
 
 /// Anonymous memory a process mapped, with the stack that mapped it (as a
@@ -102,7 +108,8 @@ impl Event {
             | Event::MappedCode { header }
             | Event::PythonStack { header, .. }
             | Event::Unmapped { header, .. }
-            | Event::Remapped { header, .. } => header,
+            | Event::Remapped { header, .. }
+            | Event::ProcessExiting { header, .. } => header,
             Event::Mapped(mapping) => &mapping.stack.header,
         }
     }
@@ -188,6 +195,19 @@ pub fn decode(bytes: &[u8]) -> Option<Event> {
                 len: event.len,
                 new_addr: event.new_addr,
                 new_len: event.new_len,
+            }
+        }
+        EventKind::ProcessExit => {
+            // Boxed: a record is some 3 KiB.
+            let event: Box<ProcessExitEvent> = Box::new(read(bytes)?);
+            let count = (event.count as usize).min(event.tids.len());
+            Event::ProcessExiting {
+                header,
+                threads: event.tids[..count]
+                    .iter()
+                    .copied()
+                    .zip(event.allocated[..count].iter().copied())
+                    .collect(),
             }
         }
         EventKind::PythonStack => {

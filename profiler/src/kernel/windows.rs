@@ -1,8 +1,9 @@
 //! What the kernel keeps for windowed sampling: each thread's record of
 //! its last sampling window, jemalloc's allocated-bytes counter at its
-//! first windowed call there and after its last.
+//! first windowed call there and after its last, and where that counter
+//! is; and each process's list of its threads' counters, read as it ends.
 use aya::maps::HashMap;
-use profiler_common::{ThreadState, maps};
+use profiler_common::{ExitCounters, MAX_EXIT_THREADS, ThreadState, maps};
 
 use crate::kernel::KernelProbes;
 
@@ -18,6 +19,8 @@ pub struct ThreadWindow {
     /// The counter at its first call seen on the slow path (0: none yet):
     /// where the bytes its first window stands for start.
     pub base: u64,
+    /// Where the counter is in the thread's TLS (0: not known).
+    pub counter_at: u64,
 }
 
 impl KernelProbes {
@@ -33,6 +36,39 @@ impl KernelProbes {
             first: state.window_first,
             end: state.window_end,
             base: state.first_allocated,
+            counter_at: state.counter_at,
         })
+    }
+
+    /// Lists where `pid`'s threads keep their counters (thread, address),
+    /// the first [`MAX_EXIT_THREADS`] of them: each is read as the process
+    /// calls `_exit`. Whether the kernel took the list.
+    pub fn list_exit_counters(&mut self, pid: u32, threads: &[(u32, u64)]) -> bool {
+        let mut listed = ExitCounters {
+            count: 0,
+            tids: [0; MAX_EXIT_THREADS],
+            addresses: [0; MAX_EXIT_THREADS],
+        };
+        for (k, &(tid, at)) in threads.iter().take(MAX_EXIT_THREADS).enumerate() {
+            listed.tids[k] = tid;
+            listed.addresses[k] = at;
+            listed.count += 1;
+        }
+        let Some(map) = self.ebpf.map_mut(maps::EXIT_COUNTERS) else {
+            return false;
+        };
+        let Ok(mut lists) = HashMap::<_, u32, ExitCounters>::try_from(map) else {
+            return false;
+        };
+        lists.insert(pid, listed, 0).is_ok()
+    }
+
+    /// Forgets `pid`'s list (it exited, or is no longer sampled so).
+    pub fn forget_exit_counters(&mut self, pid: u32) {
+        if let Some(map) = self.ebpf.map_mut(maps::EXIT_COUNTERS)
+            && let Ok(mut lists) = HashMap::<_, u32, ExitCounters>::try_from(map)
+        {
+            let _ = lists.remove(&pid);
+        }
     }
 }

@@ -135,6 +135,12 @@ impl Session<'_> {
                 }
                 return None;
             }
+            Event::ProcessExiting { threads, .. } => {
+                for (tid, allocated) in threads {
+                    self.thread_exited(pid, tid, allocated);
+                }
+                return None;
+            }
             Event::MappedCode { .. } => return None,
         })
     }

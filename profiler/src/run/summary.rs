@@ -164,6 +164,11 @@ fn kernel_drops_line(counters: &KernelCounters) -> Option<String> {
             Counter::PythonStacksLost,
             "sent without their Python frames (ring buffer full)",
         ),
+        (
+            Counter::ExitsLost,
+            "thread exits untold (ring buffer full: what each allocated after its last window is \
+             in no profile)",
+        ),
     ];
     let dropped: Vec<String> = kernel_drops
         .iter()

@@ -16,12 +16,13 @@ fn flat(rows: &[JeprofRow], name: &str) -> f64 {
 /// many samples sooner) with a 64 MiB buffer allocated first, profiled
 /// with `flags` (and a 32 KiB interval unless they set one): the pairs it
 /// allocated, its profile and memprobe's stderr. Fewer than `trapped` of
-/// its mallocs trapped.
+/// its mallocs trapped. Where `exits`, the fixture exits at the end of its
+/// work, and memprobe ends with it; else memprobe is stopped first.
 fn profile_the_cycle(
     out: &Path,
     middle: bool,
     flags: &[&str],
-    trapped: f64,
+    (trapped, exits): (f64, bool),
 ) -> (f64, PathBuf, String) {
     let mut env = vec![
         ("FIXTURE_SECONDS", if middle { "10" } else { "20" }),
@@ -43,8 +44,17 @@ fn profile_the_cycle(
         .iter()
         .find_map(|l| l.strip_prefix("pairs ")?.parse().ok())
         .unwrap_or_else(|| panic!("{reported:?}"));
-    let stderr = memprobe.stop();
-    assert!(fixture.finish().success());
+    let stderr = if exits {
+        assert!(fixture.finish().success());
+        let (status, stderr) = memprobe.wait();
+        assert!(status.success(), "{stderr}");
+        assert!(stderr.contains("every process exited"), "{stderr}");
+        stderr
+    } else {
+        let stderr = memprobe.stop();
+        assert!(fixture.finish().success());
+        stderr
+    };
     let heaps = heap_files(out);
     assert_eq!(heaps.len(), 1, "{stderr}");
     let calls = summary_count(&stderr, " allocation calls");
@@ -64,7 +74,7 @@ fn profile_the_cycle(
 fn windows_split_an_aliasing_cycle_right_and_never_miss_a_big_buffer() {
     let _guard = shared();
     let out = output_dir("windows_cycle");
-    let (_, heap, stderr) = profile_the_cycle(&out, false, &[], 0.2);
+    let (_, heap, stderr) = profile_the_cycle(&out, false, &[], (0.2, false));
     let note = malloc_sampling_note(&heap);
     assert!(note.contains("else in windows of 100ms"), "{note}");
     let open: f64 = note
@@ -119,7 +129,7 @@ fn windows_weigh_an_aliasing_cycle_right() {
     let _guard = shared();
     let out = output_dir("windows_cycle_fixed");
     let flags = ["--windows", "500ms/1s", "--sample-interval", "8192"];
-    let (pairs, heap, stderr) = profile_the_cycle(&out, false, &flags, 0.5);
+    let (pairs, heap, stderr) = profile_the_cycle(&out, false, &flags, (0.5, false));
     let note = malloc_sampling_note(&heap);
     assert!(note.contains("in windows of 500ms every 1s"), "{note}");
     let allocated = jeprof_rows(&aliasing_fixture(), &heap, "--alloc_space");
@@ -139,28 +149,38 @@ fn windows_weigh_an_aliasing_cycle_right() {
 /// a window trap (every one trapped once on the slow path before, as a
 /// server allocating a 4 KiB buffer per request did), each site's bytes
 /// as allocated within 10%, and the 64 MiB buffer, which no cache holds,
-/// is seen where the slow path sends it. Windows half the time: a window's
-/// calls trap and run slower, so fewer than half of the calls do. What the
-/// fixture allocates after its last window, before it exits, is in none
-/// (a window stands for the bytes since the one before): under
-/// `--track allocations` nearly all its bytes are allocated between
-/// windows, so a gap at the end holds its share of them, up to 15% with
-/// gaps of up to 750 ms of a 10 s run (both sites 11% low once). Gaps of
-/// up to 375 ms hold up to 7.5%.
+/// is seen where the slow path sends it. Windows of 100 ms every 3 s: a
+/// window's calls trap and run slower, so fewer than a tenth of the calls
+/// do. What the fixture allocates after its last window (a window stands
+/// for the bytes since the one before) is counted when the run ends, read
+/// from its thread's counter: the gap at the end of its work holds its
+/// share of the bytes, nearly all of which are allocated between windows,
+/// 15% on average of a 10 s run, more than half of it at times. At
+/// defaults memprobe is stopped with the fixture idle (the counter read
+/// through `/proc/PID/mem`); under `--track allocations` the fixture
+/// exits first (read by a probe on `_exit`).
 #[test]
 fn middle_sized_requests_are_left_to_the_windows() {
     let _guard = shared();
-    for (name, tracking) in [
-        ("windows_middle", &[][..]),
+    for (name, tracking, exits) in [
+        ("windows_middle", &[][..], false),
         (
             "windows_middle_allocations",
             &["--track", "allocations"][..],
+            true,
         ),
     ] {
         let out = output_dir(name);
-        let mut flags = vec!["--windows", "250ms/500ms", "--sample-interval", "262144"];
+        let mut flags = vec!["--windows", "100ms/3s", "--sample-interval", "262144"];
         flags.extend_from_slice(tracking);
-        let (pairs, heap, stderr) = profile_the_cycle(&out, true, &flags, 0.5);
+        let (pairs, heap, stderr) = profile_the_cycle(&out, true, &flags, (0.1, exits));
+        let note = malloc_sampling_note(&heap);
+        eprintln!("{name}: {note}");
+        assert!(
+            note.contains("after a thread's last window counted as in it"),
+            "{note}"
+        );
+        assert!(!note.contains("in no sample"), "{note}");
         assert!(stderr.contains("malloc's large requests at"), "{stderr}");
         assert!(!stderr.contains("malloc's slow path at"), "{stderr}");
         let allocated = jeprof_rows(&aliasing_fixture(), &heap, "--alloc_space");
@@ -354,9 +374,11 @@ fn a_build_not_recognised_is_sampled_at_entry() {
     assert_rust_kept_in_use(&binary, &heap);
 }
 
-/// The pids in memprobe's table of jemalloc copies' counters (its
-/// FAST_PATHS map, read with bpftool: the first four bytes of each key).
-fn fast_path_pids(memprobe: u32) -> Vec<u32> {
+/// The pids in memprobe's BPF map `name` keyed by pid first (FAST_PATHS,
+/// its table of jemalloc copies' counters; EXIT_COUNTERS, of the threads'
+/// counters read at `_exit`), read with bpftool: the first four bytes of
+/// each key.
+fn pids_in_map(memprobe: u32, name: &str) -> Vec<u32> {
     let map_ids: Vec<String> = std::fs::read_dir(format!("/proc/{memprobe}/fdinfo"))
         .unwrap()
         .filter_map(|entry| std::fs::read_to_string(entry.ok()?.path()).ok())
@@ -374,8 +396,8 @@ fn fast_path_pids(memprobe: u32) -> Vec<u32> {
     };
     let id = map_ids
         .iter()
-        .find(|id| bpftool(&["map", "show", "id", id]).contains("name FAST_PATHS"))
-        .expect("memprobe's FAST_PATHS map");
+        .find(|id| bpftool(&["map", "show", "id", id]).contains(&format!("name {name} ")))
+        .expect("memprobe's map");
     let dump = bpftool(&["-j", "map", "dump", "id", id]);
     dump.split("\"key\":[")
         .skip(1)
@@ -398,7 +420,8 @@ fn fast_path_pids(memprobe: u32) -> Vec<u32> {
 
 /// An agent meets thousands of processes over its life: one that exits
 /// leaves nothing in the kernel's bounded table of jemalloc copies (4,096
-/// entries, after which windows would be refused), while one still running
+/// entries, after which windows would be refused) or in its list of the
+/// threads' counters read at `_exit` (1,024), while one still running
 /// keeps its entry.
 #[test]
 fn a_process_that_exits_leaves_no_entry_in_the_kernel_tables() {
@@ -421,22 +444,34 @@ fn a_process_that_exits_leaves_no_entry_in_the_kernel_tables() {
     let mut leaving = Fixture::start(&aliasing_fixture(), &env);
     // Found by the next scan, and probed in windows.
     std::thread::sleep(std::time::Duration::from_secs(3));
-    let pids = fast_path_pids(memprobe.pid());
+    let pids = pids_in_map(memprobe.pid(), "FAST_PATHS");
     assert!(
         pids.contains(&staying.pid) && pids.contains(&leaving.pid),
         "{pids:?}"
     );
     leaving.run_workload();
     let leaving_pid = leaving.pid;
+    // Listed once a window of its busy stretch closed.
+    let started = std::time::Instant::now();
+    while !pids_in_map(memprobe.pid(), "EXIT_COUNTERS").contains(&leaving_pid) {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(15),
+            "its threads' counters never listed:\n{}",
+            memprobe.stderr_text()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
     assert!(leaving.finish().success());
     memprobe.wait_for_stderr(
         &format!("process {leaving_pid} exited"),
         std::time::Duration::from_secs(10),
         "its exit not seen",
     );
-    let pids = fast_path_pids(memprobe.pid());
+    let pids = pids_in_map(memprobe.pid(), "FAST_PATHS");
     assert!(!pids.contains(&leaving_pid), "{pids:?}");
     assert!(pids.contains(&staying.pid), "{pids:?}");
+    let listed = pids_in_map(memprobe.pid(), "EXIT_COUNTERS");
+    assert!(!listed.contains(&leaving_pid), "{listed:?}");
     staying.run_workload();
     memprobe.stop();
     assert!(staying.finish().success());

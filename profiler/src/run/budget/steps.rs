@@ -93,6 +93,7 @@ impl Session<'_> {
         let detached = self.probes.detach_process(pid);
         self.probes.unwatch_mappings(pid);
         self.probes.forget_fast_paths(pid);
+        self.probes.forget_exit_counters(pid);
         self.probes.forget_python(pid);
         self.probes.follow_frees(pid, false);
         self.frees_on_request.forget(pid);

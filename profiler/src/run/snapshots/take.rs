@@ -32,6 +32,7 @@ impl Session<'_> {
         self.probes.trust_frame_pointers(pid, false);
         self.probes.unwatch_mappings(pid);
         self.probes.forget_fast_paths(pid);
+        self.probes.forget_exit_counters(pid);
         self.probes.forget_python(pid);
         self.probes.follow_frees(pid, false);
         self.snapshot(pid, "process exited", SnapshotKind::Last, Announce::Exited);

@@ -9,7 +9,10 @@ use std::{
 
 use profiler_common::FastPathConfig;
 
-use super::timing::{MIN_DUTY, WINDOWS_COST, WindowTiming};
+use super::{
+    tails::Tails,
+    timing::{MIN_DUTY, WINDOWS_COST, WindowTiming},
+};
 use crate::{collect::HeapEvent, discover::Allocator, kernel::ThreadWindow};
 
 /// One jemalloc copy of a process sampled in windows.
@@ -84,10 +87,12 @@ pub(in crate::run) struct Windows {
     /// Events that came while a window was open, applied once it closes.
     pub(super) held: Vec<HeapEvent>,
     /// Per thread, jemalloc's counter at the end of its last window.
-    ends: HashMap<u32, u64>,
+    pub(super) ends: HashMap<u32, u64>,
     /// The process's threads when its windows began (empty where they
     /// could not be read): one born since counted its bytes from 0 then.
     present_at_start: HashSet<u32>,
+    /// What threads allocate after their last window.
+    pub(super) tails: Tails,
 }
 
 /// Events held in one window at most: past this the window closes early.
@@ -136,6 +141,7 @@ impl Windows {
             held: Vec::new(),
             ends: HashMap::new(),
             present_at_start: threads.into_iter().collect(),
+            tails: Tails::default(),
         }
     }
 
@@ -291,8 +297,7 @@ impl Windows {
             // since the windows began (jemalloc's counter starts at 0);
             // else since it was first seen on the slow path, or for itself
             // alone.
-            let born_since =
-                !self.present_at_start.is_empty() && !self.present_at_start.contains(&tid);
+            let born_since = self.born_since(tid);
             let since = self
                 .ends
                 .get(&tid)
@@ -304,9 +309,17 @@ impl Windows {
             self.ends.insert(tid, record.end);
             if within > 0 && record.end >= since {
                 scales.insert(tid, (record.end - since) as f64 / within as f64);
+                self.tails.start(tid, within);
             }
         }
         scales
+    }
+
+    /// Whether thread `tid` was born since the windows began (jemalloc's
+    /// counter started at 0 since); no thread is, where they could not be
+    /// read then.
+    pub(super) fn born_since(&self, tid: u32) -> bool {
+        !self.present_at_start.is_empty() && !self.present_at_start.contains(&tid)
     }
 }
 
@@ -320,6 +333,7 @@ mod tests {
             first,
             end,
             base,
+            counter_at: 0,
         }
     }
 

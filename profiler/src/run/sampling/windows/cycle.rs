@@ -1,6 +1,7 @@
 //! The windows' cycle: each opens when due, closes after its length with
 //! its samples weighed, and the one that stays open is judged once a
-//! second; the last opens at the end of the run.
+//! second; the last opens at the end of the run, and what each thread
+//! allocated after its own last window is counted then.
 use std::time::Instant;
 
 use aya::maps::{MapData, RingBuf};
@@ -161,6 +162,7 @@ impl Session<'_> {
         tokio::time::sleep(self.options.windows.length).await;
         for (pid, _) in pids {
             self.close_window(pid, Some(&mut *ring));
+            self.settle_live_threads(pid);
         }
     }
 
@@ -211,7 +213,8 @@ impl Session<'_> {
             return;
         };
         windows.time_open += opened.elapsed();
-        let mut tids: Vec<u32> = crate::proc::thread_ids(pid);
+        let live = crate::proc::thread_ids(pid);
+        let mut tids = live.clone();
         tids.extend(windows.held.iter().filter_map(HeapEvent::tid));
         tids.sort_unstable();
         tids.dedup();
@@ -226,8 +229,13 @@ impl Session<'_> {
             {
                 // A thread whose counters were not read is not guessed at.
                 sample.scale = Some(scales.get(&sample.tid).copied().unwrap_or(0.0));
+                if scales.contains_key(&sample.tid) {
+                    windows.tails.keep(sample);
+                }
             }
             t.heap.apply(event);
         }
+        windows.settle_exits(&mut t.heap);
+        self.follow_tails(pid, &live, &records);
     }
 }

@@ -21,6 +21,7 @@
 mod account;
 mod cycle;
 mod split;
+mod tails;
 mod timing;
 
 use std::time::Instant;
@@ -214,8 +215,20 @@ pub(in crate::run) fn windows_note(
                 humantime::format_rfc3339_seconds(*at)
             )
         });
+        let tails = match (w.tails.counted, w.tails.unsampled) {
+            (0, 0) => String::new(),
+            (counted, 0) => format!(
+                ", {} allocated after a thread's last window counted as in it",
+                crate::units::bytes(counted as f64)
+            ),
+            (counted, unsampled) => format!(
+                ", {} allocated after a thread's last window counted as in it, {} in no sample",
+                crate::units::bytes(counted as f64),
+                crate::units::bytes(unsampled as f64)
+            ),
+        };
         format!(
-            "; in windows {:.1}% of the time so far{}{narrowed}",
+            "; in windows {:.1}% of the time so far{}{narrowed}{tails}",
             w.share_open() * 100.0,
             if w.continuous() {
                 ", every call now"

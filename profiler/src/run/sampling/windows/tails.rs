@@ -1,0 +1,323 @@
+//! What a thread allocates after its last window: counted when its
+//! process ends (a probe on `_exit` reads each thread's counter then) or
+//! when the run does (the counter read from the thread's TLS through
+//! `/proc/PID/mem`), in the shape of the samples of its last window. A
+//! window's samples stand for the bytes since the one before, so without
+//! this the bytes after the last one would be in none: the end of a batch
+//! job's work, or all of a worker's that ran between two windows.
+use std::collections::HashMap;
+
+use super::Windows;
+use crate::{
+    collect::{ProcessHeap, Sample},
+    kernel::ThreadWindow,
+    run::Session,
+};
+
+/// Samples kept over all threads at most (a window holds at most
+/// `MAX_HELD` events): past this a thread's tail is in no sample.
+const MAX_KEPT: usize = 1 << 16;
+
+/// Exits held while a window is open at most.
+const MAX_EXITS: usize = 4096;
+
+/// Each thread's last weighed window, and the exits not settled yet.
+#[derive(Debug, Default)]
+pub(super) struct Tails {
+    kept: HashMap<u32, Kept>,
+    kept_samples: usize,
+    /// Where each thread keeps its counter, as the kernel last found it.
+    addresses: HashMap<u32, u64>,
+    /// Exits told while a window was open (thread, counter), settled once
+    /// its samples are weighed.
+    exits: Vec<(u32, u64)>,
+    /// Bytes allocated after their last window: counted in its samples'
+    /// shape, and by threads none of whose samples could be kept, or
+    /// that no window saw (born since the windows began), in none.
+    pub counted: u64,
+    pub unsampled: u64,
+}
+
+/// One thread's last weighed window: the bytes it allocated within it and
+/// its samples there.
+#[derive(Debug)]
+struct Kept {
+    within: u64,
+    samples: Vec<Sample>,
+}
+
+impl Tails {
+    /// Thread `tid`'s window, `within` bytes, was weighed: its samples
+    /// (given to [`Self::keep`]) replace those of its window before.
+    pub fn start(&mut self, tid: u32, within: u64) {
+        let fresh = Kept {
+            within,
+            samples: Vec::new(),
+        };
+        if let Some(old) = self.kept.insert(tid, fresh) {
+            self.kept_samples -= old.samples.len();
+        }
+    }
+
+    /// A sample of a thread's window just weighed.
+    pub fn keep(&mut self, sample: &Sample) {
+        if self.kept_samples >= MAX_KEPT {
+            return;
+        }
+        if let Some(kept) = self.kept.get_mut(&sample.tid) {
+            kept.samples.push(sample.clone());
+            self.kept_samples += 1;
+        }
+    }
+
+    fn forget(&mut self, tid: u32) {
+        self.addresses.remove(&tid);
+        if let Some(old) = self.kept.remove(&tid) {
+            self.kept_samples -= old.samples.len();
+        }
+    }
+}
+
+impl Windows {
+    /// Counts in `heap` what thread `tid` allocated since its last window,
+    /// its counter read at `allocated` now, in the shape of that window's
+    /// samples; its next window's bytes start here.
+    pub(super) fn settle(&mut self, heap: &mut ProcessHeap, tid: u32, allocated: u64) {
+        let Some(end) = self.ends.get(&tid).copied() else {
+            if self.born_since(tid) {
+                self.tails.unsampled += allocated;
+            }
+            return;
+        };
+        self.ends.insert(tid, allocated);
+        let tail = allocated.saturating_sub(end);
+        if tail == 0 {
+            return;
+        }
+        let Some(kept) = self.tails.kept.get(&tid).filter(|k| !k.samples.is_empty()) else {
+            self.tails.unsampled += tail;
+            return;
+        };
+        self.tails.counted += tail;
+        let scale = tail as f64 / kept.within.max(1) as f64;
+        for sample in &kept.samples {
+            heap.count_tail(&Sample {
+                scale: Some(scale),
+                ..sample.clone()
+            });
+        }
+    }
+
+    /// Thread `tid` exited, its counter at `allocated`: settled now, or
+    /// once the open window's samples are weighed.
+    fn thread_exited(&mut self, heap: &mut ProcessHeap, tid: u32, allocated: u64) {
+        if self.open.is_some() && !self.continuous() {
+            if self.tails.exits.len() < MAX_EXITS {
+                self.tails.exits.push((tid, allocated));
+            }
+            return;
+        }
+        self.settle(heap, tid, allocated);
+        // Its id may come back as another thread's.
+        self.ends.remove(&tid);
+        self.tails.forget(tid);
+    }
+
+    /// The exits told while the window that just closed was open.
+    pub(super) fn settle_exits(&mut self, heap: &mut ProcessHeap) {
+        for (tid, allocated) in std::mem::take(&mut self.tails.exits) {
+            self.thread_exited(heap, tid, allocated);
+        }
+    }
+
+    /// After a window: where each thread read (`records`) keeps its
+    /// counter; the threads gone since, of those `live` now (none where
+    /// they could not be read), forgotten; the live ones' counters, to be
+    /// read as the process ends. (A gone thread's counter is not read: its
+    /// TLS may be a new thread's already, whose bytes it would count.)
+    fn follow(&mut self, live: &[u32], records: &[(u32, ThreadWindow)]) -> Vec<(u32, u64)> {
+        for &(tid, record) in records {
+            if record.counter_at != 0 {
+                self.tails.addresses.insert(tid, record.counter_at);
+            }
+        }
+        if !live.is_empty() {
+            let gone: Vec<u32> = (self.ends.keys())
+                .filter(|tid| !live.contains(tid))
+                .copied()
+                .collect();
+            for tid in gone {
+                self.ends.remove(&tid);
+                self.tails.forget(tid);
+            }
+        }
+        // The busiest first, should there be more than the kernel lists.
+        let mut listed: Vec<(u32, u64)> = live
+            .iter()
+            .filter_map(|tid| Some((*tid, *self.tails.addresses.get(tid)?)))
+            .collect();
+        let within = |tid: &u32| self.tails.kept.get(tid).map_or(0, |k| k.within);
+        listed.sort_by_key(|(tid, _)| std::cmp::Reverse(within(tid)));
+        listed
+    }
+}
+
+impl Session<'_> {
+    /// After `pid`'s window closed, with the threads `live` then and their
+    /// `records`: the counters its `_exit` reads.
+    pub(super) fn follow_tails(&mut self, pid: u32, live: &[u32], records: &[(u32, ThreadWindow)]) {
+        let Some(windows) = self.sampling.windows_mut(pid) else {
+            return;
+        };
+        let listed = windows.follow(live, records);
+        self.probes.list_exit_counters(pid, &listed);
+    }
+
+    /// The kernel told that thread `tid` of `pid`, sampled in windows,
+    /// had jemalloc's counter at `allocated` as the process called `_exit`.
+    pub(in crate::run) fn thread_exited(&mut self, pid: u32, tid: u32, allocated: u64) {
+        let Some(t) = self.tracked.get_mut(&pid) else {
+            return;
+        };
+        if let Some(windows) = self.sampling.windows_mut(pid) {
+            windows.thread_exited(&mut t.heap, tid, allocated);
+        }
+    }
+
+    /// At the end of the run: what each live thread of `pid` allocated
+    /// since its last window, its counter read from its TLS (where the
+    /// kernel last found it) through `/proc/PID/mem`, never written.
+    pub(super) fn settle_live_threads(&mut self, pid: u32) {
+        let Some(memory) = crate::proc::ProcessMemory::open(pid) else {
+            return;
+        };
+        let live = crate::proc::thread_ids(pid);
+        let (Some(t), Some(windows)) = (self.tracked.get_mut(&pid), self.sampling.windows_mut(pid))
+        else {
+            return;
+        };
+        for tid in live {
+            let Some(record) = self.probes.thread_window(pid, tid) else {
+                continue;
+            };
+            let mut word = [0u8; 8];
+            if record.counter_at == 0 || memory.read(record.counter_at, &mut word).is_none() {
+                continue;
+            }
+            windows.settle(&mut t.heap, tid, u64::from_le_bytes(word));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use super::*;
+    use crate::{
+        collect::{CollectorOptions, sampling::sample_weight},
+        discover::AllocatorKind,
+        run::sampling::windows::WindowTiming,
+    };
+
+    /// A sample of thread `tid` in a window, 4 KiB counted as itself.
+    fn windowed(tid: u32) -> Sample {
+        Sample {
+            tid,
+            size: 4096,
+            align: 0,
+            frames: vec![0x10],
+            stack_error: false,
+            allocator: AllocatorKind::Jemalloc,
+            window: 4096,
+            interval: None,
+            copy: 0,
+            scale: Some(1.0),
+        }
+    }
+
+    fn record(window: u64, first: u64, end: u64, counter_at: u64) -> ThreadWindow {
+        ThreadWindow {
+            window,
+            first,
+            end,
+            base: 1,
+            counter_at,
+        }
+    }
+
+    /// Thread 7 in window 1: 10,000 bytes within it, its sample kept.
+    fn after_one_window() -> (Windows, ProcessHeap) {
+        let mut windows = Windows::new(&WindowTiming::default(), vec![7, 8]);
+        windows.weigh(1, &[(7, record(1, 30_000, 40_000, 0x7000))]);
+        windows.tails.keep(&windowed(7));
+        let heap = ProcessHeap::new(1, 4096, CollectorOptions::default());
+        (windows, heap)
+    }
+
+    /// The bytes one window's sample stands for.
+    fn one() -> f64 {
+        sample_weight(4096, 4096) * 4096.0
+    }
+
+    #[test]
+    fn what_a_thread_allocates_after_its_last_window_counts_as_in_it() {
+        let (mut windows, mut heap) = after_one_window();
+        // 20,000 bytes after the window: twice what it allocated within.
+        windows.settle(&mut heap, 7, 60_000);
+        assert!((heap.alloc_bytes() - 2.0 * one()).abs() < 1e-6);
+        // Frees are followed, and these pointers are unknown.
+        assert_eq!(heap.inuse_bytes(), 0.0);
+        assert_eq!(
+            (windows.tails.counted, windows.tails.unsampled),
+            (20_000, 0)
+        );
+        // Its next bytes start there.
+        windows.settle(&mut heap, 7, 60_000);
+        assert!((heap.alloc_bytes() - 2.0 * one()).abs() < 1e-6);
+    }
+
+    #[test]
+    fn an_exit_in_an_open_window_waits_for_its_weights() {
+        let (mut windows, mut heap) = after_one_window();
+        // A short window (one that stays open holds nothing).
+        windows.duty = 0.05;
+        windows.open = Some((2, Instant::now()));
+        windows.thread_exited(&mut heap, 7, 50_000);
+        assert_eq!(heap.alloc_bytes(), 0.0);
+        windows.open = None;
+        windows.settle_exits(&mut heap);
+        assert!((heap.alloc_bytes() - one()).abs() < 1e-6);
+        // Gone: its id may come back as another thread's.
+        assert!(!windows.ends.contains_key(&7));
+        assert!(windows.tails.kept.is_empty());
+    }
+
+    #[test]
+    fn a_thread_no_window_saw_is_in_no_sample() {
+        let (mut windows, mut heap) = after_one_window();
+        // Born since the windows began: all it allocated.
+        windows.settle(&mut heap, 9, 5_000);
+        // There at the start, its bytes before unknown: nothing.
+        windows.settle(&mut heap, 8, 5_000);
+        assert_eq!(heap.alloc_bytes(), 0.0);
+        assert_eq!((windows.tails.counted, windows.tails.unsampled), (0, 5_000));
+    }
+
+    #[test]
+    fn live_threads_are_listed_busiest_first_and_gone_ones_forgotten() {
+        let (mut windows, _) = after_one_window();
+        let records = [
+            (8, record(2, 0, 5_000, 0x8000)),
+            (9, record(2, 0, 90_000, 0x9000)),
+        ];
+        windows.weigh(2, &records);
+        let listed = windows.follow(&[8, 9], &records);
+        assert_eq!(listed, vec![(9, 0x9000), (8, 0x8000)]);
+        assert!(!windows.ends.contains_key(&7));
+        // Where the threads could not be read, none is taken for gone.
+        let listed = windows.follow(&[], &records);
+        assert!(listed.is_empty());
+        assert!(windows.ends.contains_key(&8));
+    }
+}
