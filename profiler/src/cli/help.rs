@@ -51,7 +51,7 @@ Examples:
 
   As a host agent that Parca, Pyroscope (through Alloy) or Prometheus scrape:
     sudo memprobe --all --allocator jemalloc --track allocations \\
-      --listen 127.0.0.1:6060 --keep 10
+      --windows 0.3% --listen 127.0.0.1:6060 --keep 10
     go tool pprof -top 'http://127.0.0.1:6060/debug/pprof/heap?pid=1234'
 
   Read the result with the jeprof you know:

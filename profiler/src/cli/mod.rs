@@ -265,12 +265,14 @@ pub struct Cli {
           help_heading = help::EXPERT, hide_short_help = true)]
     pub sampling: SamplingArg,
 
-    /// With --sampling windows: `auto`, or a fixed LENGTH/EVERY.
+    /// With --sampling windows: `auto`, COST%, or a fixed LENGTH/EVERY.
     ///
-    /// `auto`: windows of 100 ms, as often as their cost allows. LENGTH/EVERY:
-    /// how long a window stays open and how often one opens on average, at
-    /// random times.
-    #[arg(long, value_name = "auto|LENGTH/EVERY", default_value = "auto",
+    /// `auto`: windows of 100 ms, as often as costs 1% of the CPU time the
+    /// process uses itself. COST% (such as 0.3%, the shipped agent's): as
+    /// often as costs that share; fewer windows, fewer samples.
+    /// LENGTH/EVERY: how long a window stays open and how often one opens
+    /// on average, at random times.
+    #[arg(long, value_name = "auto|COST%|LENGTH/EVERY", default_value = "auto",
           value_parser = parse_windows, help_heading = help::EXPERT, hide_short_help = true)]
     pub windows: WindowTiming,
 

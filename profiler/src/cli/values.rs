@@ -73,8 +73,13 @@ pub enum ValueError {
     ZeroDuration,
     #[error("unknown format '{0}' (use heap, pb.gz, folded, svg or sym.heap)")]
     UnknownFormat(String),
-    #[error("give auto, or a window's length and how often one opens, such as 100ms/4s")]
+    #[error(
+        "give auto, what windows may cost such as 0.3%, or a window's length and how often \
+         one opens, such as 100ms/4s"
+    )]
     NotWindows,
+    #[error("what windows may cost must be above 0% and at most 100%, such as 0.3%")]
+    WindowsCost,
     #[error(
         "a window ({}) must be shorter than the time between two ({})",
         humantime::format_duration(*.length),
@@ -206,11 +211,25 @@ pub fn parse_format(text: &str) -> Result<Format, ValueError> {
     Format::from_extension(text.trim()).ok_or_else(|| ValueError::UnknownFormat(text.into()))
 }
 
-/// `--windows auto|LENGTH/EVERY`: adaptive, or a window's length and the
-/// mean time between two, the first under the second.
+/// `--windows auto|COST%|LENGTH/EVERY`: adaptive (at what share of the
+/// process's own CPU time), or a window's length and the mean time between
+/// two, the first under the second.
 pub fn parse_windows(text: &str) -> Result<WindowTiming, ValueError> {
     if text == "auto" {
         return Ok(WindowTiming::default());
+    }
+    if let Some(percent) = text.strip_suffix('%') {
+        let percent: f64 = percent
+            .trim()
+            .parse()
+            .map_err(|_| ValueError::WindowsCost)?;
+        if !(percent > 0.0 && percent <= 100.0) {
+            return Err(ValueError::WindowsCost);
+        }
+        return Ok(WindowTiming {
+            cost: percent / 100.0,
+            ..WindowTiming::default()
+        });
     }
     let (length, every) = text.split_once('/').ok_or(ValueError::NotWindows)?;
     let (length, every) = (parse_duration(length)?, parse_duration(every)?);
@@ -220,6 +239,7 @@ pub fn parse_windows(text: &str) -> Result<WindowTiming, ValueError> {
     Ok(WindowTiming {
         length,
         every: Some(every),
+        ..WindowTiming::default()
     })
 }
 
@@ -274,9 +294,13 @@ mod tests {
         assert_eq!(timing.length, Duration::from_millis(50));
         assert_eq!(timing.every, Some(Duration::from_secs(2)));
         assert_eq!(parse_windows("auto").unwrap(), WindowTiming::default());
+        let cheaper = parse_windows("0.3%").unwrap();
+        assert_eq!((cheaper.every, cheaper.cost), (None, 0.003));
         let error = |text| parse_windows(text).unwrap_err().to_string();
         assert!(error("2s/1s").contains("shorter"));
         assert!(error("100ms").contains("100ms/4s"));
+        assert!(error("0%").contains("above 0%"));
+        assert!(error("abc%").contains("such as 0.3%"));
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! The host agent's cost (`--all --allocator jemalloc --track
-//! allocations`, as deploy/ ships it): two busy jemalloc processes at once,
+//! allocations --windows 0.3%`, as deploy/ ships it): two busy jemalloc processes at once,
 //! each a malloc/free loop (the dearest load for it: every operation is an
 //! allocator call), timed once the agent has found them and its windows
 //! have narrowed, in rounds that take turns with no profiler.
@@ -44,6 +44,8 @@ pub(super) fn agent_costs(memprobe: &Path, out: &Path, profiles_dir: &str) -> Re
             "jemalloc",
             "--track",
             "allocations",
+            "--windows",
+            "0.3%",
             "--format",
             "heap",
             "-o",
@@ -88,7 +90,8 @@ pub(super) fn agent_table(costs: &AgentCosts) -> String {
             .join(", ")
     };
     format!(
-        "\nThe host agent (`--all --allocator jemalloc --track allocations`): {LOOPS} \
+        "\nThe host agent (`--all --allocator jemalloc --track allocations --windows 0.3%`): \
+         {LOOPS} \
          malloc/free loops at once, timed for {TIMED_S} s after {WARMUP_S} s, {ROUNDS} rounds \
          taking turns\n\n| setup | ns per pair, median (each round) | vs no profiler |\n\
          |---|---|---|\n\

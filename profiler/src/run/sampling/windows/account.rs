@@ -11,7 +11,7 @@ use profiler_common::FastPathConfig;
 
 use super::{
     tails::Tails,
-    timing::{MIN_DUTY, WINDOWS_COST, WindowTiming},
+    timing::{MIN_DUTY, WindowTiming},
 };
 use crate::{collect::HeapEvent, discover::Allocator, kernel::ThreadWindow};
 
@@ -228,13 +228,13 @@ impl Windows {
         self.own_cpu = (used - windowed).max(used / 4.0) / elapsed;
     }
 
-    /// What the windows may cost on average, a share of a CPU:
-    /// [`WINDOWS_COST`] of what the process uses itself, nothing once the
-    /// budget narrowed them.
-    pub(super) fn allowed(&self) -> f64 {
+    /// What the windows may cost on average, a share of a CPU: `cost`
+    /// (of [`WindowTiming`]) of what the process uses itself, nothing
+    /// once the budget narrowed them.
+    pub(super) fn allowed(&self, cost: f64) -> f64 {
         match self.narrowed {
             Some(_) => 0.0,
-            None => WINDOWS_COST * self.own_cpu,
+            None => cost * self.own_cpu,
         }
     }
 
@@ -261,7 +261,7 @@ impl Windows {
     pub(super) fn next_duty(&self, timing: &WindowTiming, open_cost: f64) -> f64 {
         match (self.narrowed.is_some(), timing.every) {
             (true, Some(_)) => MIN_DUTY,
-            _ => timing.duty(open_cost, self.allowed()),
+            _ => timing.duty(open_cost, self.allowed(timing.cost)),
         }
     }
 
@@ -399,7 +399,7 @@ mod tests {
         // 0.5 s of CPU in 2 s, 0.1 s of it the windows' traps.
         windows.own_cpu_since(10.5, 0.1, at(3000));
         assert!((windows.own_cpu - 0.2).abs() < 1e-9, "{}", windows.own_cpu);
-        assert!((windows.allowed() - 0.002).abs() < 1e-9);
+        assert!((windows.allowed(super::super::timing::WINDOWS_COST) - 0.002).abs() < 1e-9);
         // Too soon after: left for a longer span.
         windows.own_cpu_since(10.51, 0.1, at(3100));
         assert_eq!(windows.cpu.0, 10.5);

@@ -1,6 +1,6 @@
 //! `--sampling windows` (the default for jemalloc): its `malloc` and
 //! `operator new` are probed at every call while that costs the process
-//! little ([`WINDOWS_COST`]), and in short windows opened at random times
+//! little ([`timing::WINDOWS_COST`]), and in short windows opened at random times
 //! once it would cost more, open for as small a share of the time as
 //! keeps their cost there. No call traps outside a window, and nothing in
 //! the program's own cycle can line up with the samples. The requests no
@@ -27,7 +27,7 @@ mod timing;
 use std::time::Instant;
 
 pub(in crate::run) use account::{WindowedCopy, Windows};
-pub use timing::{MIN_DUTY, WINDOWS_COST, WindowTiming};
+pub use timing::{MIN_DUTY, WindowTiming};
 
 use crate::{
     kernel::Scope,
@@ -201,9 +201,10 @@ pub(in crate::run) fn windows_note(
             humantime::format_duration(every)
         ),
         None => format!(
-            "at every call while that costs under {:.0}% of the CPU time the process uses, \
+            "at every call while that costs under {}% of the CPU time the process uses, \
              else in windows of {} at random times",
-            WINDOWS_COST * 100.0,
+            // Tenths of a percent, shown as short as they go (1, 0.3).
+            (timing.cost * 1000.0).round() / 10.0,
             humantime::format_duration(timing.length)
         ),
     };

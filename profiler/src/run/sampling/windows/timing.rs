@@ -4,11 +4,14 @@ use std::time::Duration;
 
 /// How long a window stays open, and the mean time between two: fixed
 /// (`--windows 100ms/4s`), or set by what the windows cost (the default).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct WindowTiming {
     pub length: Duration,
-    /// `None`: as often as [`WINDOWS_COST`] allows.
+    /// `None`: as often as `cost` allows.
     pub every: Option<Duration>,
+    /// What the windows may cost a process, as a share of the CPU time it
+    /// uses itself (`--windows 0.3%`; [`WINDOWS_COST`] by default).
+    pub cost: f64,
 }
 
 impl Default for WindowTiming {
@@ -16,6 +19,7 @@ impl Default for WindowTiming {
         Self {
             length: Duration::from_millis(100),
             every: None,
+            cost: WINDOWS_COST,
         }
     }
 }
@@ -91,6 +95,7 @@ mod tests {
         let timing = WindowTiming {
             length: Duration::from_millis(100),
             every: Some(Duration::from_secs(4)),
+            ..WindowTiming::default()
         };
         let duty = timing.duty(0.5, WINDOWS_COST);
         assert!((duty - 0.025).abs() < 1e-9);
