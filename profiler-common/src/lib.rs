@@ -119,9 +119,12 @@ pub mod programs {
     pub const LIBRARY_LOADED: &str = "library_loaded";
     /// Uprobe on libc's `_exit`: a process sampled in windows ends.
     pub const PROCESS_EXIT: &str = "process_exit";
+    /// Uprobe on libc's `__call_tls_dtors`: a thread of a process sampled
+    /// in windows ends.
+    pub const THREAD_EXIT: &str = "thread_exit";
     /// Every program in a profiled process's libc and loader: what it
     /// maps, and its end.
-    pub const MAPPINGS: [&str; 7] = [
+    pub const MAPPINGS: [&str; 8] = [
         MMAP_CALL,
         MMAP_RETURN,
         MUNMAP_CALL,
@@ -129,6 +132,7 @@ pub mod programs {
         MREMAP_RETURN,
         LIBRARY_LOADED,
         PROCESS_EXIT,
+        THREAD_EXIT,
     ];
     /// Every plain uprobe program.
     pub const ALL: [&str; 13] = [
@@ -219,8 +223,10 @@ pub enum EventKind {
     /// A [`python::PythonStackEvent`]: the Python frames of the sampled
     /// call whose record comes next from the same thread.
     PythonStack = 13,
-    /// A [`ProcessExitEvent`]: a process sampled in windows calls `_exit`.
-    ProcessExit = 14,
+    /// An [`ExitCountersEvent`]: threads of a process sampled in windows
+    /// end (one that returns or calls `pthread_exit`; all as the process
+    /// calls `_exit`).
+    ExitCounters = 14,
 }
 
 impl EventKind {
@@ -238,7 +244,7 @@ impl EventKind {
         EventKind::Unmapped,
         EventKind::Remapped,
         EventKind::PythonStack,
-        EventKind::ProcessExit,
+        EventKind::ExitCounters,
     ];
 
     /// The kind a header's `kind` field names; `None` for one this build
@@ -408,12 +414,14 @@ pub struct ExitCounters {
     pub addresses: [u64; MAX_EXIT_THREADS],
 }
 
-/// A process sampled in windows calls `_exit` (from `exit`, or a return
-/// from `main`): each listed thread's counter, its memory still there,
-/// which ends what the thread allocated after its last window.
+/// Threads of a process sampled in windows end: a thread that returns or
+/// calls `pthread_exit` (libc's `__call_tls_dtors`, in the thread), or
+/// every listed one as the process calls `_exit` (from `exit`, or a
+/// return from `main`). Each one's counter, its memory still there, which
+/// ends what the thread allocated after its last window.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
-pub struct ProcessExitEvent {
+pub struct ExitCountersEvent {
     pub header: EventHeader,
     pub count: u64,
     pub tids: [u32; MAX_EXIT_THREADS],

@@ -1,19 +1,61 @@
-//! A process's end, where it is sampled in windows: libc's `_exit`, which
-//! it calls from `exit` or a return from `main`, in its own address space
-//! with every thread's TLS still there. The counter of each thread
-//! userspace listed is read then, which ends what the thread allocated
-//! after its last window.
+//! Threads' ends, where their process is sampled in windows: libc's
+//! `__call_tls_dtors`, which a thread calls as it returns or calls
+//! `pthread_exit`, and `_exit`, which the process calls from `exit` or a
+//! return from `main`, in its own address space with every thread's TLS
+//! still there. The thread's counter, or that of each thread userspace
+//! listed, is read then, which ends what the thread allocated after its
+//! last window.
 use aya_ebpf::{
     helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user},
     macros::uprobe,
     programs::ProbeContext,
 };
-use profiler_common::{Counter, EventKind, MAX_EXIT_THREADS, ProcessExitEvent};
+use profiler_common::{Counter, EventKind, ExitCountersEvent, MAX_EXIT_THREADS};
 
 use crate::{
-    maps::{EVENTS, EXIT_COUNTERS},
+    maps::{EVENTS, EXIT_COUNTERS, THREADS},
     sampling::{count, header_at, now},
+    slow_path::current_fsbase,
 };
+
+/// How far from its fs base a thread's counter may lie (its static TLS):
+/// farther, the address noted is another thread's, one that had its id.
+const TLS_REACH: u64 = 1 << 20;
+
+#[uprobe]
+pub fn thread_exit(_ctx: ProbeContext) -> u32 {
+    let id = bpf_get_current_pid_tgid();
+    // SAFETY: a lookup in a map of plain values.
+    let Some(state) = (unsafe { THREADS.get(id) }) else {
+        return 0;
+    };
+    let at = state.counter_at;
+    let Some(fsbase) = current_fsbase() else {
+        return 0;
+    };
+    if at == 0 || fsbase.abs_diff(at) > TLS_REACH {
+        return 0;
+    }
+    // SAFETY: reading user memory through the helper, which faults safely.
+    let Ok(allocated) = (unsafe { bpf_probe_read_user(at as *const u64) }) else {
+        return 0;
+    };
+    let Some(mut entry) = EVENTS.reserve::<ExitCountersEvent>(0) else {
+        count(Counter::ExitsLost);
+        return 0;
+    };
+    let event = entry.as_mut_ptr();
+    // SAFETY: the reserved record is ours until submitted; userspace reads
+    // its first thread, written.
+    unsafe {
+        (*event).header = header_at(EventKind::ExitCounters, id, 0, now());
+        (*event).count = 1;
+        (*event).tids[0] = id as u32;
+        (*event).allocated[0] = allocated;
+    }
+    entry.submit(0);
+    0
+}
 
 #[uprobe]
 pub fn process_exit(_ctx: ProbeContext) -> u32 {
@@ -22,7 +64,7 @@ pub fn process_exit(_ctx: ProbeContext) -> u32 {
     let Some(listed) = (unsafe { EXIT_COUNTERS.get((id >> 32) as u32) }) else {
         return 0;
     };
-    let Some(mut entry) = EVENTS.reserve::<ProcessExitEvent>(0) else {
+    let Some(mut entry) = EVENTS.reserve::<ExitCountersEvent>(0) else {
         count(Counter::ExitsLost);
         return 0;
     };
@@ -31,7 +73,7 @@ pub fn process_exit(_ctx: ProbeContext) -> u32 {
     // SAFETY: the reserved record is ours until submitted; userspace reads
     // its first `count` threads, all written.
     unsafe {
-        (*event).header = header_at(EventKind::ProcessExit, id, 0, now());
+        (*event).header = header_at(EventKind::ExitCounters, id, 0, now());
         (*event).count = listed_count as u64;
         for i in 0..MAX_EXIT_THREADS {
             if i >= listed_count {

@@ -107,17 +107,22 @@ pub(crate) fn counters(ctx: &ProbeContext, thread: &Thread) -> Option<(FastPathC
 /// `config` describes is: its TLS block's base plus the counter's offset.
 #[inline(always)]
 fn counter_address(config: &FastPathConfig) -> Option<u64> {
+    Some(current_fsbase()?.wrapping_add(config.allocated as u64))
+}
+
+/// The current thread's fs base, where its TLS block ends.
+#[inline(always)]
+pub(crate) fn current_fsbase() -> Option<u64> {
     // SAFETY: a plain read of a global userspace set at load time.
     let fsbase_offset = unsafe { core::ptr::read_volatile(&TASK_FSBASE) };
     if fsbase_offset == 0 {
         return None;
     }
     // SAFETY: the helper returns the current task; reads fault safely.
-    let fsbase: u64 = unsafe {
+    unsafe {
         let task = bpf_get_current_task();
-        bpf_probe_read_kernel((task + fsbase_offset) as *const u64).ok()?
-    };
-    Some(fsbase.wrapping_add(config.allocated as u64))
+        bpf_probe_read_kernel((task + fsbase_offset) as *const u64).ok()
+    }
 }
 
 /// jemalloc 5.3's size class of a request (its `sz_s2u`): 8 bytes, 16-byte

@@ -45,7 +45,7 @@ report() {
 }
 
 our_programs() {
-    bpftool prog show 2>&1 | grep -E 'name (alloc_|free_arg0|own_sample|call_return|resize_|session_|mmap_|process_exit)'
+    bpftool prog show 2>&1 | grep -E 'name (alloc_|free_arg0|own_sample|call_return|resize_|session_|mmap_|process_exit|thread_exit)'
 }
 
 # Default mode, attached to a running process, stopped with Ctrl-C.

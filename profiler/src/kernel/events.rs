@@ -2,9 +2,9 @@
 use std::mem::size_of;
 
 use profiler_common::{
-    AllocEvent, AllocReturnEvent, AllocStackEvent, EventHeader, EventKind, FreeEvent,
-    MAX_STACK_DEPTH, MappingEvent, ProcessExitEvent, RemapEvent, ResizeEvent,
-    SMALL_STACK_COPY_BYTES, STACK_COPY_BYTES, UserRegs,
+    AllocEvent, AllocReturnEvent, AllocStackEvent, EventHeader, EventKind, ExitCountersEvent,
+    FreeEvent, MAX_STACK_DEPTH, MappingEvent, RemapEvent, ResizeEvent, SMALL_STACK_COPY_BYTES,
+    STACK_COPY_BYTES, UserRegs,
     python::{MAX_PYTHON_FRAMES, PythonFrame, PythonStackEvent},
 };
 
@@ -56,9 +56,9 @@ pub enum Event {
         new_addr: u64,
         new_len: u64,
     },
-    /// A process sampled in windows calls `_exit`: each listed thread
-    /// and jemalloc's allocated-bytes counter of the thread then.
-    ProcessExiting {
+    /// Threads of a process sampled in windows end: each, and jemalloc's
+    /// allocated-bytes counter of the thread then.
+    ThreadsEnding {
         header: EventHeader,
         threads: Vec<(u32, u64)>,
     },
@@ -109,7 +109,7 @@ impl Event {
             | Event::PythonStack { header, .. }
             | Event::Unmapped { header, .. }
             | Event::Remapped { header, .. }
-            | Event::ProcessExiting { header, .. } => header,
+            | Event::ThreadsEnding { header, .. } => header,
             Event::Mapped(mapping) => &mapping.stack.header,
         }
     }
@@ -197,11 +197,11 @@ pub fn decode(bytes: &[u8]) -> Option<Event> {
                 new_len: event.new_len,
             }
         }
-        EventKind::ProcessExit => {
+        EventKind::ExitCounters => {
             // Boxed: a record is some 3 KiB.
-            let event: Box<ProcessExitEvent> = Box::new(read(bytes)?);
+            let event: Box<ExitCountersEvent> = Box::new(read(bytes)?);
             let count = (event.count as usize).min(event.tids.len());
-            Event::ProcessExiting {
+            Event::ThreadsEnding {
                 header,
                 threads: event.tids[..count]
                     .iter()

@@ -4,8 +4,9 @@
 //! account), and the dynamic loader's `_dl_debug_state`, which it calls as
 //! it maps a library, so that an allocator in a `dlopen`ed library is
 //! probed within milliseconds instead of at the next rescan; and libc's
-//! `_exit`, where a process sampled in windows has its threads' counters
-//! read a last time (`windows`). Not syscall
+//! `_exit` and `__call_tls_dtors` (which an ending thread calls), where a
+//! process sampled in windows has its threads' counters read a last time
+//! (`windows`). Not syscall
 //! tracepoints: enabling one sends every system call of every process on
 //! the host through the kernel's slow path (some 80 ns each, measured
 //! here); these trap only in the processes profiled, and only at these
@@ -35,13 +36,14 @@ use crate::{
 type Probe = (&'static str, &'static str, bool);
 
 /// The probes in libc.
-const IN_LIBC: [Probe; 6] = [
+const IN_LIBC: [Probe; 7] = [
     (programs::MMAP_CALL, "mmap", false),
     (programs::MMAP_RETURN, "mmap", true),
     (programs::MUNMAP_CALL, "munmap", false),
     (programs::MREMAP_CALL, "mremap", false),
     (programs::MREMAP_RETURN, "mremap", true),
     (programs::PROCESS_EXIT, "_exit", false),
+    (programs::THREAD_EXIT, "__call_tls_dtors", false),
 ];
 /// The probe in the dynamic loader.
 const IN_LOADER: [Probe; 1] = [(programs::LIBRARY_LOADED, "_dl_debug_state", false)];

@@ -135,7 +135,7 @@ impl Session<'_> {
                 }
                 return None;
             }
-            Event::ProcessExiting { threads, .. } => {
+            Event::ThreadsEnding { threads, .. } => {
                 for (tid, allocated) in threads {
                     self.thread_exited(pid, tid, allocated);
                 }

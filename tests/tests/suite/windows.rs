@@ -11,18 +11,30 @@ fn flat(rows: &[JeprofRow], name: &str) -> f64 {
     row(rows, name).flat * MIB
 }
 
+/// How a profiled run of the cycle ends.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum RunEnd {
+    /// memprobe is stopped, the fixture idle.
+    Stopped,
+    /// The fixture exits first, and memprobe ends with it.
+    Exits,
+    /// The cycle runs in a thread that ends (joined) before memprobe is
+    /// stopped, the fixture idle.
+    ThreadEnds,
+}
+
 /// The aliasing fixture's 48 B + 16 B cycle for 20 s (or, `middle`, its
 /// 6,000 B + 20,000 B one for 10 s: a hundred times the bytes a call, as
 /// many samples sooner) with a 64 MiB buffer allocated first, profiled
 /// with `flags` (and a 32 KiB interval unless they set one): the pairs it
 /// allocated, its profile and memprobe's stderr. Fewer than `trapped` of
-/// its mallocs trapped. Where `exits`, the fixture exits at the end of its
-/// work, and memprobe ends with it; else memprobe is stopped first.
+/// its mallocs trapped. The run ends as `end` says.
 fn profile_the_cycle(
     out: &Path,
     middle: bool,
     flags: &[&str],
-    (trapped, exits): (f64, bool),
+    trapped: f64,
+    end: RunEnd,
 ) -> (f64, PathBuf, String) {
     let mut env = vec![
         ("FIXTURE_SECONDS", if middle { "10" } else { "20" }),
@@ -31,6 +43,9 @@ fn profile_the_cycle(
     ];
     if middle {
         env.push(("FIXTURE_MIDDLE", "1"));
+    }
+    if end == RunEnd::ThreadEnds {
+        env.push(("FIXTURE_IN_THREAD", "1"));
     }
     let mut fixture = Fixture::start(&aliasing_fixture(), &env);
     let mut args = vec!["--max-overhead", "none", "-v"];
@@ -44,7 +59,7 @@ fn profile_the_cycle(
         .iter()
         .find_map(|l| l.strip_prefix("pairs ")?.parse().ok())
         .unwrap_or_else(|| panic!("{reported:?}"));
-    let stderr = if exits {
+    let stderr = if end == RunEnd::Exits {
         assert!(fixture.finish().success());
         let (status, stderr) = memprobe.wait();
         assert!(status.success(), "{stderr}");
@@ -74,7 +89,7 @@ fn profile_the_cycle(
 fn windows_split_an_aliasing_cycle_right_and_never_miss_a_big_buffer() {
     let _guard = shared();
     let out = output_dir("windows_cycle");
-    let (_, heap, stderr) = profile_the_cycle(&out, false, &[], (0.2, false));
+    let (_, heap, stderr) = profile_the_cycle(&out, false, &[], 0.2, RunEnd::Stopped);
     let note = malloc_sampling_note(&heap);
     assert!(note.contains("else in windows of 100ms"), "{note}");
     let open: f64 = note
@@ -129,7 +144,7 @@ fn windows_weigh_an_aliasing_cycle_right() {
     let _guard = shared();
     let out = output_dir("windows_cycle_fixed");
     let flags = ["--windows", "500ms/1s", "--sample-interval", "8192"];
-    let (pairs, heap, stderr) = profile_the_cycle(&out, false, &flags, (0.5, false));
+    let (pairs, heap, stderr) = profile_the_cycle(&out, false, &flags, 0.5, RunEnd::Stopped);
     let note = malloc_sampling_note(&heap);
     assert!(note.contains("in windows of 500ms every 1s"), "{note}");
     let allocated = jeprof_rows(&aliasing_fixture(), &heap, "--alloc_space");
@@ -157,23 +172,25 @@ fn windows_weigh_an_aliasing_cycle_right() {
 /// share of the bytes, nearly all of which are allocated between windows,
 /// 15% on average of a 10 s run, more than half of it at times. At
 /// defaults memprobe is stopped with the fixture idle (the counter read
-/// through `/proc/PID/mem`); under `--track allocations` the fixture
-/// exits first (read by a probe on `_exit`).
+/// through `/proc/PID/mem`), or with the thread that ran the cycle ended
+/// (read by a probe on libc's `__call_tls_dtors`); under `--track
+/// allocations` the fixture exits first (read by a probe on `_exit`).
 #[test]
 fn middle_sized_requests_are_left_to_the_windows() {
     let _guard = shared();
-    for (name, tracking, exits) in [
-        ("windows_middle", &[][..], false),
+    for (name, tracking, end) in [
+        ("windows_middle", &[][..], RunEnd::Stopped),
+        ("windows_middle_thread", &[][..], RunEnd::ThreadEnds),
         (
             "windows_middle_allocations",
             &["--track", "allocations"][..],
-            true,
+            RunEnd::Exits,
         ),
     ] {
         let out = output_dir(name);
         let mut flags = vec!["--windows", "100ms/3s", "--sample-interval", "262144"];
         flags.extend_from_slice(tracking);
-        let (pairs, heap, stderr) = profile_the_cycle(&out, true, &flags, (0.1, exits));
+        let (pairs, heap, stderr) = profile_the_cycle(&out, true, &flags, 0.1, end);
         let note = malloc_sampling_note(&heap);
         eprintln!("{name}: {note}");
         assert!(

@@ -158,13 +158,15 @@ fn switches_priced(lines: &[String]) -> Check {
 /// memprobe's programs are loaded, those in each process's libc too (its
 /// `_exit` probe's loop, and the mapping probes with it, verified here).
 fn programs_loaded(lines: &[String]) -> Check {
-    let exit_probe = lines.iter().any(|l| l.contains("name process_exit"));
+    let exit_probe = ["name process_exit", "name thread_exit"]
+        .iter()
+        .all(|name| lines.iter().any(|l| l.contains(name)));
     Check {
         name: "programs loaded while attached",
         passed: !lines.is_empty() && exit_probe,
         detail: format!(
-            "{} of memprobe's programs listed by bpftool; libc's _exit probe among them: \
-             {exit_probe}",
+            "{} of memprobe's programs listed by bpftool; libc's _exit and \
+             __call_tls_dtors probes among them: {exit_probe}",
             lines.len()
         ),
     }

@@ -1,6 +1,7 @@
-//! What a thread allocates after its last window: counted when its
-//! process ends (a probe on `_exit` reads each thread's counter then) or
-//! when the run does (the counter read from the thread's TLS through
+//! What a thread allocates after its last window: counted when it ends (a
+//! probe on libc's `__call_tls_dtors` reads its counter then), when its
+//! process does (one on `_exit` reads every listed thread's) or when the
+//! run does (the counter read from the thread's TLS through
 //! `/proc/PID/mem`), in the shape of the samples of its last window. A
 //! window's samples stand for the bytes since the one before, so without
 //! this the bytes after the last one would be in none: the end of a batch
@@ -108,8 +109,10 @@ impl Windows {
         }
     }
 
-    /// Thread `tid` exited, its counter at `allocated`: settled now, or
-    /// once the open window's samples are weighed.
+    /// Thread `tid` ends, its counter at `allocated`: settled now, or
+    /// once the open window's samples are weighed. (Forgotten once gone
+    /// from the process: read again as the process calls `_exit`, its
+    /// bytes start where this left them.)
     fn thread_exited(&mut self, heap: &mut ProcessHeap, tid: u32, allocated: u64) {
         if self.open.is_some() && !self.continuous() {
             if self.tails.exits.len() < MAX_EXITS {
@@ -118,9 +121,6 @@ impl Windows {
             return;
         }
         self.settle(heap, tid, allocated);
-        // Its id may come back as another thread's.
-        self.ends.remove(&tid);
-        self.tails.forget(tid);
     }
 
     /// The exits told while the window that just closed was open.
@@ -132,9 +132,9 @@ impl Windows {
 
     /// After a window: where each thread read (`records`) keeps its
     /// counter; the threads gone since, of those `live` now (none where
-    /// they could not be read), forgotten; the live ones' counters, to be
-    /// read as the process ends. (A gone thread's counter is not read: its
-    /// TLS may be a new thread's already, whose bytes it would count.)
+    /// they could not be read), forgotten (their counters were read as
+    /// they ended); the live ones' counters, to be read as the process
+    /// ends.
     fn follow(&mut self, live: &[u32], records: &[(u32, ThreadWindow)]) -> Vec<(u32, u64)> {
         for &(tid, record) in records {
             if record.counter_at != 0 {
@@ -174,7 +174,8 @@ impl Session<'_> {
     }
 
     /// The kernel told that thread `tid` of `pid`, sampled in windows,
-    /// had jemalloc's counter at `allocated` as the process called `_exit`.
+    /// had jemalloc's counter at `allocated` as it ended (or its process
+    /// called `_exit`).
     pub(in crate::run) fn thread_exited(&mut self, pid: u32, tid: u32, allocated: u64) {
         let Some(t) = self.tracked.get_mut(&pid) else {
             return;
@@ -288,9 +289,9 @@ mod tests {
         windows.open = None;
         windows.settle_exits(&mut heap);
         assert!((heap.alloc_bytes() - one()).abs() < 1e-6);
-        // Gone: its id may come back as another thread's.
-        assert!(!windows.ends.contains_key(&7));
-        assert!(windows.tails.kept.is_empty());
+        // Read again at `_exit`: nothing more.
+        windows.thread_exited(&mut heap, 7, 50_000);
+        assert!((heap.alloc_bytes() - one()).abs() < 1e-6);
     }
 
     #[test]
