@@ -40,20 +40,14 @@ pub fn thread_exit(_ctx: ProbeContext) -> u32 {
     let Ok(allocated) = (unsafe { bpf_probe_read_user(at as *const u64) }) else {
         return 0;
     };
-    let Some(mut entry) = EVENTS.reserve::<ExitCountersEvent>(0) else {
-        count(Counter::ExitsLost);
-        return 0;
-    };
-    let event = entry.as_mut_ptr();
-    // SAFETY: the reserved record is ours until submitted; userspace reads
-    // its first thread, written.
-    unsafe {
-        (*event).header = header_at(EventKind::ExitCounters, id, 0, now());
-        (*event).count = 1;
-        (*event).tids[0] = id as u32;
-        (*event).allocated[0] = allocated;
-    }
-    entry.submit(0);
+    send_counters(id, |event| {
+        // SAFETY: the record is ours until sent.
+        unsafe {
+            (*event).tids[0] = id as u32;
+            (*event).allocated[0] = allocated;
+        }
+        1
+    });
     0
 }
 
@@ -64,17 +58,8 @@ pub fn process_exit(_ctx: ProbeContext) -> u32 {
     let Some(listed) = (unsafe { EXIT_COUNTERS.get((id >> 32) as u32) }) else {
         return 0;
     };
-    let Some(mut entry) = EVENTS.reserve::<ExitCountersEvent>(0) else {
-        count(Counter::ExitsLost);
-        return 0;
-    };
-    let event = entry.as_mut_ptr();
     let listed_count = (listed.count as usize).min(MAX_EXIT_THREADS);
-    // SAFETY: the reserved record is ours until submitted; userspace reads
-    // its first `count` threads, all written.
-    unsafe {
-        (*event).header = header_at(EventKind::ExitCounters, id, 0, now());
-        (*event).count = listed_count as u64;
+    send_counters(id, |event| {
         for i in 0..MAX_EXIT_THREADS {
             if i >= listed_count {
                 break;
@@ -82,11 +67,34 @@ pub fn process_exit(_ctx: ProbeContext) -> u32 {
             let (Some(&tid), Some(&at)) = (listed.tids.get(i), listed.addresses.get(i)) else {
                 break;
             };
-            (*event).tids[i] = tid;
-            // Reading user memory through the helper, which faults safely.
-            (*event).allocated[i] = bpf_probe_read_user(at as *const u64).unwrap_or(0);
+            // SAFETY: the record is ours until sent; reading user memory
+            // through the helper, which faults safely.
+            unsafe {
+                (*event).tids[i] = tid;
+                (*event).allocated[i] = bpf_probe_read_user(at as *const u64).unwrap_or(0);
+            }
         }
+        listed_count as u64
+    });
+    0
+}
+
+/// Sends a record of the threads `fill` writes in it, the first of its
+/// slots, as many as it returns (in place: the record is too big for the
+/// BPF stack); counted as lost where the ring is full.
+#[inline(always)]
+fn send_counters(id: u64, fill: impl FnOnce(*mut ExitCountersEvent) -> u64) {
+    let Some(mut entry) = EVENTS.reserve::<ExitCountersEvent>(0) else {
+        count(Counter::ExitsLost);
+        return;
+    };
+    let event = entry.as_mut_ptr();
+    let threads = fill(event);
+    // SAFETY: the reserved record is ours until submitted; userspace reads
+    // its first `count` threads, which `fill` wrote.
+    unsafe {
+        (*event).header = header_at(EventKind::ExitCounters, id, 0, now());
+        (*event).count = threads;
     }
     entry.submit(0);
-    0
 }

@@ -172,22 +172,22 @@ impl KernelProbes {
     /// [`FP_CHECK_ONE_IN`](profiler_common::FP_CHECK_ONE_IN)), or not. A
     /// full table only means more copies.
     pub fn trust_frame_pointers(&mut self, pid: u32, trusted: bool) {
-        self.set_pid(maps::FP_TRUSTED, pid, trusted);
+        self.set_pid(maps::FP_TRUSTED, pid, trusted.then_some(1u8));
     }
 
-    /// Puts `pid` in the pid table `map`, or takes it out.
-    fn set_pid(&mut self, map: &str, pid: u32, present: bool) {
+    /// Puts `value` under `pid` in the table `map`, keyed by pid, or takes
+    /// `pid` out (`None`); whether the kernel took it (not if full).
+    fn set_pid<V: aya::Pod>(&mut self, map: &str, pid: u32, value: Option<V>) -> bool {
         let Some(map) = self.ebpf.map_mut(map) else {
-            return;
+            return false;
         };
-        let Ok(mut table) = HashMap::<_, u32, u8>::try_from(map) else {
-            return;
+        let Ok(mut table) = HashMap::<_, u32, V>::try_from(map) else {
+            return false;
         };
-        let _ = if present {
-            table.insert(pid, 1, 0)
-        } else {
-            table.remove(&pid)
-        };
+        match value {
+            Some(value) => table.insert(pid, value, 0).is_ok(),
+            None => table.remove(&pid).is_ok(),
+        }
     }
 
     /// The event ring buffer; can be taken once.
@@ -244,22 +244,12 @@ impl KernelProbes {
     /// Has the kernel walk `pid`'s Python frames with each of its samples;
     /// false if its table is full.
     pub fn watch_python(&mut self, pid: u32, process: PythonProcess) -> bool {
-        let Some(map) = self.ebpf.map_mut(maps::PYTHON_PROCESSES) else {
-            return false;
-        };
-        let Ok(mut table) = HashMap::<_, u32, PythonProcess>::try_from(map) else {
-            return false;
-        };
-        table.insert(pid, process, 0).is_ok()
+        self.set_pid(maps::PYTHON_PROCESSES, pid, Some(process))
     }
 
     /// Takes `pid` out of the Python table, once it exited or was detached.
     pub fn forget_python(&mut self, pid: u32) {
-        if let Some(map) = self.ebpf.map_mut(maps::PYTHON_PROCESSES)
-            && let Ok(mut table) = HashMap::<_, u32, PythonProcess>::try_from(map)
-        {
-            let _ = table.remove(&pid);
-        }
+        self.set_pid::<PythonProcess>(maps::PYTHON_PROCESSES, pid, None);
     }
 
     /// Takes `pid`'s copies out of the slow-path program's table, once it

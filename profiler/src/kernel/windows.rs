@@ -54,21 +54,11 @@ impl KernelProbes {
             listed.addresses[k] = at;
             listed.count += 1;
         }
-        let Some(map) = self.ebpf.map_mut(maps::EXIT_COUNTERS) else {
-            return false;
-        };
-        let Ok(mut lists) = HashMap::<_, u32, ExitCounters>::try_from(map) else {
-            return false;
-        };
-        lists.insert(pid, listed, 0).is_ok()
+        self.set_pid(maps::EXIT_COUNTERS, pid, Some(listed))
     }
 
     /// Forgets `pid`'s list (it exited, or is no longer sampled so).
     pub fn forget_exit_counters(&mut self, pid: u32) {
-        if let Some(map) = self.ebpf.map_mut(maps::EXIT_COUNTERS)
-            && let Ok(mut lists) = HashMap::<_, u32, ExitCounters>::try_from(map)
-        {
-            let _ = lists.remove(&pid);
-        }
+        self.set_pid::<ExitCounters>(maps::EXIT_COUNTERS, pid, None);
     }
 }

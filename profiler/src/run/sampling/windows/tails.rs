@@ -6,7 +6,7 @@
 //! window's samples stand for the bytes since the one before, so without
 //! this the bytes after the last one would be in none: the end of a batch
 //! job's work, or all of a worker's that ran between two windows.
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use super::Windows;
 use crate::{
@@ -142,6 +142,7 @@ impl Windows {
             }
         }
         if !live.is_empty() {
+            let live: HashSet<&u32> = live.iter().collect();
             let gone: Vec<u32> = (self.ends.keys())
                 .filter(|tid| !live.contains(tid))
                 .copied()
@@ -185,9 +186,10 @@ impl Session<'_> {
         }
     }
 
-    /// At the end of the run: what each live thread of `pid` allocated
-    /// since its last window, its counter read from its TLS (where the
-    /// kernel last found it) through `/proc/PID/mem`, never written.
+    /// At the end of the run, after the last window closed: what each
+    /// live thread of `pid` allocated since its last window, its counter
+    /// read from its TLS (where the kernel last found it) through
+    /// `/proc/PID/mem`, never written.
     pub(super) fn settle_live_threads(&mut self, pid: u32) {
         let Some(memory) = crate::proc::ProcessMemory::open(pid) else {
             return;
@@ -198,14 +200,13 @@ impl Session<'_> {
             return;
         };
         for tid in live {
-            let Some(record) = self.probes.thread_window(pid, tid) else {
+            let Some(&at) = windows.tails.addresses.get(&tid) else {
                 continue;
             };
             let mut word = [0u8; 8];
-            if record.counter_at == 0 || memory.read(record.counter_at, &mut word).is_none() {
-                continue;
+            if memory.read(at, &mut word).is_some() {
+                windows.settle(&mut t.heap, tid, u64::from_le_bytes(word));
             }
-            windows.settle(&mut t.heap, tid, u64::from_le_bytes(word));
         }
     }
 }
