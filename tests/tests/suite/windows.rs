@@ -43,6 +43,10 @@ fn profile_the_cycle(
     ];
     if middle {
         env.push(("FIXTURE_MIDDLE", "1"));
+        // A last call that no window probes (calloc is probed at every
+        // call), so that the thread's counter always ends past its last
+        // window, even where its work ended inside one.
+        env.push(("FIXTURE_LAST_CALLOC", "1"));
     }
     if end == RunEnd::ThreadEnds {
         env.push(("FIXTURE_IN_THREAD", "1"));
