@@ -61,7 +61,15 @@ impl Session<'_> {
         windows.recent_cost = cost;
         let duty = windows.next_duty(&timing, cost);
         windows.over = if duty < 1.0 { windows.over + 1 } else { 0 };
-        if windows.over >= account::NARROW_AFTER {
+        // The window open since the attach narrows at its first judgement
+        // over its cost: a busy process does not pay seconds at every call
+        // before its windows begin, its first minute no dearer than the rest.
+        let narrow_after = if windows.opened == 1 {
+            1
+        } else {
+            account::NARROW_AFTER
+        };
+        if windows.over >= narrow_after {
             windows.over = 0;
             windows.at_last_close = windows.priced;
             // Closed while it stays open: what the ring still holds of it
