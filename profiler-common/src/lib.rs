@@ -27,9 +27,6 @@ pub mod maps {
     pub const COUNTERS: &str = "COUNTERS";
     /// Per-CPU hits of each attached entry point, indexed by probe index.
     pub const PROBE_HITS: &str = "PROBE_HITS";
-    /// Per-CPU sampled calls of each attached entry point and the time its
-    /// program spent sending them ([`crate::ProbeSamples`]), by probe index.
-    pub const PROBE_SAMPLES: &str = "PROBE_SAMPLES";
     /// Processes (tgid -> u8) whose frame-pointer walks proved as good as
     /// DWARF unwinding: their samples mostly go without a stack copy.
     pub const FP_TRUSTED: &str = "FP_TRUSTED";
@@ -51,7 +48,7 @@ pub mod maps {
     /// Every map. The eBPF side must spell them in `#[map(name = ...)]`
     /// literals (the macro takes no path); a unit test of the profiler
     /// checks the built object has each of these.
-    pub const ALL: [&str; 15] = [
+    pub const ALL: [&str; 13] = [
         PYTHON_PROCESSES,
         PYTHON_THREADS,
         MAP_CALLS,
@@ -64,9 +61,7 @@ pub mod maps {
         EXP_QUANTILES,
         COUNTERS,
         PROBE_HITS,
-        PROBE_SAMPLES,
         FP_TRUSTED,
-        EXIT_COUNTERS,
     ];
 }
 
@@ -81,10 +76,6 @@ pub mod globals {
     /// `u64`: above this many unread bytes in the ring buffer, samples go
     /// without their stack copy (a fraction of the size) rather than be lost.
     pub const RING_BUSY_BYTES: &str = "RING_BUSY_BYTES";
-    /// `u64`: frequent records wake memprobe only as they take the ring
-    /// buffer past this many unread bytes; it drains the ring on a timer
-    /// besides.
-    pub const RING_WAKE_BYTES: &str = "RING_WAKE_BYTES";
     /// `u64`: byte offset of `thread.fsbase` in `struct task_struct` (from
     /// the kernel's BTF), 0 when unknown: a task's TLS for jemalloc's
     /// thread counters.
@@ -93,13 +84,7 @@ pub mod globals {
     /// system-wide probes fire in it too, and each of its samples would
     /// make memprobe allocate, and so sample itself, again.
     pub const OWN_TGID: &str = "OWN_TGID";
-    pub const ALL: [&str; 5] = [
-        COPY_STACK,
-        RING_BUSY_BYTES,
-        RING_WAKE_BYTES,
-        TASK_FSBASE,
-        OWN_TGID,
-    ];
+    pub const ALL: [&str; 4] = [COPY_STACK, RING_BUSY_BYTES, TASK_FSBASE, OWN_TGID];
 }
 
 /// Most entry points counted in [`maps::PROBE_HITS`]; probes beyond share
@@ -418,16 +403,6 @@ pub struct RemapEvent {
 /// this many (the busiest, as userspace lists them).
 pub const MAX_EXIT_THREADS: usize = 256;
 
-/// What one entry point's sampled calls cost in its program
-/// ([`maps::PROBE_SAMPLES`]): each far more than an unsampled call's hit
-/// (a stack copy, a record), and a window samples densely.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ProbeSamples {
-    pub calls: u64,
-    pub nanos: u64,
-}
-
 /// Where a process's threads sampled in windows keep jemalloc's
 /// allocated-bytes counter ([`maps::EXIT_COUNTERS`], by tgid), listed by
 /// userspace after each window: read as the process calls `_exit`.
@@ -684,7 +659,6 @@ mod pod {
     unsafe impl aya::Pod for FastPathKey {}
     unsafe impl aya::Pod for FastPathConfig {}
     unsafe impl aya::Pod for ExitCounters {}
-    unsafe impl aya::Pod for ProbeSamples {}
     unsafe impl aya::Pod for PendingCall {}
     unsafe impl aya::Pod for LiveKey {}
     unsafe impl aya::Pod for python::PythonProcess {}

@@ -22,10 +22,7 @@ use profiler_common::{
 use crate::{
     maps::{COPY_STACK, EVENTS, FP_TRUSTED, PENDING, RING_BUSY_BYTES},
     python,
-    ring::wake_flags,
-    sampling::{
-        Args, Thread, count, count_hit, count_sample, draw_countdown, header_at, now, probe_cookie,
-    },
+    sampling::{Args, Thread, count, count_hit, draw_countdown, header_at, now, probe_cookie},
     slow_path::{counters, usable_size},
 };
 
@@ -159,7 +156,6 @@ pub(crate) fn record_allocation(
     if !sent {
         let _ = PENDING.remove(id);
     }
-    count_sample(ctx, stamp);
     sent
 }
 
@@ -193,7 +189,7 @@ fn send_alloc(
     };
     // SAFETY: `entry` is reserved ring-buffer memory for an `AllocEvent`.
     unsafe { fill_alloc(ctx, thread, call, EventKind::Alloc, entry.as_mut_ptr()) };
-    entry.submit(wake_flags(size_of::<AllocEvent>() as u64, true));
+    entry.submit(0);
     true
 }
 
@@ -227,7 +223,7 @@ fn send_with_stack<const N: usize>(
         };
         addr_of_mut!((*event).stack_copy_bytes).write(copied);
     }
-    entry.submit(wake_flags(size_of::<AllocStackEvent<N>>() as u64, true));
+    entry.submit(0);
     true
 }
 

@@ -19,7 +19,6 @@ mod mapped;
 mod maps;
 mod python;
 mod release;
-mod ring;
 mod sampled;
 mod sampling;
 mod slow_path;

@@ -8,8 +8,8 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
 };
 use profiler_common::{
-    ExitCounters, FastPathConfig, FastPathKey, LiveKey, MapCall, PendingCall, ProbeSamples,
-    ThreadState, python::PythonProcess, sampling,
+    ExitCounters, FastPathConfig, FastPathKey, LiveKey, MapCall, PendingCall, ThreadState,
+    python::PythonProcess, sampling,
 };
 
 #[map(name = "EVENTS")]
@@ -42,10 +42,6 @@ pub static FP_TRUSTED: HashMap<u32, u8> = HashMap::with_max_entries(8192, 0);
 
 #[map(name = "PROBE_HITS")]
 pub static PROBE_HITS: PerCpuArray<u64> =
-    PerCpuArray::with_max_entries(profiler_common::MAX_COUNTED_PROBES, 0);
-
-#[map(name = "PROBE_SAMPLES")]
-pub static PROBE_SAMPLES: PerCpuArray<ProbeSamples> =
     PerCpuArray::with_max_entries(profiler_common::MAX_COUNTED_PROBES, 0);
 
 /// LRU: a thread killed inside `mmap` leaves its call behind.
@@ -83,7 +79,3 @@ pub static OWN_TGID: u32 = 0;
 /// Set by userspace (`globals::RING_BUSY_BYTES`).
 #[unsafe(no_mangle)]
 pub static RING_BUSY_BYTES: u64 = 4 << 20;
-
-/// Set by userspace (`globals::RING_WAKE_BYTES`).
-#[unsafe(no_mangle)]
-pub static RING_WAKE_BYTES: u64 = 1 << 20;

@@ -13,7 +13,7 @@ use profiler_common::{
 };
 
 use crate::{
-    maps::{COUNTERS, EXP_QUANTILES, OWN_TGID, PROBE_HITS, PROBE_SAMPLES, THREADS},
+    maps::{COUNTERS, EXP_QUANTILES, OWN_TGID, PROBE_HITS, THREADS},
     release::on_return,
 };
 
@@ -61,35 +61,15 @@ pub(crate) fn count_entry(ctx: &ProbeContext) {
 /// One hit of the entry point this program was attached to.
 #[inline(always)]
 pub(crate) fn count_hit<C: EbpfContext>(ctx: &C) {
-    if let Some(value) = PROBE_HITS.get_ptr_mut(counted_probe(ctx)) {
-        // SAFETY: per-CPU slot, no concurrent writer on this CPU.
-        unsafe { *value += 1 };
-    }
-}
-
-/// One sampled call of the entry point this program was attached to, sent
-/// from `since` (ktime) to now.
-#[inline(always)]
-pub(crate) fn count_sample<C: EbpfContext>(ctx: &C, since: u64) {
-    let spent = now().saturating_sub(since);
-    if let Some(value) = PROBE_SAMPLES.get_ptr_mut(counted_probe(ctx)) {
-        // SAFETY: per-CPU slot, no concurrent writer on this CPU.
-        unsafe {
-            (*value).calls += 1;
-            (*value).nanos += spent;
-        }
-    }
-}
-
-/// The probe's slot in the per-probe counters: probes beyond them share
-/// the last.
-#[inline(always)]
-fn counted_probe<C: EbpfContext>(ctx: &C) -> u32 {
     let index = cookie::probe_index(probe_cookie(ctx));
-    if index < profiler_common::MAX_COUNTED_PROBES {
+    let index = if index < profiler_common::MAX_COUNTED_PROBES {
         index
     } else {
         profiler_common::MAX_COUNTED_PROBES - 1
+    };
+    if let Some(value) = PROBE_HITS.get_ptr_mut(index) {
+        // SAFETY: per-CPU slot, no concurrent writer on this CPU.
+        unsafe { *value += 1 };
     }
 }
 

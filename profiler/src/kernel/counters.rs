@@ -1,7 +1,7 @@
 //! What the kernel programs count: per entry point, its hits; for the
 //! run, its calls, samples and drops ([`Counter`]), each per CPU.
 use aya::maps::PerCpuArray;
-use profiler_common::{Counter, ProbeSamples, maps};
+use profiler_common::{Counter, maps};
 
 use crate::kernel::KernelProbes;
 
@@ -32,28 +32,6 @@ impl KernelProbes {
             }
         }
         hits
-    }
-
-    /// Sampled calls of each attached entry point and the time its program
-    /// spent on them, summed over CPUs, in the order of
-    /// [`attached`](Self::attached).
-    pub fn probe_samples(&self) -> Vec<ProbeSamples> {
-        let mut samples = vec![ProbeSamples::default(); self.attached.len()];
-        let Some(map) = self.ebpf.map(maps::PROBE_SAMPLES) else {
-            return samples;
-        };
-        let Ok(counters) = PerCpuArray::<_, ProbeSamples>::try_from(map) else {
-            return samples;
-        };
-        for (index, slot) in samples.iter_mut().enumerate() {
-            if let Ok(values) = counters.get(&(index as u32), 0) {
-                for value in values.iter() {
-                    slot.calls += value.calls;
-                    slot.nanos += value.nanos;
-                }
-            }
-        }
-        samples
     }
 
     /// Hits of the calibration's probes (the last counter slot), since the
@@ -88,19 +66,6 @@ impl KernelProbes {
                 if let Ok(zeros) = aya::maps::PerCpuValues::try_from(vec![0u64; cpus]) {
                     let _ = counters.set(index, zeros, 0);
                 }
-            }
-        }
-        let Some(map) = self.ebpf.map_mut(maps::PROBE_SAMPLES) else {
-            return;
-        };
-        let Ok(mut counters) = PerCpuArray::<_, ProbeSamples>::try_from(map) else {
-            return;
-        };
-        let cpus = aya::util::nr_cpus().map_or(1, |n| n.max(1));
-        for index in 0..profiler_common::MAX_COUNTED_PROBES {
-            let zeros = vec![ProbeSamples::default(); cpus];
-            if let Ok(zeros) = aya::maps::PerCpuValues::try_from(zeros) {
-                let _ = counters.set(index, zeros, 0);
             }
         }
     }

@@ -105,7 +105,7 @@ fn windows_split_an_aliasing_cycle_right_and_never_miss_a_big_buffer() {
         "windows open {open}% of the time: {note}\n{stderr}"
     );
     // Some 2% of the time in windows here: a window every 5 to 10 s after
-    // the first second at every call, each sampling one call in 64 or so
+    // the first seconds at every call, each sampling one call in 64 or so
     // (no denser than a sample per 4 KiB). Some 1,000 samples in windows,
     // a quarter of them cycle_16's: the split between the two sites is
     // known to some 7% (one standard error). The fixture stops before
@@ -121,7 +121,7 @@ fn windows_split_an_aliasing_cycle_right_and_never_miss_a_big_buffer() {
     );
     assert_within("cycle_16 over cycle_48", b16 / b48, 16.0 / 48.0, 0.30);
     // Allocated once, at the start, by a call outside any window (the
-    // first window stays open a second, but the buffer is allocated
+    // first window stays open some seconds, but the buffer is allocated
     // before the workload): where jemalloc's slow path sends every request
     // no thread cache holds.
     let inuse = jeprof_rows(&aliasing_fixture(), &heap, "--inuse_space");

@@ -24,7 +24,7 @@ pub(super) struct AgentCosts {
 const LOOPS: usize = 2;
 const ROUNDS: usize = 3;
 /// Untimed first: the agent's scan finds the loops within a second, and
-/// their windows narrow after a second at every call.
+/// their windows narrow after three seconds at every call.
 const WARMUP_S: &str = "6";
 const TIMED_S: &str = "20";
 

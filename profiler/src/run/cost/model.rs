@@ -1,8 +1,8 @@
 //! What one probe hit adds to the target, by kind, and so what each
-//! attached probe's hits and samples cost.
+//! attached probe's hits cost.
 use std::time::Duration;
 
-use profiler_common::{CallShape, ProbeSamples};
+use profiler_common::CallShape;
 
 use crate::kernel::{AttachedProbe, ReturnHalf};
 
@@ -132,19 +132,5 @@ impl CostModel {
             // Sampled calls only: one in thousands at the default interval.
             ReturnHalf::Session | ReturnHalf::None => entry,
         }
-    }
-
-    /// What `samples` of `probe` added beyond their hits: the time its
-    /// program spent sending them, as the kernel timed it, and a return
-    /// half each where only sampled calls take one. Dense in a window
-    /// (a sample per 4 KiB or so), where they cost as much as the traps.
-    pub fn sampled(&self, probe: &AttachedProbe, samples: ProbeSamples) -> Duration {
-        let returns = match probe.return_half {
-            ReturnHalf::Session => self
-                .return_half
-                .saturating_mul(samples.calls.min(u32::MAX as u64) as u32),
-            ReturnHalf::Uretprobe | ReturnHalf::None => Duration::ZERO,
-        };
-        Duration::from_nanos(samples.nanos) + returns
     }
 }

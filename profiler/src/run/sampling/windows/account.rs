@@ -105,8 +105,7 @@ const MIN_SPAN: f64 = 0.5;
 pub(super) const CHECK_EVERY: Duration = Duration::from_secs(1);
 
 /// Judgements in a row over its cost before a window that stays open
-/// closes (one for the window open since the attach): an allocation
-/// burst shorter than that is seen at every call
+/// closes: an allocation burst shorter than that is seen at every call
 /// (in windows, what a burst allocates between two is seen only through
 /// the next window of the same thread, and it may have none).
 pub(super) const NARROW_AFTER: u32 = 3;

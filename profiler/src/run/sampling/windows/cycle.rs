@@ -61,15 +61,7 @@ impl Session<'_> {
         windows.recent_cost = cost;
         let duty = windows.next_duty(&timing, cost);
         windows.over = if duty < 1.0 { windows.over + 1 } else { 0 };
-        // The window open since the attach narrows at its first judgement
-        // over its cost: a busy process does not pay seconds at every call
-        // before its windows begin, its first minute no dearer than the rest.
-        let narrow_after = if windows.opened == 1 {
-            1
-        } else {
-            account::NARROW_AFTER
-        };
-        if windows.over >= narrow_after {
+        if windows.over >= account::NARROW_AFTER {
             windows.over = 0;
             windows.at_last_close = windows.priced;
             // Closed while it stays open: what the ring still holds of it
