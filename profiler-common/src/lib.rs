@@ -298,6 +298,10 @@ pub struct AllocEvent {
     /// 0, 0 when not known.
     pub hijacked_slot: u64,
     pub hijacked_return: u64,
+    /// Nanoseconds the program spent on this sample before sending it
+    /// (Python frames, stack walk and copy): what the sample cost the
+    /// thread beyond an unsampled call's hit. 0 where not timed.
+    pub send_nanos: u64,
 }
 
 /// A sampled allocation call with a copy of its user stack, for DWARF

@@ -187,8 +187,12 @@ fn send_alloc(
         count(Counter::RingBufferFull);
         return false;
     };
+    let event = entry.as_mut_ptr();
     // SAFETY: `entry` is reserved ring-buffer memory for an `AllocEvent`.
-    unsafe { fill_alloc(ctx, thread, call, EventKind::Alloc, entry.as_mut_ptr()) };
+    unsafe {
+        fill_alloc(ctx, thread, call, EventKind::Alloc, event);
+        addr_of_mut!((*event).send_nanos).write(since(call.3));
+    }
     entry.submit(0);
     true
 }
@@ -222,9 +226,18 @@ fn send_with_stack<const N: usize>(
             copy_small_stack(buffer, sp)
         };
         addr_of_mut!((*event).stack_copy_bytes).write(copied);
+        addr_of_mut!((*event).alloc.send_nanos).write(since(call.3));
     }
     entry.submit(0);
     true
+}
+
+/// Nanoseconds from `stamp` (the sample's start) to now: each send path
+/// writes its own just before it submits, so that the verifier walks no
+/// join after them.
+#[inline(always)]
+fn since(stamp: u64) -> u64 {
+    now().saturating_sub(stamp)
 }
 
 /// Whether this process's frame-pointer walks proved right (userspace

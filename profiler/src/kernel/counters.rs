@@ -1,5 +1,6 @@
-//! What the kernel programs count: per entry point, its hits; for the
-//! run, its calls, samples and drops ([`Counter`]), each per CPU.
+//! What the kernel programs count: per entry point, its hits (and, from
+//! their records, its samples' time); for the run, its calls, samples and
+//! drops ([`Counter`]), each per CPU.
 use aya::maps::PerCpuArray;
 use profiler_common::{Counter, maps};
 
@@ -15,7 +16,40 @@ impl KernelCounters {
     }
 }
 
+/// One entry point's sampled calls as their records arrived, and what its
+/// program spent on them as the kernel timed each (`send_nanos`): a sample
+/// costs the thread far more than an unsampled hit (its Python frames, a
+/// stack copy, a record), and a window samples densely.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProbeSamples {
+    pub calls: u64,
+    pub nanos: u64,
+}
+
 impl KernelProbes {
+    /// Counts a sampled call's record of probe `probe` (its index), which
+    /// its program spent `nanos` on.
+    pub fn note_sample(&mut self, probe: u32, nanos: u64) {
+        let index = probe as usize;
+        if index >= self.attached.len() {
+            return;
+        }
+        if self.samples.len() <= index {
+            self.samples.resize(index + 1, ProbeSamples::default());
+        }
+        let samples = &mut self.samples[index];
+        samples.calls += 1;
+        samples.nanos += nanos;
+    }
+
+    /// Sampled calls of each attached entry point and the time its program
+    /// spent on them, in the order of [`attached`](Self::attached).
+    pub fn probe_samples(&self) -> Vec<ProbeSamples> {
+        let mut samples = self.samples.clone();
+        samples.resize(self.attached.len(), ProbeSamples::default());
+        samples
+    }
+
     /// Hits of each attached entry point, summed over CPUs, in the order of
     /// [`attached`](Self::attached).
     pub fn probe_hits(&self) -> Vec<u64> {

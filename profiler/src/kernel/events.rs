@@ -95,6 +95,9 @@ pub struct KernelSample {
     /// Where the thread's last probed `realloc` kept its return address,
     /// which a return half replaces with the kernel's trampoline.
     pub hijacked: Option<HijackedReturn>,
+    /// What the program spent on the sample, timed in the kernel: its
+    /// price beyond an unsampled hit (0 where not timed, as a mapping).
+    pub send_nanos: u64,
 }
 
 impl Event {
@@ -249,6 +252,7 @@ fn mapped(header: EventHeader, bytes: &[u8]) -> Option<Event> {
         window: 0,
         hijacked_slot: 0,
         hijacked_return: 0,
+        send_nanos: 0,
     };
     let copied = (event.stack_copy_bytes as usize).min(STACK_COPY_BYTES);
     let stack_copy = (copied > 0).then(|| StackCopy {
@@ -279,6 +283,7 @@ fn sampled(header: EventHeader, event: &AllocEvent, stack_copy: Option<StackCopy
             slot: event.hijacked_slot,
             return_address: event.hijacked_return,
         }),
+        send_nanos: event.send_nanos,
     })
 }
 
@@ -331,6 +336,7 @@ mod tests {
             window: 0,
             hijacked_slot: 0,
             hijacked_return: 0,
+            send_nanos: 0,
         }
     }
 

@@ -149,6 +149,7 @@ impl KernelProbes {
             mapped_code_unavailable,
             mappings: Default::default(),
             knows_fsbase: fsbase_offset != 0,
+            samples: Vec::new(),
         })
     }
 

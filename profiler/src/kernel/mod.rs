@@ -13,7 +13,7 @@ mod load;
 mod mappings;
 mod windows;
 pub use calibration::CalibrationProbes;
-pub use counters::KernelCounters;
+pub use counters::{KernelCounters, ProbeSamples};
 pub use error::KernelError;
 pub use link_failure::LinkFailure;
 pub use load::KernelOptions;
@@ -160,6 +160,8 @@ pub struct KernelProbes {
     mappings: mappings::MappingProbes,
     /// Whether the kernel's BTF placed a task's fs base.
     knows_fsbase: bool,
+    /// Each attached probe's samples, as their records arrived.
+    samples: Vec<counters::ProbeSamples>,
 }
 
 impl KernelProbes {

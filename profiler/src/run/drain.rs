@@ -51,6 +51,11 @@ impl Session<'_> {
 
     fn handle(&mut self, event: Event) {
         let pid = event.header().pid;
+        if let Event::Sampled(sample) = &event {
+            // Priced in the cost ledger, whoever it was for.
+            self.probes
+                .note_sample(sample.header.probe, sample.send_nanos);
+        }
         // System-wide probes see processes before the next scan does;
         // memprobe's own allocations (glibc's, probed with `--all`) are
         // not profiled.

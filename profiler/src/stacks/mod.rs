@@ -216,6 +216,7 @@ mod tests {
                 slot,
                 return_address: 0x4242,
             }),
+            send_nanos: 0,
         }
     }
 

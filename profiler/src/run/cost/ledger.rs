@@ -1,9 +1,9 @@
-//! The probes' hits, priced as they come (each tick's at the costs of its
-//! time), per probe, per process and per task switch.
+//! The probes' hits and samples, priced as they come (each tick's at the
+//! costs of its time), per probe, per process and per task switch.
 use std::{collections::HashMap, time::Duration};
 
 use crate::{
-    kernel::{AttachedProbe, KernelProbes, Scope},
+    kernel::{AttachedProbe, KernelProbes, ProbeSamples, Scope},
     run::cost::CostModel,
 };
 
@@ -23,6 +23,9 @@ pub struct ProbeCost {
 #[derive(Clone, Debug, Default)]
 pub struct CostLedger {
     hits: Vec<u64>,
+    /// Each probe's samples when last read: their price is what the kernel
+    /// timed, taken as it grows.
+    samples: Vec<ProbeSamples>,
     added: Vec<Duration>,
     /// Whether each probe's returns were forced at the last update: a
     /// probe detached since is priced as it was while attached.
@@ -51,7 +54,7 @@ impl CostLedger {
         self.record(
             model,
             &probes.attached,
-            &probes.probe_hits(),
+            (&probes.probe_hits(), &probes.probe_samples()),
             &probes.forced_returns(),
         )
     }
@@ -99,12 +102,13 @@ impl CostLedger {
         &mut self,
         model: &CostModel,
         attached: &[AttachedProbe],
-        hits: &[u64],
+        (hits, samples): (&[u64], &[ProbeSamples]),
         forced: &[Option<bool>],
     ) -> Vec<usize> {
         let mut newly_forced = Vec::new();
         let count = attached.len();
         self.hits.resize(count, 0);
+        self.samples.resize(count, ProbeSamples::default());
         self.added.resize(count, Duration::ZERO);
         self.forced.resize(count, false);
         for (index, probe) in attached.iter().enumerate() {
@@ -121,6 +125,14 @@ impl CostLedger {
             };
             let per_hit = model.per_hit(probe, forced);
             self.added[index] += per_hit.saturating_mul(new.min(u32::MAX as u64) as u32);
+            let sampled = samples.get(index).copied().unwrap_or_default();
+            let before = self.samples[index];
+            let new_samples = ProbeSamples {
+                calls: sampled.calls.saturating_sub(before.calls),
+                nanos: sampled.nanos.saturating_sub(before.nanos),
+            };
+            self.added[index] += model.sampled(probe, new_samples);
+            self.samples[index] = sampled;
             self.hits[index] = total;
             self.forced[index] = forced;
         }
@@ -263,7 +275,12 @@ mod tests {
             probe("mallocx", true, ReturnHalf::Session),
         ];
         let mut ledger = CostLedger::default();
-        ledger.record(&model, &probes, &[1000, 2000, 0, 500], &[Some(false); 4]);
+        ledger.record(
+            &model,
+            &probes,
+            (&[1000, 2000, 0, 500], &[]),
+            &[Some(false); 4],
+        );
         let costs = ledger.costs(&probes);
         assert_eq!(costs.len(), 3);
         assert_eq!(costs[0].symbol, "free");
@@ -293,12 +310,17 @@ mod tests {
             probe("free", true, ReturnHalf::None),
         ];
         let mut ledger = CostLedger::default();
-        ledger.record(&MODEL, &probes, &[100, 100], &[Some(false); 2]);
+        ledger.record(&MODEL, &probes, (&[100, 100], &[]), &[Some(false); 2]);
         let before = ledger.clone();
-        let newly = ledger.record(&MODEL, &probes, &[300, 300], &[Some(true), Some(false)]);
+        let newly = ledger.record(
+            &MODEL,
+            &probes,
+            (&[300, 300], &[]),
+            &[Some(true), Some(false)],
+        );
         assert_eq!(newly, [0]);
         // Detached: its last hits at the price it had.
-        let newly = ledger.record(&MODEL, &probes, &[310, 300], &[None, Some(false)]);
+        let newly = ledger.record(&MODEL, &probes, (&[310, 300], &[]), &[None, Some(false)]);
         assert!(newly.is_empty());
         let costs = ledger.costs(&probes);
         let malloc = costs.iter().find(|c| c.symbol == "malloc").unwrap();
@@ -315,6 +337,39 @@ mod tests {
         assert_eq!(processes[&1].0, 610);
     }
 
+    /// A sample adds what the kernel timed of it, and a return half where
+    /// only sampled calls take one; each update prices only the new ones.
+    #[test]
+    fn samples_add_their_timed_cost_and_a_return_each() {
+        let probes = [
+            probe("malloc", true, ReturnHalf::Session),
+            probe("calloc", true, ReturnHalf::Uretprobe),
+        ];
+        let samples = |calls, nanos| ProbeSamples { calls, nanos };
+        let mut ledger = CostLedger::default();
+        let first = [samples(10, 50_000), samples(10, 50_000)];
+        ledger.record(&MODEL, &probes, (&[100, 100], &first), &[Some(false); 2]);
+        let costs = ledger.costs(&probes);
+        let cost = |symbol: &str| costs.iter().find(|c| c.symbol == symbol).unwrap().added;
+        assert_eq!(
+            cost("malloc"),
+            Duration::from_nanos(409 * 100 + 50_000 + 263 * 10)
+        );
+        assert_eq!(
+            cost("calloc"),
+            Duration::from_nanos((409 + 263) * 100 + 50_000)
+        );
+        let before = ledger.clone();
+        let next = [samples(12, 60_000), samples(10, 50_000)];
+        ledger.record(&MODEL, &probes, (&[110, 100], &next), &[Some(false); 2]);
+        let recent = ledger.since(&before).costs(&probes);
+        assert_eq!(recent.len(), 1);
+        assert_eq!(
+            recent[0].added,
+            Duration::from_nanos(409 * 10 + 10_000 + 263 * 2)
+        );
+    }
+
     /// A main thread's switches are priced per perf event on it, from its
     /// first reading on, and count in its process's added time.
     #[test]
@@ -329,7 +384,7 @@ mod tests {
         let before = ledger.clone();
         switches.set(1_500);
         ledger.record_switches(&MODEL, &events, read);
-        ledger.record(&MODEL, &probes, &[10], &[Some(false)]);
+        ledger.record(&MODEL, &probes, (&[10], &[]), &[Some(false)]);
         let added = Duration::from_nanos(500 * 4 * 150);
         assert_eq!(ledger.switch_costs(), (500, added));
         assert_eq!(ledger.since(&before).switch_costs(), (500, added));

@@ -1,10 +1,10 @@
 //! What one probe hit adds to the target, by kind, and so what each
-//! attached probe's hits cost.
+//! attached probe's hits and samples cost.
 use std::time::Duration;
 
 use profiler_common::CallShape;
 
-use crate::kernel::{AttachedProbe, ReturnHalf};
+use crate::kernel::{AttachedProbe, ProbeSamples, ReturnHalf};
 
 /// Time one probe hit adds to the target, by kind: measured on this host
 /// at start ([`calibrate`]), or, where that failed, defaults from
@@ -132,5 +132,19 @@ impl CostModel {
             // Sampled calls only: one in thousands at the default interval.
             ReturnHalf::Session | ReturnHalf::None => entry,
         }
+    }
+
+    /// What `samples` of `probe` added beyond their hits: the time its
+    /// program spent sending them, as the kernel timed it, and a return
+    /// half each where only sampled calls take one. Dense in a window
+    /// (a sample per 4 KiB or so), where they cost as much as the traps.
+    pub fn sampled(&self, probe: &AttachedProbe, samples: ProbeSamples) -> Duration {
+        let returns = match probe.return_half {
+            ReturnHalf::Session => self
+                .return_half
+                .saturating_mul(samples.calls.min(u32::MAX as u64) as u32),
+            ReturnHalf::Uretprobe | ReturnHalf::None => Duration::ZERO,
+        };
+        Duration::from_nanos(samples.nanos) + returns
     }
 }

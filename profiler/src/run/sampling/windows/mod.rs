@@ -132,12 +132,17 @@ impl Session<'_> {
             return 0.0;
         };
         let hits = self.probes.probe_hits();
+        let samples = self.probes.probe_samples();
+        let model = &self.costs.model;
         windows
             .copies
             .iter()
             .flat_map(|c| c.slots.iter())
-            .filter_map(|&i| Some((hits.get(i)?, self.probes.attached.get(i)?)))
-            .map(|(&n, probe)| n as f64 * self.costs.model.per_hit(probe, false).as_secs_f64())
+            .filter_map(|&i| Some((hits.get(i)?, samples.get(i)?, self.probes.attached.get(i)?)))
+            .map(|(&n, &sampled, probe)| {
+                let hits = model.per_hit(probe, false).as_secs_f64() * n as f64;
+                hits + model.sampled(probe, sampled).as_secs_f64()
+            })
             .sum()
     }
 
