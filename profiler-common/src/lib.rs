@@ -76,6 +76,10 @@ pub mod globals {
     /// `u64`: above this many unread bytes in the ring buffer, samples go
     /// without their stack copy (a fraction of the size) rather than be lost.
     pub const RING_BUSY_BYTES: &str = "RING_BUSY_BYTES";
+    /// `u64`: frequent records wake memprobe only as they take the ring
+    /// buffer past this many unread bytes; it drains the ring on a timer
+    /// besides.
+    pub const RING_WAKE_BYTES: &str = "RING_WAKE_BYTES";
     /// `u64`: byte offset of `thread.fsbase` in `struct task_struct` (from
     /// the kernel's BTF), 0 when unknown: a task's TLS for jemalloc's
     /// thread counters.
@@ -84,7 +88,13 @@ pub mod globals {
     /// system-wide probes fire in it too, and each of its samples would
     /// make memprobe allocate, and so sample itself, again.
     pub const OWN_TGID: &str = "OWN_TGID";
-    pub const ALL: [&str; 4] = [COPY_STACK, RING_BUSY_BYTES, TASK_FSBASE, OWN_TGID];
+    pub const ALL: [&str; 5] = [
+        COPY_STACK,
+        RING_BUSY_BYTES,
+        RING_WAKE_BYTES,
+        TASK_FSBASE,
+        OWN_TGID,
+    ];
 }
 
 /// Most entry points counted in [`maps::PROBE_HITS`]; probes beyond share

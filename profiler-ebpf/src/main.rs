@@ -19,6 +19,7 @@ mod mapped;
 mod maps;
 mod python;
 mod release;
+mod ring;
 mod sampled;
 mod sampling;
 mod slow_path;

@@ -79,3 +79,7 @@ pub static OWN_TGID: u32 = 0;
 /// Set by userspace (`globals::RING_BUSY_BYTES`).
 #[unsafe(no_mangle)]
 pub static RING_BUSY_BYTES: u64 = 4 << 20;
+
+/// Set by userspace (`globals::RING_WAKE_BYTES`).
+#[unsafe(no_mangle)]
+pub static RING_WAKE_BYTES: u64 = 1 << 20;

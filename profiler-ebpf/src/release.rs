@@ -1,5 +1,7 @@
 //! Frees, resizes and returns: one lookup unless the pointer or the call
 //! was sampled.
+use core::mem::size_of;
+
 use aya_ebpf::{
     EbpfContext,
     helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user},
@@ -12,6 +14,7 @@ use profiler_common::{
 
 use crate::{
     maps::{EVENTS, PENDING},
+    ring::wake_flags,
     sampled,
     sampling::{Thread, count, header, probe_cookie},
 };
@@ -59,7 +62,10 @@ fn free_if_sampled(ctx: &ProbeContext, ptr: u64, kind: EventKind) -> bool {
         header: header(kind, id, cookie::probe_index(probe_cookie)),
         ptr,
     };
-    if EVENTS.output::<FreeEvent>(event, 0).is_err() {
+    if EVENTS
+        .output::<FreeEvent>(event, wake_flags(size_of::<FreeEvent>() as u64, false))
+        .is_err()
+    {
         // Kept in the set: the address's next free, once reused, reports
         // it; dropped here the sample would stay in use for good.
         count(Counter::RingBufferFull);
@@ -100,7 +106,10 @@ fn restore(id: u64, probe_cookie: u64, ptr: u64) {
         header: header(EventKind::Restored, id, cookie::probe_index(probe_cookie)),
         ptr,
     };
-    if EVENTS.output::<FreeEvent>(event, 0).is_err() {
+    if EVENTS
+        .output::<FreeEvent>(event, wake_flags(size_of::<FreeEvent>() as u64, false))
+        .is_err()
+    {
         count(Counter::RingBufferFull);
         // Not followed in userspace: its free must not be reported either.
         sampled::remove(&key);
@@ -148,7 +157,10 @@ pub(crate) fn on_return<C: EbpfContext>(ctx: &C, returned: u64) {
                 ptr: pending.addr,
                 new_size: returned,
             };
-            if EVENTS.output::<ResizeEvent>(event, 0).is_err() {
+            if EVENTS
+                .output::<ResizeEvent>(event, wake_flags(size_of::<ResizeEvent>() as u64, false))
+                .is_err()
+            {
                 count(Counter::RingBufferFull);
             }
         }
@@ -196,7 +208,13 @@ pub(crate) fn finish_allocation(id: u64, probe_cookie: u64, ptr: u64) {
         ptr,
         untracked,
     };
-    if EVENTS.output::<AllocReturnEvent>(event, 0).is_err() {
+    if EVENTS
+        .output::<AllocReturnEvent>(
+            event,
+            wake_flags(size_of::<AllocReturnEvent>() as u64, false),
+        )
+        .is_err()
+    {
         count(Counter::RingBufferFull);
     }
 }

@@ -116,6 +116,11 @@ impl KernelProbes {
                 &(options.ring_buffer_bytes as u64 / 2),
                 true,
             )
+            .override_global(
+                globals::RING_WAKE_BYTES,
+                &(options.ring_buffer_bytes as u64 / 8),
+                true,
+            )
             .override_global(globals::TASK_FSBASE, &fsbase_offset, true)
             .override_global(globals::OWN_TGID, &std::process::id(), true)
             .load(OBJECT)

@@ -34,6 +34,12 @@ pub(super) enum Stop {
 /// Ticks between two readings of other tools' links (`kernel::foreign`).
 const FOREIGN_LINKS_EVERY: u64 = 10;
 
+/// How often the ring is drained without being woken: the frequent
+/// records wake memprobe only once the ring fills past an eighth (a
+/// wake-up costs the profiled thread more than its trap, see the eBPF
+/// `ring` module), so this bounds how late the others are read.
+const DRAIN_EVERY: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// What the loop waits on besides the ring, the processes and the
 /// endpoints, and what its ticks keep.
 struct Clocks {
@@ -44,6 +50,8 @@ struct Clocks {
     deadline: Option<tokio::time::Instant>,
     ticker: tokio::time::Interval,
     ticks: u64,
+    /// [`DRAIN_EVERY`].
+    drains: tokio::time::Interval,
     /// The costs as of the last `--verbose` rates.
     last_rates: CostLedger,
 }
@@ -59,9 +67,17 @@ impl Clocks {
             deadline: options.duration.map(|d| now + d),
             ticker: tokio::time::interval(options.rescan_interval),
             ticks: 0,
+            drains: quiet_interval(DRAIN_EVERY),
             last_rates: CostLedger::default(),
         })
     }
+}
+
+/// A timer of `period` that skips the ticks a busy loop missed.
+fn quiet_interval(period: std::time::Duration) -> tokio::time::Interval {
+    let mut interval = tokio::time::interval(period);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    interval
 }
 
 /// `--duration` reached, Ctrl-C or SIGTERM.
@@ -122,6 +138,9 @@ impl Session<'_> {
                     self.answer(request);
                 }
                 _ = sleep_until(window_change) => self.change_windows(ring.get_mut()),
+                _ = clocks.drains.tick() => {
+                    self.drain(ring.get_mut());
+                }
                 _ = clocks.ticker.tick() => {
                     self.drain(ring.get_mut());
                     self.tick(&mut clocks)?;
