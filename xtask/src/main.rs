@@ -257,16 +257,18 @@ fn run_counting_tests(command: &mut Command) -> Result<(u64, u64)> {
 /// How long the test command fuzzes the `.heap` reader.
 const FUZZ_SECONDS: u32 = 30;
 
-/// Runs the fuzz target for a bounded time, from the seed corpus. With no
-/// sanitizer: the reader and the analyses are safe Rust, where a fault
-/// is a panic libFuzzer catches anyway, and instrumenting every crate
-/// made the build take minutes of the test command.
+/// Runs the fuzz target for a bounded time, from the seed corpus.
+/// Unoptimised and with no sanitizer: the reader and the analyses are safe
+/// Rust, where a fault is a panic libFuzzer catches anyway, and
+/// instrumenting every crate, or optimising each in one codegen unit as
+/// cargo-fuzz's release builds do, made the build take minutes of the test
+/// command.
 fn fuzz(seconds: u32) -> Result<()> {
     eprintln!("xtask: fuzzing the .heap reader for {seconds} s");
     run_command(
         Command::new("rustup")
             .args(["run", "nightly", "cargo", "fuzz", "run", "heap_v2"])
-            .args(["--sanitizer", "none"])
+            .args(["--dev", "--sanitizer", "none"])
             .args(["--", &format!("-max_total_time={seconds}"), "-max_len=8192"]),
     )
 }
