@@ -599,6 +599,9 @@ fn context_switches_count_against_the_budget() {
     command
         .env("MEMPROBE_KERNEL_LACKS", "uprobe-multi")
         .args(["--return-probes", "uretprobes"])
+        // Verbose: the switches' price and rate, should it fail (it did
+        // once in a whole suite's run, not since).
+        .arg("--verbose")
         .args([
             "--pid",
             &pid,
