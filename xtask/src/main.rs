@@ -3,6 +3,7 @@
 mod bench;
 mod demo;
 mod dist;
+mod fuzz;
 mod kernels;
 mod pythons;
 mod setup;
@@ -89,8 +90,10 @@ fn main() -> Result<()> {
         Task::Test { filter } => {
             setup::install()?;
             setup::install_cargo_fuzz()?;
+            // A whole run fuzzes at its end: the target builds meanwhile.
+            let fuzz_build = filter.is_none().then(fuzz::Build::start).transpose()?;
             kernels::install()?;
-            test(filter.as_deref())
+            test(filter.as_deref(), fuzz_build)
         }
         Task::Soak { duration } => {
             setup::install()?;
@@ -149,7 +152,7 @@ fn build_release() -> Result<()> {
     run_command(cargo().args(["build", "--release", "--package", "profiler"]))
 }
 
-fn test(filter: Option<&str>) -> Result<()> {
+fn test(filter: Option<&str>, fuzz_build: Option<fuzz::Build>) -> Result<()> {
     eprintln!("xtask: rustfmt");
     run_command(cargo().args(["fmt", "--all", "--check"]))?;
     eprintln!("xtask: clippy (userspace)");
@@ -186,6 +189,9 @@ fn test(filter: Option<&str>) -> Result<()> {
     let deb = dist::deb()?;
     eprintln!("xtask: Pythons of later Debian suites");
     let pythons = pythons::unpack_all()?;
+    if let Some(build) = fuzz_build {
+        build.finish()?;
+    }
     eprintln!("xtask: tests");
     let binary = release_binary();
     let mut command = cargo();
@@ -211,7 +217,7 @@ fn test(filter: Option<&str>) -> Result<()> {
         let (kernels_passed, kernels_failed) = kernels::run(&binary)?;
         passed += kernels_passed;
         failed += kernels_failed;
-        fuzz(FUZZ_SECONDS)?;
+        fuzz::run(fuzz::SECONDS)?;
     }
     // One closing line over every test binary of the run.
     println!("tests: {passed} passed, {failed} failed");
@@ -252,23 +258,4 @@ fn run_counting_tests(command: &mut Command) -> Result<(u64, u64)> {
         bail!("{command:?} failed with {status}");
     }
     Ok((passed, failed))
-}
-
-/// How long the test command fuzzes the `.heap` reader.
-const FUZZ_SECONDS: u32 = 30;
-
-/// Runs the fuzz target for a bounded time, from the seed corpus.
-/// Unoptimised and with no sanitizer: the reader and the analyses are safe
-/// Rust, where a fault is a panic libFuzzer catches anyway, and
-/// instrumenting every crate, or optimising each in one codegen unit as
-/// cargo-fuzz's release builds do, made the build take minutes of the test
-/// command.
-fn fuzz(seconds: u32) -> Result<()> {
-    eprintln!("xtask: fuzzing the .heap reader for {seconds} s");
-    run_command(
-        Command::new("rustup")
-            .args(["run", "nightly", "cargo", "fuzz", "run", "heap_v2"])
-            .args(["--dev", "--sanitizer", "none"])
-            .args(["--", &format!("-max_total_time={seconds}"), "-max_len=8192"]),
-    )
 }
