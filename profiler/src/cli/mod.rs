@@ -100,9 +100,10 @@ pub struct Cli {
     /// Budget in % of the process's CPU.
     ///
     /// The most a process's probes may cost it, in percent of the CPU time
-    /// it uses itself. Estimated from its probe hits and the per-hit costs timed on this
-    /// host, with an allowance for what the traps evict from a busy
-    /// process's caches; probes costing under 1% of one CPU are always
+    /// it uses itself. Estimated from its probe hits at the per-hit costs
+    /// timed on this host and its samples as the kernel timed each, with
+    /// an allowance for what the traps evict from a busy process's
+    /// caches; probes costing under 1% of one CPU are always
     /// within it. A process above it for 10 s first has its sampling
     /// windows narrowed where they make a good part of the cost (and is
     /// judged again), else loses its free probes (its profile then counts
