@@ -21,8 +21,7 @@ use profiler_common::{
 
 use crate::{
     maps::{COPY_STACK, EVENTS, FP_TRUSTED, PENDING, RING_BUSY_BYTES},
-    python,
-    ring::wake_flags,
+    python, ring,
     sampling::{Args, Thread, count, count_hit, draw_countdown, header_at, now, probe_cookie},
     slow_path::{counters, usable_size},
 };
@@ -194,7 +193,7 @@ fn send_alloc(
         fill_alloc(ctx, thread, call, EventKind::Alloc, event);
         addr_of_mut!((*event).send_nanos).write(since(call.3));
     }
-    entry.submit(wake_flags(size_of::<AllocEvent>() as u64, true));
+    ring::submit(entry);
     true
 }
 
@@ -229,7 +228,7 @@ fn send_with_stack<const N: usize>(
         addr_of_mut!((*event).stack_copy_bytes).write(copied);
         addr_of_mut!((*event).alloc.send_nanos).write(since(call.3));
     }
-    entry.submit(wake_flags(size_of::<AllocStackEvent<N>>() as u64, true));
+    ring::submit(entry);
     true
 }
 

@@ -22,7 +22,7 @@ use profiler_common::{
 use crate::{
     alloc::copy_stack,
     maps::{EVENTS, MAP_CALLS, RING_BUSY_BYTES},
-    ring::wake_flags,
+    ring,
     sampling::{Args, count, header},
 };
 
@@ -113,7 +113,7 @@ fn send_mapping(ctx: &RetProbeContext, (addr, len, flags): (u64, u64, u64)) {
         };
         addr_of_mut!((*event).stack_copy_bytes).write(copied);
     }
-    entry.submit(wake_flags(size_of::<MappingEvent>() as u64, true));
+    ring::submit(entry);
 }
 
 /// `munmap(addr, len)`, before it unmaps.
@@ -162,10 +162,7 @@ fn send_remap(id: u64, kind: EventKind, (addr, len): (u64, u64), (new_addr, new_
         new_addr,
         new_len,
     };
-    if EVENTS
-        .output::<RemapEvent>(&event, wake_flags(size_of::<RemapEvent>() as u64, false))
-        .is_err()
-    {
+    if ring::output(&event).is_err() {
         count(Counter::MappingEventsLost);
     }
 }

@@ -1,7 +1,7 @@
 //! The Python frames of a sampled call's thread, for a process running
 //! CPython ([`profiler_common::python`]): sent in a record of their own,
 //! just before the call's, so that userspace meets them first.
-use core::{ffi::c_void, mem::size_of, ptr::addr_of_mut};
+use core::{ffi::c_void, ptr::addr_of_mut};
 
 use aya_ebpf::helpers::generated::bpf_probe_read_user as bpf_probe_read_user_raw;
 use profiler_common::{
@@ -14,7 +14,7 @@ use profiler_common::{
 
 use crate::{
     maps::{EVENTS, PYTHON_PROCESSES, PYTHON_THREADS},
-    ring::wake_flags,
+    ring,
     sampling::{count, header_at},
 };
 
@@ -48,7 +48,7 @@ pub extern "C" fn send_python_stack(id: u64, stamp: u64, probe: u32) -> i32 {
         let walked = walk(frame, &process, frames);
         addr_of_mut!((*event).count).write(walked);
     }
-    entry.submit(wake_flags(size_of::<PythonStackEvent>() as u64, true));
+    ring::submit(entry);
     1
 }
 

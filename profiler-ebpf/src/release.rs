@@ -1,6 +1,5 @@
 //! Frees, resizes and returns: one lookup unless the pointer or the call
 //! was sampled.
-use core::mem::size_of;
 
 use aya_ebpf::{
     EbpfContext,
@@ -13,9 +12,8 @@ use profiler_common::{
 };
 
 use crate::{
-    maps::{EVENTS, PENDING},
-    ring::wake_flags,
-    sampled,
+    maps::PENDING,
+    ring, sampled,
     sampling::{Thread, count, header, probe_cookie},
 };
 
@@ -62,10 +60,7 @@ fn free_if_sampled(ctx: &ProbeContext, ptr: u64, kind: EventKind) -> bool {
         header: header(kind, id, cookie::probe_index(probe_cookie)),
         ptr,
     };
-    if EVENTS
-        .output::<FreeEvent>(event, wake_flags(size_of::<FreeEvent>() as u64, false))
-        .is_err()
-    {
+    if ring::output(&event).is_err() {
         // Kept in the set: the address's next free, once reused, reports
         // it; dropped here the sample would stay in use for good.
         count(Counter::RingBufferFull);
@@ -106,10 +101,7 @@ fn restore(id: u64, probe_cookie: u64, ptr: u64) {
         header: header(EventKind::Restored, id, cookie::probe_index(probe_cookie)),
         ptr,
     };
-    if EVENTS
-        .output::<FreeEvent>(event, wake_flags(size_of::<FreeEvent>() as u64, false))
-        .is_err()
-    {
+    if ring::output(&event).is_err() {
         count(Counter::RingBufferFull);
         // Not followed in userspace: its free must not be reported either.
         sampled::remove(&key);
@@ -157,10 +149,7 @@ pub(crate) fn on_return<C: EbpfContext>(ctx: &C, returned: u64) {
                 ptr: pending.addr,
                 new_size: returned,
             };
-            if EVENTS
-                .output::<ResizeEvent>(event, wake_flags(size_of::<ResizeEvent>() as u64, false))
-                .is_err()
-            {
+            if ring::output(&event).is_err() {
                 count(Counter::RingBufferFull);
             }
         }
@@ -208,13 +197,7 @@ pub(crate) fn finish_allocation(id: u64, probe_cookie: u64, ptr: u64) {
         ptr,
         untracked,
     };
-    if EVENTS
-        .output::<AllocReturnEvent>(
-            event,
-            wake_flags(size_of::<AllocReturnEvent>() as u64, false),
-        )
-        .is_err()
-    {
+    if ring::output(&event).is_err() {
         count(Counter::RingBufferFull);
     }
 }

@@ -5,7 +5,10 @@
 //! guest), measured dearer than the trap itself. So the frequent records
 //! (samples, their returns and frees, mappings) wake it only as they take
 //! the ring past `RING_WAKE_BYTES`, and memprobe drains it on a timer too.
-use aya_ebpf::bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP};
+use aya_ebpf::{
+    bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
+    maps::ring_buf::RingBufEntry,
+};
 
 use crate::maps::{EVENTS, RING_WAKE_BYTES};
 
@@ -14,7 +17,7 @@ use crate::maps::{EVENTS, RING_WAKE_BYTES};
 /// already (reserved, not yet submitted), else about to be copied in. (Two
 /// CPUs crossing it at once may both miss it: the timer drains anyway.)
 #[inline(always)]
-pub(crate) fn wake_flags(bytes: u64, reserved: bool) -> u64 {
+fn wake_flags(bytes: u64, reserved: bool) -> u64 {
     let queued = EVENTS.query(BPF_RB_AVAIL_DATA as u64);
     let before = if reserved {
         queued.saturating_sub(bytes)
@@ -28,4 +31,18 @@ pub(crate) fn wake_flags(bytes: u64, reserved: bool) -> u64 {
     } else {
         BPF_RB_NO_WAKEUP as u64
     }
+}
+
+/// Copies `record` into the ring, waking memprobe only as it takes the
+/// ring past `RING_WAKE_BYTES`.
+#[inline(always)]
+pub(crate) fn output<T>(record: &T) -> Result<(), i32> {
+    EVENTS.output::<T>(record, wake_flags(size_of::<T>() as u64, false))
+}
+
+/// Submits a record reserved in the ring, waking memprobe only as it takes
+/// the ring past `RING_WAKE_BYTES`.
+#[inline(always)]
+pub(crate) fn submit<T>(entry: RingBufEntry<T>) {
+    entry.submit(wake_flags(size_of::<T>() as u64, true));
 }
