@@ -84,15 +84,21 @@ pub mod globals {
     /// the kernel's BTF), 0 when unknown: a task's TLS for jemalloc's
     /// thread counters.
     pub const TASK_FSBASE: &str = "TASK_FSBASE";
+    /// `u64`: byte offsets of `pid` and `tgid` in `struct task_struct`,
+    /// 0 when unknown: the threads [`super::programs::THREAD_BASES`] lists.
+    pub const TASK_PID: &str = "TASK_PID";
+    pub const TASK_TGID: &str = "TASK_TGID";
     /// `u32`: memprobe's own process id, never sampled: `--all`'s
     /// system-wide probes fire in it too, and each of its samples would
     /// make memprobe allocate, and so sample itself, again.
     pub const OWN_TGID: &str = "OWN_TGID";
-    pub const ALL: [&str; 5] = [
+    pub const ALL: [&str; 7] = [
         COPY_STACK,
         RING_BUSY_BYTES,
         RING_WAKE_BYTES,
         TASK_FSBASE,
+        TASK_PID,
+        TASK_TGID,
         OWN_TGID,
     ];
 }
@@ -132,6 +138,9 @@ pub mod programs {
     /// Uprobe on libc's `__call_tls_dtors`: a thread of a process sampled
     /// in windows ends.
     pub const THREAD_EXIT: &str = "thread_exit";
+    /// A task iterator: every user thread's fs base ([`super::ThreadBase`]),
+    /// read when a process's windows begin.
+    pub const THREAD_BASES: &str = "thread_bases";
     /// Every program in a profiled process's libc and loader: what it
     /// maps, and its end.
     pub const MAPPINGS: [&str; 8] = [
@@ -426,6 +435,17 @@ pub struct ExitCounters {
     pub count: u64,
     pub tids: [u32; MAX_EXIT_THREADS],
     pub addresses: [u64; MAX_EXIT_THREADS],
+}
+
+/// One user thread's fs base, as [`programs::THREAD_BASES`] writes it:
+/// where its TLS block ends, so that userspace can read jemalloc's
+/// counters there.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ThreadBase {
+    pub tgid: u32,
+    pub tid: u32,
+    pub fsbase: u64,
 }
 
 /// Threads of a process sampled in windows end: a thread that returns or

@@ -23,6 +23,7 @@ mod ring;
 mod sampled;
 mod sampling;
 mod slow_path;
+mod thread_bases;
 
 use core::ffi::c_void;
 

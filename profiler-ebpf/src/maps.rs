@@ -67,6 +67,13 @@ pub static PYTHON_THREADS: LruHashMap<u64, u64> = LruHashMap::with_max_entries(1
 #[unsafe(no_mangle)]
 pub static TASK_FSBASE: u64 = 0;
 
+/// Set by userspace (`globals::TASK_PID`, `globals::TASK_TGID`): 0 when
+/// unknown.
+#[unsafe(no_mangle)]
+pub static TASK_PID: u64 = 0;
+#[unsafe(no_mangle)]
+pub static TASK_TGID: u64 = 0;
+
 /// Set by userspace (`globals::COPY_STACK`): 0 when stacks are walked by
 /// frame pointers alone (`--unwind fp`).
 #[unsafe(no_mangle)]

@@ -153,6 +153,12 @@ impl ProcessHeap {
         );
     }
 
+    /// The bytes a sample stands for.
+    pub fn estimated_bytes(&self, sample: &Sample) -> f64 {
+        let (weight, usable) = self.weight(sample);
+        weight * usable as f64
+    }
+
     /// How many allocations a sample stands for, and its usable bytes.
     fn weight(&self, sample: &Sample) -> (f64, u64) {
         let usable = sample.allocator.usable_size(sample.size, sample.align);

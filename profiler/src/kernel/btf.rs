@@ -1,8 +1,10 @@
-//! The one fact memprobe reads from the kernel's BTF: where a task's user
-//! fs base lies in `struct task_struct` (`thread.fsbase`), so that a probe
+//! The facts memprobe reads from the kernel's BTF: where a task's user fs
+//! base lies in `struct task_struct` (`thread.fsbase`), so that a probe
 //! can find the thread's TLS block (jemalloc's per-thread counters) with
-//! `bpf_get_current_task` and a kernel read. The offset differs between
-//! kernel builds; BTF (`/sys/kernel/btf/vmlinux`) has it.
+//! `bpf_get_current_task` and a kernel read, and where its thread and
+//! process ids lie, for the iterator that lists every thread's fs base.
+//! The offsets differ between kernel builds; BTF (`/sys/kernel/btf/vmlinux`)
+//! has them.
 
 /// BTF kinds whose records are followed by data of their own.
 const KIND_INT: u32 = 1;
@@ -27,19 +29,38 @@ struct Composite {
     bitfields: bool,
 }
 
-/// The byte offset of `thread.fsbase` in `struct task_struct`, from raw
-/// BTF; `None` if the BTF is not what this reads.
-pub fn fsbase_offset(btf: &[u8]) -> Option<u64> {
+/// Byte offsets in `struct task_struct`, 0 where unknown.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TaskOffsets {
+    /// `thread.fsbase`.
+    pub fsbase: u64,
+    /// `pid` (the thread's id) and `tgid` (its process's).
+    pub pid: u64,
+    pub tgid: u64,
+}
+
+/// The offsets in `struct task_struct` memprobe reads, from raw BTF;
+/// `None` if the BTF is not what this reads.
+pub fn task_offsets(btf: &[u8]) -> Option<TaskOffsets> {
     let btf = Btf::read(btf)?;
     let composites = btf.composites()?;
     let task = composites
         .iter()
         .flatten()
         .find(|c| btf.name(c.name) == Some(b"task_struct".as_slice()))?;
-    let (thread_type, thread_bits) = btf.member(*task, b"thread")?;
-    let thread = (*composites.get(thread_type)?)?;
-    let (_, fsbase_bits) = btf.member(thread, b"fsbase")?;
-    Some((thread_bits + fsbase_bits) / 8)
+    let fsbase = btf
+        .member(*task, b"thread")
+        .and_then(|(thread_type, bits)| {
+            let thread = (*composites.get(thread_type)?)?;
+            let (_, fsbase_bits) = btf.member(thread, b"fsbase")?;
+            Some((bits + fsbase_bits) / 8)
+        });
+    let direct = |name: &[u8]| btf.member(*task, name).map(|(_, bits)| bits / 8);
+    Some(TaskOffsets {
+        fsbase: fsbase.unwrap_or(0),
+        pid: direct(b"pid").unwrap_or(0),
+        tgid: direct(b"tgid").unwrap_or(0),
+    })
 }
 
 /// Raw BTF and where its type records and strings are.
@@ -148,12 +169,12 @@ mod tests {
 
     /// This machine's kernel: the offset bpftool reads from the same BTF.
     #[test]
-    fn finds_fsbase_in_the_running_kernels_btf() {
+    fn finds_task_offsets_in_the_running_kernels_btf() {
         let Ok(btf) = std::fs::read("/sys/kernel/btf/vmlinux") else {
             eprintln!("skipped: no /sys/kernel/btf/vmlinux");
             return;
         };
-        let offset = fsbase_offset(&btf).expect("task_struct.thread.fsbase");
+        let offsets = task_offsets(&btf).expect("task_struct");
         let Ok(dump) = std::process::Command::new("bpftool")
             .args([
                 "btf",
@@ -171,12 +192,15 @@ mod tests {
         let dump = String::from_utf8_lossy(&dump.stdout);
         let thread = bpftool_bits(&dump, "task_struct", "thread").expect("thread");
         let fsbase = bpftool_bits(&dump, "thread_struct", "fsbase").expect("fsbase");
-        assert_eq!(offset, (thread + fsbase) / 8);
+        assert_eq!(offsets.fsbase, (thread + fsbase) / 8);
+        let pid = bpftool_bits(&dump, "task_struct", "pid").expect("pid");
+        let tgid = bpftool_bits(&dump, "task_struct", "tgid").expect("tgid");
+        assert_eq!((offsets.pid, offsets.tgid), (pid / 8, tgid / 8));
     }
 
     #[test]
     fn other_data_is_not_btf() {
-        assert_eq!(fsbase_offset(b"not btf at all, not even close"), None);
-        assert_eq!(fsbase_offset(&[]), None);
+        assert_eq!(task_offsets(b"not btf at all, not even close"), None);
+        assert_eq!(task_offsets(&[]), None);
     }
 }

@@ -7,6 +7,7 @@ use crate::{
     kernel::error::{KernelError, Result},
     kernel::{
         KernelProbes, OBJECT, PlacementMode, ReturnProbes, btf, countdowns, foreign, mappings,
+        thread_bases,
         uprobe_multi::{LinkKind, MultiPrograms},
     },
 };
@@ -47,13 +48,14 @@ impl Default for KernelOptions {
     }
 }
 
-/// `thread.fsbase` in `struct task_struct`, from the kernel's BTF; 0 when
-/// unknown (then nothing is sampled on jemalloc's slow path).
-fn task_fsbase_offset() -> u64 {
+/// Where `struct task_struct` keeps what the programs read, from the
+/// kernel's BTF; 0s when unknown (then nothing is sampled on jemalloc's
+/// slow path).
+fn task_offsets() -> btf::TaskOffsets {
     std::fs::read("/sys/kernel/btf/vmlinux")
         .ok()
-        .and_then(|btf| btf::fsbase_offset(&btf))
-        .unwrap_or(0)
+        .and_then(|btf| btf::task_offsets(&btf))
+        .unwrap_or_default()
 }
 
 fn load_error(
@@ -106,7 +108,7 @@ impl KernelProbes {
     /// Loads the programs into the kernel; nothing is attached yet.
     pub fn load(options: &KernelOptions, sample_interval: u64) -> Result<Self> {
         let placement = options.placement;
-        let fsbase_offset = task_fsbase_offset();
+        let task = task_offsets();
         let mut ebpf = EbpfLoader::new()
             .map_max_entries(maps::SAMPLED, options.max_sampled_pointers)
             .map_max_entries(maps::EVENTS, options.ring_buffer_bytes)
@@ -121,7 +123,9 @@ impl KernelProbes {
                 &(options.ring_buffer_bytes as u64 / 8),
                 true,
             )
-            .override_global(globals::TASK_FSBASE, &fsbase_offset, true)
+            .override_global(globals::TASK_FSBASE, &task.fsbase, true)
+            .override_global(globals::TASK_PID, &task.pid, true)
+            .override_global(globals::TASK_TGID, &task.tgid, true)
             .override_global(globals::OWN_TGID, &std::process::id(), true)
             .load(OBJECT)
             .map_err(|e| load_error("eBPF object", e))?;
@@ -135,6 +139,10 @@ impl KernelProbes {
             program.load().map_err(|e| load_error(name, e))?;
         }
         let mapped_code_unavailable = mappings::load(&mut ebpf).err();
+        // Without the fs base offset nothing is sampled in windows.
+        let threads_unlisted = (task.fsbase != 0)
+            .then(|| thread_bases::load(&mut ebpf).err())
+            .flatten();
         let (sessions, sessions_unavailable) = load_sessions(&ebpf, options.return_probes)?;
         Ok(Self {
             entry_links: None,
@@ -153,7 +161,9 @@ impl KernelProbes {
             frees_followed: std::collections::HashSet::new(),
             mapped_code_unavailable,
             mappings: Default::default(),
-            knows_fsbase: fsbase_offset != 0,
+            knows_fsbase: task.fsbase != 0,
+            lists_threads: task.fsbase != 0 && threads_unlisted.is_none(),
+            threads_unlisted,
             samples: Vec::new(),
         })
     }

@@ -11,6 +11,7 @@ mod link;
 mod link_failure;
 mod load;
 mod mappings;
+mod thread_bases;
 mod windows;
 pub use calibration::CalibrationProbes;
 pub use counters::{KernelCounters, ProbeSamples};
@@ -160,6 +161,10 @@ pub struct KernelProbes {
     mappings: mappings::MappingProbes,
     /// Whether the kernel's BTF placed a task's fs base.
     knows_fsbase: bool,
+    /// Whether the kernel took the iterator that lists threads' fs bases,
+    /// and why not (`--verbose`).
+    lists_threads: bool,
+    pub threads_unlisted: Option<String>,
     /// Each attached probe's samples, as their records arrived.
     samples: Vec<counters::ProbeSamples>,
 }
@@ -292,7 +297,9 @@ mod tests {
                 "map {map} is not in the object"
             );
         }
-        let programs = programs::ALL.iter().chain(&programs::session::ALL);
+        let programs = (programs::ALL.iter())
+            .chain(&programs::session::ALL)
+            .chain(&[programs::THREAD_BASES]);
         for program in programs {
             assert!(
                 parsed.programs.contains_key(*program),

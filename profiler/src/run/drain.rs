@@ -76,7 +76,14 @@ impl Session<'_> {
             return;
         };
         let event = match self.sampling.windows_mut(pid) {
-            Some(windows) => windows.hold(event),
+            Some(windows) => {
+                if let HeapEvent::Sampled(sample) = &event
+                    && sample.scale.is_none()
+                {
+                    windows.count_other(sample, t.heap.estimated_bytes(sample));
+                }
+                windows.hold(event)
+            }
             None => Some(event),
         };
         if let Some(event) = event {

@@ -52,6 +52,15 @@ impl Session<'_> {
                 crate::error::chain(reason)
             );
         }
+        if from == 0
+            && let Some(reason) = &self.probes.threads_unlisted
+        {
+            let _ = writeln!(
+                self.status,
+                "memprobe: a thread idle at the attach has its bytes counted from its first \
+                 window (the kernel cannot list threads: {reason})"
+            );
+        }
         for p in &self.probes.attached[from..] {
             let scope = match p.scope {
                 Scope::Process(pid) => format!("pid {pid}"),

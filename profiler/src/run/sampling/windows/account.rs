@@ -10,10 +10,15 @@ use std::{
 use profiler_common::FastPathConfig;
 
 use super::{
+    split::ThreadCounter,
     tails::Tails,
     timing::{MIN_DUTY, WindowTiming},
 };
-use crate::{collect::HeapEvent, discover::Allocator, kernel::ThreadWindow};
+use crate::{
+    collect::{HeapEvent, Sample},
+    discover::Allocator,
+    kernel::ThreadWindow,
+};
 
 /// One jemalloc copy of a process sampled in windows.
 #[derive(Debug)]
@@ -86,8 +91,18 @@ pub(in crate::run) struct Windows {
     pub(super) since: Instant,
     /// Events that came while a window was open, applied once it closes.
     pub(super) held: Vec<HeapEvent>,
-    /// Per thread, jemalloc's counter at the end of its last window.
+    /// Per thread, jemalloc's counter at the end of its last window, less
+    /// `others` then.
     pub(super) ends: HashMap<u32, u64>,
+    /// Per thread, the bytes its samples taken outside the windows' probes
+    /// stand for (requests no thread cache holds, entry points probed at
+    /// every call), since the windows began, and of those the ones taken
+    /// while its window was open: its counter counts them too, and a
+    /// window's samples stand only for the rest (else a 64 MiB buffer
+    /// allocated between two windows was counted again in the shape of
+    /// the next one's samples).
+    pub(super) others: HashMap<u32, u64>,
+    others_in_window: HashMap<u32, u64>,
     /// The process's threads when its windows began (empty where they
     /// could not be read): one born since counted its bytes from 0 then.
     present_at_start: HashSet<u32>,
@@ -140,8 +155,20 @@ impl Windows {
             since: now,
             held: Vec::new(),
             ends: HashMap::new(),
+            others: HashMap::new(),
+            others_in_window: HashMap::new(),
             present_at_start: threads.into_iter().collect(),
             tails: Tails::default(),
+        }
+    }
+
+    /// Each thread's counter as the windows begin: the bytes its first
+    /// window stands for start there, whether it allocates in the first
+    /// seconds, when every call is probed, or not.
+    pub(super) fn count_from(&mut self, counters: &[ThreadCounter]) {
+        for c in counters {
+            self.ends.insert(c.tid, c.allocated);
+            self.tails.locate(c.tid, c.at);
         }
     }
 
@@ -184,6 +211,26 @@ impl Windows {
             Some((_, since)) => since + timing.length,
             None => self.next_open,
         }
+    }
+
+    /// A sample taken outside the windows' probes, which stands for
+    /// `bytes`: of a windowed copy (another allocator's calls are not in
+    /// its counters), in its thread's bytes outside the windows.
+    pub fn count_other(&mut self, sample: &Sample, bytes: f64) {
+        if !self.copies.iter().any(|c| c.instance == sample.copy) {
+            return;
+        }
+        let bytes = bytes as u64;
+        *self.others.entry(sample.tid).or_default() += bytes;
+        if self.open.is_some() {
+            *self.others_in_window.entry(sample.tid).or_default() += bytes;
+        }
+    }
+
+    /// Thread `tid`'s counter read at `allocated`, less what its samples
+    /// outside the windows stand for.
+    pub(super) fn windowed_bytes(&self, tid: u32, allocated: u64) -> u64 {
+        allocated.saturating_sub(self.others.get(&tid).copied().unwrap_or(0))
     }
 
     /// Holds `event` while a window is open; gives it back otherwise.
@@ -292,7 +339,12 @@ impl Windows {
             if record.window != number {
                 continue;
             }
-            let within = record.end.wrapping_sub(record.first);
+            // In the bytes only windows sample.
+            let others = self.others.get(&tid).copied().unwrap_or(0);
+            let others_within = self.others_in_window.get(&tid).copied().unwrap_or(0);
+            let end = record.end.saturating_sub(others);
+            let first = (record.first).saturating_sub(others.saturating_sub(others_within));
+            let within = end.saturating_sub(first);
             // Its first window stands for all it allocated, if it was born
             // since the windows began (jemalloc's counter starts at 0);
             // else since it was first seen on the slow path, or for itself
@@ -304,14 +356,15 @@ impl Windows {
                 .copied()
                 .or(born_since.then_some(0))
                 .or((record.base > 0).then_some(record.base))
-                .filter(|&start| start <= record.first)
-                .unwrap_or(record.first);
-            self.ends.insert(tid, record.end);
-            if within > 0 && record.end >= since {
-                scales.insert(tid, (record.end - since) as f64 / within as f64);
+                .filter(|&start| start <= first)
+                .unwrap_or(first);
+            self.ends.insert(tid, end);
+            if within > 0 && end >= since {
+                scales.insert(tid, (end - since) as f64 / within as f64);
                 self.tails.start(tid, within);
             }
         }
+        self.others_in_window.clear();
         scales
     }
 

@@ -46,8 +46,15 @@ impl Session<'_> {
         if !self.tracked.contains_key(&pid) {
             return;
         }
+        let starting = self.sampling.windows(pid).is_none();
+        let counters = if starting {
+            self.thread_counters(pid, &copy.config)
+        } else {
+            Vec::new()
+        };
         let windows = (self.sampling.of_mut(pid).windows)
             .get_or_insert_with(|| Windows::new(&timing, crate::proc::thread_ids(pid)));
+        windows.count_from(&counters);
         let Some((number, _)) = windows.open else {
             let first = windows.opened == 0;
             windows.add(copy);

@@ -66,6 +66,45 @@ impl Session<'_> {
     }
 }
 
+impl Session<'_> {
+    /// Each thread of `pid` that has started, where it keeps the counter
+    /// `config` places and that counter now, read through `/proc/PID/mem`
+    /// (never written); none where the kernel cannot list threads.
+    pub(super) fn thread_counters(
+        &mut self,
+        pid: u32,
+        config: &profiler_common::FastPathConfig,
+    ) -> Vec<ThreadCounter> {
+        let Some(bases) = self.probes.thread_bases(pid) else {
+            return Vec::new();
+        };
+        let Some(memory) = crate::proc::ProcessMemory::open(pid) else {
+            return Vec::new();
+        };
+        bases
+            .into_iter()
+            .filter_map(|(tid, fsbase)| {
+                let at = fsbase.wrapping_add(config.allocated as u64);
+                let mut word = [0u8; 8];
+                memory.read(at, &mut word)?;
+                Some(ThreadCounter {
+                    tid,
+                    at,
+                    allocated: u64::from_le_bytes(word),
+                })
+            })
+            .collect()
+    }
+}
+
+/// One thread's jemalloc allocated-bytes counter: where, and its value.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct ThreadCounter {
+    pub tid: u32,
+    pub at: u64,
+    pub allocated: u64,
+}
+
 /// A jemalloc copy split for sampling in windows: the entry points the
 /// windows attach (`malloc`, `operator new`), and its counters as the
 /// kernel was told them.

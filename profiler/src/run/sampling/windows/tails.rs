@@ -71,6 +71,11 @@ impl Tails {
         }
     }
 
+    /// Thread `tid` keeps its counter at `at`.
+    pub fn locate(&mut self, tid: u32, at: u64) {
+        self.addresses.insert(tid, at);
+    }
+
     fn forget(&mut self, tid: u32) {
         self.addresses.remove(&tid);
         if let Some(old) = self.kept.remove(&tid) {
@@ -84,6 +89,7 @@ impl Windows {
     /// its counter read at `allocated` now, in the shape of that window's
     /// samples; its next window's bytes start here.
     pub(super) fn settle(&mut self, heap: &mut ProcessHeap, tid: u32, allocated: u64) {
+        let allocated = self.windowed_bytes(tid, allocated);
         let Some(end) = self.ends.get(&tid).copied() else {
             if self.born_since(tid) {
                 self.tails.unsampled += allocated;
@@ -149,6 +155,7 @@ impl Windows {
                 .collect();
             for tid in gone {
                 self.ends.remove(&tid);
+                self.others.remove(&tid);
                 self.tails.forget(tid);
             }
         }
