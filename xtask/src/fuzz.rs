@@ -41,8 +41,7 @@ fn build_log() -> std::path::PathBuf {
 impl Build {
     /// Starts building the target at the lowest CPU priority, its output
     /// kept in a log: it takes what clippy and the release build leave
-    /// idle (their single-crate tails, the downloads), then, stopped while
-    /// the tests run, what the kernels suite leaves; some minutes of the
+    /// idle (their single-crate tails, the downloads), some minutes of the
     /// test command otherwise.
     pub fn start() -> Result<Self> {
         std::fs::create_dir_all(workspace_root().join("target"))?;
@@ -63,26 +62,7 @@ impl Build {
         Ok(Self(Some(child)))
     }
 
-    /// Stops the build where it is, its whole process group: the tests
-    /// time things, and it takes no CPU from them while stopped.
-    pub fn pause(&self) {
-        self.signal(libc::SIGSTOP);
-    }
-
-    /// Lets the build go on: the kernels suite leaves a CPU idle once its
-    /// faster guest is done.
-    pub fn resume(&self) {
-        self.signal(libc::SIGCONT);
-    }
-
-    fn signal(&self, signal: i32) {
-        if let Some(child) = &self.0 {
-            // SAFETY: a signal to the process group the build leads.
-            unsafe { libc::kill(-(child.id() as i32), signal) };
-        }
-    }
-
-    /// Waits for the build to end.
+    /// Waits for the build to end: before the tests, which time things.
     pub fn finish(mut self) -> Result<()> {
         eprintln!("xtask: the fuzz target's build (started alongside)");
         let mut child = self.0.take().context("the fuzz build was waited for")?;
@@ -99,12 +79,8 @@ impl Build {
 impl Drop for Build {
     fn drop(&mut self) {
         if let Some(mut child) = self.0.take() {
-            // SAFETY: signals to the process group the build leads (a
-            // stopped one ends once continued).
-            unsafe {
-                libc::kill(-(child.id() as i32), libc::SIGTERM);
-                libc::kill(-(child.id() as i32), libc::SIGCONT);
-            }
+            // SAFETY: a signal to the process group the build leads.
+            unsafe { libc::kill(-(child.id() as i32), libc::SIGTERM) };
             let _ = child.wait();
         }
     }
