@@ -162,7 +162,6 @@ impl KernelProbes {
             mapped_code_unavailable,
             mappings: Default::default(),
             knows_fsbase: task.fsbase != 0,
-            lists_threads: task.fsbase != 0 && threads_unlisted.is_none(),
             threads_unlisted,
             samples: Vec::new(),
         })

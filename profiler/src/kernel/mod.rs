@@ -161,9 +161,8 @@ pub struct KernelProbes {
     mappings: mappings::MappingProbes,
     /// Whether the kernel's BTF placed a task's fs base.
     knows_fsbase: bool,
-    /// Whether the kernel took the iterator that lists threads' fs bases,
-    /// and why not (`--verbose`).
-    lists_threads: bool,
+    /// Why the kernel refused the iterator that lists threads' fs bases
+    /// (`--verbose`); not tried without the fs base.
     pub threads_unlisted: Option<String>,
     /// Each attached probe's samples, as their records arrived.
     samples: Vec<counters::ProbeSamples>,

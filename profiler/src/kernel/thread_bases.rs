@@ -28,7 +28,7 @@ impl KernelProbes {
     /// space yet have none, and are left out); `None` where the kernel
     /// cannot list them.
     pub fn thread_bases(&mut self, pid: u32) -> Option<Vec<(u32, u64)>> {
-        if !self.lists_threads {
+        if !self.knows_fsbase || self.threads_unlisted.is_some() {
             return None;
         }
         let program: &mut Iter = self

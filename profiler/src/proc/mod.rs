@@ -132,6 +132,13 @@ impl ProcessMemory {
         use std::os::unix::fs::FileExt;
         self.0.read_exact_at(bytes, address).ok()
     }
+
+    /// The little-endian word at `address`; `None` if that is not mapped.
+    pub fn read_word(&self, address: u64) -> Option<u64> {
+        let mut word = [0u8; 8];
+        self.read(address, &mut word)?;
+        Some(u64::from_le_bytes(word))
+    }
 }
 
 /// Reads `/proc/PID/maps`; a missing process is

@@ -27,7 +27,7 @@ impl Code {
         address: u64,
         first_line: u32,
     ) -> Option<Self> {
-        let pointer = |offset: u32| read_u64(memory, address + u64::from(offset));
+        let pointer = |offset: u32| memory.read_word(address + u64::from(offset));
         Some(Self {
             qualname: read_string(memory, layout, pointer(layout.qualname)?)?,
             filename: read_string(memory, layout, pointer(layout.filename)?)?,
@@ -54,15 +54,9 @@ impl Code {
     }
 }
 
-fn read_u64(memory: &ProcessMemory, address: u64) -> Option<u64> {
-    let mut word = [0; 8];
-    memory.read(address, &mut word)?;
-    Some(u64::from_le_bytes(word))
-}
-
 /// A `bytes` object's contents.
 fn read_bytes(memory: &ProcessMemory, layout: &PythonCodeLayout, object: u64) -> Option<Vec<u8>> {
-    let len = read_u64(memory, object + u64::from(layout.bytes_size))?;
+    let len = memory.read_word(object + u64::from(layout.bytes_size))?;
     let mut bytes = vec![0; (len as usize).min(MOST_BYTES)];
     memory.read(object + u64::from(layout.bytes_data), &mut bytes)?;
     Some(bytes)
@@ -71,7 +65,7 @@ fn read_bytes(memory: &ProcessMemory, layout: &PythonCodeLayout, object: u64) ->
 /// A compact `str` object's text (code objects' names and files are
 /// compact: made whole at creation).
 fn read_string(memory: &ProcessMemory, layout: &PythonCodeLayout, object: u64) -> Option<String> {
-    let len = read_u64(memory, object + u64::from(layout.string_length))? as usize;
+    let len = memory.read_word(object + u64::from(layout.string_length))? as usize;
     let mut state = [0; 4];
     memory.read(object + u64::from(layout.string_state), &mut state)?;
     let state = u32::from_le_bytes(state);

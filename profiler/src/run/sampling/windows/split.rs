@@ -85,12 +85,10 @@ impl Session<'_> {
             .into_iter()
             .filter_map(|(tid, fsbase)| {
                 let at = fsbase.wrapping_add(config.allocated as u64);
-                let mut word = [0u8; 8];
-                memory.read(at, &mut word)?;
                 Some(ThreadCounter {
                     tid,
                     at,
-                    allocated: u64::from_le_bytes(word),
+                    allocated: memory.read_word(at)?,
                 })
             })
             .collect()
@@ -160,7 +158,5 @@ fn read_mapped_word(pid: u32, maps: &str, path: &str, file_offset: u64) -> Optio
 
 /// The word at `address` in `pid`, read from `/proc/PID/mem`.
 fn read_word(pid: u32, address: u64) -> Option<u64> {
-    let mut word = [0u8; 8];
-    crate::proc::ProcessMemory::open(pid)?.read(address, &mut word)?;
-    Some(u64::from_le_bytes(word))
+    crate::proc::ProcessMemory::open(pid)?.read_word(address)
 }

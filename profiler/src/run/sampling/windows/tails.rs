@@ -210,9 +210,8 @@ impl Session<'_> {
             let Some(&at) = windows.tails.addresses.get(&tid) else {
                 continue;
             };
-            let mut word = [0u8; 8];
-            if memory.read(at, &mut word).is_some() {
-                windows.settle(&mut t.heap, tid, u64::from_le_bytes(word));
+            if let Some(allocated) = memory.read_word(at) {
+                windows.settle(&mut t.heap, tid, allocated);
             }
         }
     }
