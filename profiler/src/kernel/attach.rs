@@ -3,7 +3,7 @@
 //! fallback found out at the first link; all or nothing per copy.
 use std::{collections::HashMap, num::NonZeroU32, path::Path};
 
-use aya::programs::{UProbe, uprobe::UProbeScope};
+use aya::programs::uprobe::UProbeScope;
 use profiler_common::{CallShape, cookie};
 
 use crate::{
@@ -192,46 +192,24 @@ impl KernelProbes {
 
     /// Detaches the probes at these indexes of `attached`.
     pub fn detach_probes(&mut self, indexes: &[usize]) {
-        for &index in indexes {
-            if let Some(links) = self.links.get_mut(index).map(std::mem::take) {
-                self.detach_links(links);
-            }
-        }
+        let links = indexes
+            .iter()
+            .filter_map(|&index| self.links.get_mut(index).map(std::mem::take))
+            .collect();
+        self.detach_side_by_side(links);
     }
 
     /// Detaches every probe scoped to `pid` (its other processes' and the
     /// system-wide ones stay); returns how many entry points were detached.
     pub fn detach_process(&mut self, pid: u32) -> usize {
-        let mut detached = 0;
-        for index in 0..self.attached.len() {
-            if self.attached[index].scope != Scope::Process(pid) {
-                continue;
-            }
-            let links = std::mem::take(&mut self.links[index]);
-            if !links.is_empty() {
-                detached += 1;
-            }
-            self.detach_links(links);
-        }
+        let links: Vec<ProbeLinks> = (0..self.attached.len())
+            .filter(|&index| self.attached[index].scope == Scope::Process(pid))
+            .map(|index| std::mem::take(&mut self.links[index]))
+            .filter(|links| !links.is_empty())
+            .collect();
+        let detached = links.len();
+        self.detach_side_by_side(links);
         detached
-    }
-
-    /// Detaches in the reverse order of attaching: a return half goes
-    /// before its entry half, so that no call meets the return half alone
-    /// (its uretprobe would hide the caller's return address from a sample
-    /// taken inside the call, with no entry program there to note it;
-    /// closing links waits for a grace period, long enough to be met: the
-    /// 6.1 and 6.12 guests lost `keep_1m` under windowed sampling so).
-    pub(super) fn detach_links(&mut self, links: ProbeLinks) {
-        for (program, link) in links.uprobes.into_iter().rev() {
-            if let Some(Ok(program)) = self.ebpf.program_mut(program).map(<&mut UProbe>::try_from) {
-                let _ = program.detach(link);
-            }
-        }
-        // The uprobe_multi links' fds close here, the last made first.
-        for link in links.multi.into_iter().rev() {
-            drop(link);
-        }
     }
 
     /// Attaches one entry point: its entry program, and its return half as

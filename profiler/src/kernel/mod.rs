@@ -6,6 +6,7 @@ mod attach;
 mod calibration;
 mod countdowns;
 mod counters;
+mod detach;
 mod error;
 mod link;
 mod link_failure;

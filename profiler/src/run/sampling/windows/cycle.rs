@@ -53,7 +53,7 @@ impl Session<'_> {
     /// A window that stays open, judged once a second: while its calls
     /// stay cheap it stays open; once dearer, it closes and windows follow.
     fn judge_continuous(&mut self, pid: u32, ring: &mut RingBuf<MapData>) {
-        let cost = self.read_costs(pid);
+        let cost = self.read_costs(pid, Instant::now());
         let timing = self.options.windows;
         let Some(windows) = self.sampling.windows_mut(pid) else {
             return;
@@ -86,7 +86,12 @@ impl Session<'_> {
     /// or, cheap enough for long enough, the next opens at once and stays
     /// open.
     fn after_window(&mut self, pid: u32) {
-        let cost = self.read_costs(pid);
+        // Priced up to when its probes came out, not to the end of their
+        // links' grace period.
+        let Some(closed) = self.sampling.windows(pid).map(|w| w.trapped_until) else {
+            return;
+        };
+        let cost = self.read_costs(pid, closed);
         let timing = self.options.windows;
         let Some(windows) = self.sampling.windows_mut(pid) else {
             return;
@@ -110,11 +115,14 @@ impl Session<'_> {
     fn schedule_next(&mut self, pid: u32) {
         let timing = self.options.windows;
         if let Some(windows) = self.sampling.windows_mut(pid) {
-            windows.next_open = Instant::now() + timing.gap(windows.duty);
+            windows.next_open = Instant::now() + timing.gap(windows.duty, windows.trapping);
         }
     }
 
     pub(in crate::run) fn open_window(&mut self, pid: u32) {
+        // Its cost is read from here: its first probe traps at once.
+        let opening = Instant::now();
+        self.read_costs(pid, opening);
         let Some(mut windows) = self.sampling.of_mut(pid).windows.take() else {
             return;
         };
@@ -132,10 +140,8 @@ impl Session<'_> {
             self.fall_back_to_entry(pid, &copy, &why);
         }
         windows.opened = number;
-        windows.open = Some((number, Instant::now()));
+        windows.open = Some((number, opening));
         self.sampling.of_mut(pid).windows = Some(windows);
-        // Its cost is read from here.
-        self.read_costs(pid);
     }
 
     /// At the end of the run, one last window in every process sampled in
@@ -199,6 +205,8 @@ impl Session<'_> {
                     .collect()
             })
             .unwrap_or_default();
+        // Closing a link takes its probes out at once, then waits.
+        let closing = Instant::now();
         self.probes.detach_probes(&slots);
         if let Some(ring) = ring {
             while !self.drain(ring) {}
@@ -212,7 +220,12 @@ impl Session<'_> {
         let Some((number, opened)) = windows.open.take() else {
             return;
         };
-        windows.time_open += opened.elapsed();
+        let trapping = closing.duration_since(opened);
+        windows.time_open += trapping;
+        windows.trapped_until = closing;
+        if windows.duty < 1.0 {
+            windows.trapping = trapping;
+        }
         let live = crate::proc::thread_ids(pid);
         let mut tids = live.clone();
         tids.extend(windows.held.iter().filter_map(HeapEvent::tid));

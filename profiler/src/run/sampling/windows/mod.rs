@@ -153,13 +153,12 @@ impl Session<'_> {
             .sum()
     }
 
-    /// Reads what `pid`'s windows cost and what it uses itself; the
-    /// windows' share of a CPU since the last reading (a window's cost
-    /// when read at its close).
-    fn read_costs(&mut self, pid: u32) -> f64 {
+    /// Reads what `pid`'s windows cost and what it uses itself, standing
+    /// for instant `now`; the windows' share of a CPU since the last
+    /// reading (a window's cost when read at its close).
+    fn read_costs(&mut self, pid: u32, now: Instant) -> f64 {
         let priced = self.windowed_seconds(pid);
         let cpu = crate::proc::cpu_seconds(pid);
-        let now = Instant::now();
         let Some(windows) = self.sampling.windows_mut(pid) else {
             return 0.0;
         };

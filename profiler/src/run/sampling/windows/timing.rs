@@ -55,15 +55,16 @@ impl WindowTiming {
         (allowed / open_cost).clamp(MIN_DUTY, 1.0)
     }
 
-    /// The wait before the next window at `duty`: uniform from half the
-    /// mean to one and a half times it, so that window times follow no
-    /// period of the program's shorter than that spread, while each window
-    /// stands for a stretch of the run of about the same length (a sample
-    /// stands for the bytes since the window before: exponential gaps, a
-    /// few many times the mean, made a few windows' samples weigh most of
-    /// the run).
-    pub(super) fn gap(&self, duty: f64) -> Duration {
-        let length = self.length.as_secs_f64();
+    /// The wait before the next window at `duty`, for windows whose
+    /// probes stay in for `trapping` (their length at least): uniform from
+    /// half the mean to one and a half times it, so that window times
+    /// follow no period of the program's shorter than that spread, while
+    /// each window stands for a stretch of the run of about the same
+    /// length (a sample stands for the bytes since the window before:
+    /// exponential gaps, a few many times the mean, made a few windows'
+    /// samples weigh most of the run).
+    pub(super) fn gap(&self, duty: f64, trapping: Duration) -> Duration {
+        let length = self.length.max(trapping).as_secs_f64();
         let mean = (length / duty.max(MIN_DUTY) - length).max(0.0);
         Duration::from_secs_f64(mean * rand::random_range(0.5..1.5))
     }
@@ -99,12 +100,18 @@ mod tests {
         };
         let duty = timing.duty(0.5, WINDOWS_COST);
         assert!((duty - 0.025).abs() < 1e-9);
-        let gaps: Vec<f64> = (0..2000).map(|_| timing.gap(duty).as_secs_f64()).collect();
+        let gap = |trapping| timing.gap(duty, trapping).as_secs_f64();
+        let gaps: Vec<f64> = (0..2000).map(|_| gap(timing.length)).collect();
         let mean = gaps.iter().sum::<f64>() / gaps.len() as f64;
         // Uniform over 1.95 s to 5.85 s (the time between two less a window).
         assert!((mean - 3.9).abs() < 0.1, "{mean}");
         assert!(gaps.iter().all(|&g| (1.95..=5.85).contains(&g)));
         assert!(gaps.iter().any(|&g| g < 2.2) && gaps.iter().any(|&g| g > 5.6));
+        // Probes that stayed in 150 ms: the same share of the time, as
+        // long a gap again and a half.
+        let longer: Vec<f64> = (0..2000).map(|_| gap(Duration::from_millis(150))).collect();
+        let mean = longer.iter().sum::<f64>() / longer.len() as f64;
+        assert!((mean - 5.85).abs() < 0.15, "{mean}");
     }
 
     #[test]
