@@ -199,7 +199,7 @@ impl Session<'_> {
         self.apply(silent);
         self.publish();
         self.record_written()?;
-        self.keep_memory_read(clocks.ticks);
+        self.keep_memory_read();
         clocks.ticks += 1;
         if self.options.verbose && clocks.ticks.is_multiple_of(10) {
             let period = self.options.rescan_interval * 10;

@@ -1,7 +1,10 @@
 //! The memory part of a run: the anonymous memory each process maps, with
 //! the stack that mapped it, kept as the kernel tells of it; and at each
 //! snapshot, what the kernel says is resident, for the memory account.
-use std::sync::Arc;
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use crate::{
     kernel::events::KernelMapping,
@@ -21,9 +24,15 @@ use crate::{
 /// mapping's resident bytes are its share of its smaps entry's.
 const PAGEMAP_MOST: u64 = 16 << 30;
 
-/// Ticks (rescan intervals) between two readings of a process's memory
-/// besides its snapshots': smaps walks the process's page tables.
-const READ_EVERY: u64 = 5;
+/// The least time between two readings of a process's memory besides its
+/// snapshots'.
+const READ_EVERY: Duration = Duration::from_secs(5);
+
+/// What those readings may cost memprobe, a share of one CPU: smaps walks
+/// the process's page tables (0.2 s for 5 GiB resident here, which read
+/// every 5 s came to most of memprobe's CPU beside a busy redis-server),
+/// so a big process is read less often.
+const READING_SHARE: f64 = 0.01;
 
 impl Session<'_> {
     /// Anonymous memory `mapping.stack.header.pid` mapped: kept with its
@@ -72,16 +81,26 @@ impl Session<'_> {
         }
     }
 
-    /// Reads the memory of every live process (once every
-    /// [`READ_EVERY`] ticks): its last snapshot, taken once it exited, has
-    /// its memory as last read.
-    pub(super) fn keep_memory_read(&mut self, ticks: u64) {
-        if !ticks.is_multiple_of(READ_EVERY) || !self.scope.watches_mapped_code() {
+    /// Reads the memory of every live process whose reading is due (every
+    /// [`READ_EVERY`], or as rarely as [`READING_SHARE`] asks): its last
+    /// snapshot, taken once it exited, has its memory as last read.
+    pub(super) fn keep_memory_read(&mut self) {
+        if !self.scope.watches_mapped_code() {
             return;
         }
-        let pids: Vec<u32> = self.live_pids();
-        for pid in pids {
+        let now = Instant::now();
+        let due: Vec<u32> = self
+            .tracked
+            .values()
+            .filter(|t| !t.exited && t.memory_due <= now)
+            .map(|t| t.pid)
+            .collect();
+        for pid in due {
+            let started = Instant::now();
             self.read_memory(pid);
+            if let Some(t) = self.tracked.get_mut(&pid) {
+                t.memory_due = next_reading(started, started.elapsed());
+            }
             if self.publishing.is_some() {
                 self.account_for_endpoints(pid);
             }
@@ -166,7 +185,29 @@ impl Session<'_> {
     }
 }
 
+/// When a process's memory is next read, for a reading that began at
+/// `started` and took `took`.
+fn next_reading(started: Instant, took: Duration) -> Instant {
+    started + took.div_f64(READING_SHARE).max(READ_EVERY)
+}
+
 /// `[from, to)`'s share of `mapping`'s resident bytes, by length.
 fn share_of(mapping: &ResidentMapping, from: u64, to: u64) -> u64 {
     (mapping.resident as f64 * (to - from) as f64 / mapping.len().max(1) as f64) as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_big_process_is_read_less_often() {
+        let now = Instant::now();
+        // A small process: every 5 s.
+        let small = next_reading(now, Duration::from_millis(2));
+        assert_eq!(small - now, READ_EVERY);
+        // 5 GiB resident, 0.2 s a reading: every 20 s, 1% of a CPU.
+        let big = next_reading(now, Duration::from_millis(200));
+        assert_eq!(big - now, Duration::from_secs(20));
+    }
 }

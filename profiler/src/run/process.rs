@@ -1,5 +1,5 @@
 //! What a run keeps per profiled process.
-use std::{collections::HashSet, ops::Range};
+use std::{collections::HashSet, ops::Range, time::Instant};
 
 use crate::{
     collect::{CollectorOptions, ProcessHeap, mappings::Mappings},
@@ -25,8 +25,10 @@ pub(super) struct Tracked {
     pub stacks: ProcessStacks,
     /// The anonymous memory it mapped while profiled, by stack.
     pub mapped: Mappings,
-    /// What the kernel said of its memory when last read.
+    /// What the kernel said of its memory when last read, and when it is
+    /// next read besides its snapshots.
     pub memory: Option<MemoryReading>,
+    pub memory_due: Instant,
     /// Allocators (per file) probed for this process (or whose attach
     /// failed: they are not tried again).
     pub attached_files: HashSet<(FileId, AllocatorKind)>,
@@ -55,6 +57,7 @@ impl Tracked {
             stacks: ProcessStacks::default(),
             mapped: Mappings::default(),
             memory: None,
+            memory_due: Instant::now(),
             attached_files: HashSet::new(),
             exited: false,
             silence_reported: false,
