@@ -90,10 +90,9 @@ pub(in crate::run) struct Windows {
     pub(super) time_open: Duration,
     /// How long the last short window's probes were in, from its first
     /// attach to its close (its length, and the time its links took to
-    /// attach, or the loop to come back to it), and when they came out:
-    /// its cost is priced over that span, and the gaps are set from it.
+    /// attach, or the loop to come back to it): its cost is priced over
+    /// that span, and the gaps are set from it.
     pub(super) trapping: Duration,
-    pub(super) trapped_until: Instant,
     pub(super) since: Instant,
     /// Events that came while a window was open, applied once it closes.
     pub(super) held: Vec<HeapEvent>,
@@ -159,7 +158,6 @@ impl Windows {
             own_cpu: 0.0,
             time_open: Duration::ZERO,
             trapping: timing.length,
-            trapped_until: now,
             since: now,
             held: Vec::new(),
             ends: HashMap::new(),

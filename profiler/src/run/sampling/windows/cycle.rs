@@ -42,8 +42,8 @@ impl Session<'_> {
             match (open, continuous) {
                 (true, true) => self.judge_continuous(pid, ring),
                 (true, false) => {
-                    self.close_window(pid, Some(&mut *ring));
-                    self.after_window(pid);
+                    let closed = self.close_window(pid, Some(&mut *ring));
+                    self.after_window(pid, closed);
                 }
                 (false, _) => self.open_window(pid),
             }
@@ -82,15 +82,11 @@ impl Session<'_> {
         }
     }
 
-    /// After a window closed: what it cost sets how long until the next,
-    /// or, cheap enough for long enough, the next opens at once and stays
-    /// open.
-    fn after_window(&mut self, pid: u32) {
-        // Priced up to when its probes came out, not to the end of their
-        // links' grace period.
-        let Some(closed) = self.sampling.windows(pid).map(|w| w.trapped_until) else {
-            return;
-        };
+    /// After a window closed, its probes out at `closed`: what it cost
+    /// (priced up to then, not to the end of their links' grace period)
+    /// sets how long until the next, or, cheap enough for long enough, the
+    /// next opens at once and stays open.
+    fn after_window(&mut self, pid: u32, closed: Instant) {
         let cost = self.read_costs(pid, closed);
         let timing = self.options.windows;
         let Some(windows) = self.sampling.windows_mut(pid) else {
@@ -193,8 +189,8 @@ impl Session<'_> {
 
     /// Detaches the window's probes, takes the events still in the ring
     /// (where it is at hand), weighs the window's samples and applies what
-    /// was held.
-    fn close_window(&mut self, pid: u32, ring: Option<&mut RingBuf<MapData>>) {
+    /// was held; when its probes came out.
+    fn close_window(&mut self, pid: u32, ring: Option<&mut RingBuf<MapData>>) -> Instant {
         let slots: Vec<usize> = self
             .sampling
             .windows(pid)
@@ -212,17 +208,16 @@ impl Session<'_> {
             while !self.drain(ring) {}
         }
         let Some(t) = self.tracked.get_mut(&pid) else {
-            return;
+            return closing;
         };
         let Some(windows) = self.sampling.windows_mut(pid) else {
-            return;
+            return closing;
         };
         let Some((number, opened)) = windows.open.take() else {
-            return;
+            return closing;
         };
         let trapping = closing.duration_since(opened);
         windows.time_open += trapping;
-        windows.trapped_until = closing;
         if windows.duty < 1.0 {
             windows.trapping = trapping;
         }
@@ -250,5 +245,6 @@ impl Session<'_> {
         }
         windows.settle_exits(&mut t.heap);
         self.follow_tails(pid, &live, &records);
+        closing
     }
 }
