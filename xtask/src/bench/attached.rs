@@ -11,7 +11,7 @@ use std::{
 use anyhow::{Context, Result, bail};
 
 use super::{
-    LIBJEMALLOC,
+    ATTACH_DELAY_MS, LIBJEMALLOC,
     floor::{CountsHits, Floor, Place, memprobe_places},
     one_trap::OneTrap,
     printed_ns, said, start_memprobe, stop,
@@ -128,9 +128,8 @@ pub(super) struct Attached<'a> {
 
 impl Attached<'_> {
     /// The loop's nanoseconds per pair, best of three. A run whose loop
-    /// began its timing before memprobe said it attached (a slow start:
-    /// `--pid` twice attaches two processes and their copies within the
-    /// loop's 1.5 s delay) timed the loop partly unprobed: it is run again,
+    /// began its timing before memprobe said it attached (a slow start)
+    /// timed the loop partly unprobed: it is run again,
     /// not counted (once, such a run made the twin row read as one trap).
     pub(super) fn ns(&self, mut command: impl FnMut() -> Command) -> Result<f64> {
         best_of_three(|| {
@@ -183,13 +182,14 @@ pub(super) fn best_of_three(mut run: impl FnMut() -> Result<f64>) -> Result<f64>
     Ok(best)
 }
 
-/// A timed loop (malloc_loop's protocol) that first waits 1.5 s (probes
-/// attach) and allocates `warmup` seconds untimed.
+/// A timed loop (malloc_loop's protocol) that first waits
+/// [`ATTACH_DELAY_MS`] (probes attach) and allocates `warmup` seconds
+/// untimed.
 pub(super) fn start_timed(
     mut command: Command,
     warmup: Option<&str>,
 ) -> Result<std::process::Child> {
-    command.env("FIXTURE_DELAY_MS", "1500");
+    command.env("FIXTURE_DELAY_MS", ATTACH_DELAY_MS);
     if let Some(seconds) = warmup {
         command.env("FIXTURE_WARMUP_S", seconds);
     }

@@ -27,6 +27,10 @@ use loops::{loop_table, measure_loops};
 use redis::{Load, redis_bench, redis_table};
 
 const LIBJEMALLOC: &str = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2";
+/// How long a fixture waits, untimed, for `--pid` to attach: memprobe loads
+/// its programs (a second or more of the kernel's verifier) and measures
+/// its probes' costs (under a second) before it attaches.
+const ATTACH_DELAY_MS: &str = "4000";
 
 /// A C fixture (`tests/fixtures/SOURCE.c`) built as `name` in `out`, with
 /// `libs`.

@@ -12,7 +12,7 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-use super::{build_fixture, median, start_memprobe, stop};
+use super::{ATTACH_DELAY_MS, build_fixture, median, start_memprobe, stop};
 
 /// CPU nanoseconds per round trip of each configuration (no profiler
 /// first), the median of [`ROUNDS`] runs each.
@@ -68,7 +68,7 @@ fn round_trip_ns(
         .args(["-c", "0"])
         .arg(ping_pong)
         .arg("3")
-        .env("FIXTURE_DELAY_MS", "1500")
+        .env("FIXTURE_DELAY_MS", ATTACH_DELAY_MS)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()?;
