@@ -154,7 +154,7 @@ impl Session<'_> {
     }
 
     /// Drains the ring once the kernel said it holds records.
-    fn drain_ready(
+    pub(in crate::run) fn drain_ready(
         &mut self,
         readable: std::io::Result<AsyncFdReadyMutGuard<'_, RingBuf<MapData>>>,
     ) -> Result<()> {

@@ -37,8 +37,8 @@ impl Session<'_> {
 
     /// What the ring still holds, the last windows, and every process's
     /// last snapshot (owned data: the probes can go before it is written).
-    async fn take_last_snapshots(&mut self, stop: &Stop, ring: &mut RingBuf<MapData>) {
-        self.drain(ring);
+    async fn take_last_snapshots(&mut self, stop: &Stop, ring: &mut AsyncFd<RingBuf<MapData>>) {
+        self.drain(ring.get_mut());
         self.clear_progress();
         if self.options.verbose {
             self.say_why_stopping(stop);
@@ -57,7 +57,7 @@ impl Session<'_> {
         exit_status: Option<std::io::Result<ExitStatus>>,
     ) -> Result<Summary> {
         let elapsed = self.started.elapsed();
-        self.take_last_snapshots(&stop, ring.get_mut()).await;
+        self.take_last_snapshots(&stop, &mut ring).await;
         let Session {
             probes,
             tracked,

@@ -5,6 +5,7 @@
 use std::time::Instant;
 
 use aya::maps::{MapData, RingBuf};
+use tokio::io::unix::AsyncFd;
 
 use super::{account, timing};
 use crate::{
@@ -144,7 +145,7 @@ impl Session<'_> {
     /// short windows (the one open, or a new one), closed with the ring
     /// drained: what each thread allocated since its previous window is in
     /// the last profile, not left out.
-    pub(in crate::run) async fn last_windows(&mut self, ring: &mut RingBuf<MapData>) {
+    pub(in crate::run) async fn last_windows(&mut self, ring: &mut AsyncFd<RingBuf<MapData>>) {
         let pids: Vec<(u32, bool)> = self
             .tracked
             .values()
@@ -161,9 +162,16 @@ impl Session<'_> {
                 self.open_window(pid);
             }
         }
-        tokio::time::sleep(self.options.windows.length).await;
+        // Drained while open, as the run's loop does: a window's dense
+        // samples filled the ring within it, and most were lost.
+        let until = tokio::time::Instant::now() + self.options.windows.length;
+        while let Ok(readable) = tokio::time::timeout_at(until, ring.readable_mut()).await {
+            if self.drain_ready(readable).is_err() {
+                break;
+            }
+        }
         for (pid, _) in pids {
-            self.close_window(pid, Some(&mut *ring));
+            self.close_window(pid, Some(ring.get_mut()));
             self.settle_live_threads(pid);
         }
     }
