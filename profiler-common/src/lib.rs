@@ -508,6 +508,11 @@ pub struct ThreadState {
     /// `_exit` or the run ends, for what it allocated after its last
     /// window.
     pub counter_at: u64,
+    /// The samples of its last window sent, and those lost (the ring
+    /// buffer full, or the table of calls in flight): the sent stand for
+    /// that share of the window's bytes.
+    pub window_sent: u32,
+    pub window_lost: u32,
 }
 
 /// Key of [`maps::FAST_PATHS`]: a process and a probed jemalloc copy.

@@ -80,6 +80,8 @@ fn on_windowed_allocation(
         if (*state).window != config.window {
             (*state).window = config.window;
             (*state).window_first = allocated;
+            (*state).window_sent = 0;
+            (*state).window_lost = 0;
         }
         (*state).window_end = allocated.wrapping_add(usable_size(size));
         (*state).counter_at = counter_at;
@@ -119,6 +121,16 @@ fn count_down(
     let recorded = record_allocation(ctx, thread, size, align, pending, window);
     if recorded {
         thread.expect_return(ctx);
+    }
+    if window > 0 {
+        // SAFETY: the entry belongs to this thread; only this thread writes it.
+        unsafe {
+            if recorded {
+                (*state).window_sent = (*state).window_sent.wrapping_add(1);
+            } else {
+                (*state).window_lost = (*state).window_lost.wrapping_add(1);
+            }
+        }
     }
     recorded
 }

@@ -74,6 +74,21 @@ pub fn summary_count(stderr: &str, what: &str) -> u64 {
         .unwrap_or_else(|| panic!("no number before '{what}' in: {line}"))
 }
 
+/// The summary's count of records the kernel lost for `why` (such as
+/// "ring buffer full"); 0 where it lost none.
+pub fn kernel_drops(stderr: &str, why: &str) -> u64 {
+    let Some(line) = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("memprobe: kernel drops: "))
+    else {
+        return 0;
+    };
+    line.split(", ")
+        .filter_map(|part| part.split_once(' '))
+        .find(|(_, what)| what.starts_with(why))
+        .map_or(0, |(count, _)| count.parse().unwrap_or(0))
+}
+
 /// The profile's `# malloc_sampling:` note, empty if it has none.
 pub fn malloc_sampling_note(heap: &Path) -> String {
     heap_notes(heap)

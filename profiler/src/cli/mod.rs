@@ -12,8 +12,8 @@ pub use generate::{generate, generate_request};
 pub use offline::Offline;
 use values::{
     AllocatorArg, Every, Overhead, PlacementArg, ReturnProbesArg, SamplingArg, TrackArg, UnwindArg,
-    parse_duration, parse_every, parse_format, parse_growth, parse_overhead, parse_size,
-    parse_windows,
+    parse_duration, parse_every, parse_format, parse_growth, parse_overhead, parse_ring_buffer,
+    parse_size, parse_windows,
 };
 
 use clap::{ArgGroup, Parser};
@@ -293,6 +293,18 @@ pub struct Cli {
     #[arg(long, value_name = "N", default_value_t = CollectorOptions::default().max_live,
           help_heading = help::EXPERT, hide_short_help = true)]
     pub max_live_samples: usize,
+
+    /// Bytes of the ring buffer the kernel sends samples through.
+    ///
+    /// A power of two, from 4KiB. When memprobe reads it slower than a busy
+    /// process fills it, samples are sent without their stack copy, then
+    /// lost;
+    /// the summary counts them (`kernel drops: N ring buffer full`). A
+    /// window's lost samples are made up for by the others of their
+    /// thread; a larger ring loses fewer.
+    #[arg(long, value_name = "SIZE", default_value = "8MiB", value_parser = parse_ring_buffer,
+          help_heading = help::EXPERT, hide_short_help = true)]
+    pub ring_buffer: u32,
 
     /// How sampled stacks are walked: dwarf, auto or fp.
     ///

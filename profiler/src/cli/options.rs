@@ -77,6 +77,7 @@ impl Cli {
             copy_stack: self.unwind != UnwindArg::Fp,
             frame_pointer_fast_path: self.unwind == UnwindArg::Auto,
             allocations_only: self.track == TrackArg::Allocations,
+            ring_buffer_bytes: self.ring_buffer,
             ..KernelOptions::default()
         }
     }

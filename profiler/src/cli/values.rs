@@ -94,6 +94,8 @@ pub enum ValueError {
     TooLarge(String),
     #[error("the size must be at least 1 byte")]
     ZeroSize,
+    #[error("the ring buffer must be a power of two from 4KiB to 1GiB, such as 32MiB")]
+    RingBuffer,
 }
 
 /// `--max-overhead`: a share of one CPU, or none.
@@ -284,9 +286,28 @@ pub fn parse_size(text: &str) -> Result<u64, ValueError> {
     Ok(size)
 }
 
+/// `--ring-buffer`: what the kernel takes, a power of two of pages (a
+/// sample's stack copy takes 16 KiB, and fewer are sent in smaller ones).
+pub fn parse_ring_buffer(text: &str) -> Result<u32, ValueError> {
+    let size = parse_size(text)?;
+    if !size.is_power_of_two() || !(4 << 10..=1 << 30).contains(&size) {
+        return Err(ValueError::RingBuffer);
+    }
+    Ok(size as u32)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ring_buffers_are_powers_of_two_the_kernel_takes() {
+        assert_eq!(parse_ring_buffer("32MiB"), Ok(32 << 20));
+        assert_eq!(parse_ring_buffer("4KiB"), Ok(4 << 10));
+        for refused in ["3MiB", "2KiB", "2GiB"] {
+            assert_eq!(parse_ring_buffer(refused), Err(ValueError::RingBuffer));
+        }
+    }
 
     #[test]
     fn window_timings() {

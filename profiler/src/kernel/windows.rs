@@ -21,6 +21,9 @@ pub struct ThreadWindow {
     pub base: u64,
     /// Where the counter is in the thread's TLS (0: not known).
     pub counter_at: u64,
+    /// Its samples in the window sent, and those lost.
+    pub sent: u32,
+    pub lost: u32,
 }
 
 impl KernelProbes {
@@ -37,6 +40,8 @@ impl KernelProbes {
             end: state.window_end,
             base: state.first_allocated,
             counter_at: state.counter_at,
+            sent: state.window_sent,
+            lost: state.window_lost,
         })
     }
 

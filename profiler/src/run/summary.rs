@@ -175,7 +175,12 @@ fn kernel_drops_line(counters: &KernelCounters) -> Option<String> {
         .filter(|(c, _)| counters.get(*c) > 0)
         .map(|(c, what)| format!("{} {what}", counters.get(*c)))
         .collect();
-    (!dropped.is_empty()).then(|| format!("memprobe: kernel drops: {}", dropped.join(", ")))
+    let remedy = if counters.get(Counter::RingBufferFull) > 0 {
+        " (a larger --ring-buffer loses fewer)"
+    } else {
+        ""
+    };
+    (!dropped.is_empty()).then(|| format!("memprobe: kernel drops: {}{remedy}", dropped.join(", ")))
 }
 
 /// "memprobe: pid N: no allocation call seen through ..." when its

@@ -350,7 +350,9 @@ impl Windows {
             let others_within = self.others_in_window.get(&tid).copied().unwrap_or(0);
             let end = record.end.saturating_sub(others);
             let first = (record.first).saturating_sub(others.saturating_sub(others_within));
-            let within = end.saturating_sub(first);
+            // Samples lost (the ring buffer full) leave the sent to stand
+            // for the window's bytes at their share.
+            let within = sampled_bytes(end.saturating_sub(first), &record);
             // Its first window stands for all it allocated, if it was born
             // since the windows began (jemalloc's counter starts at 0);
             // else since it was first seen on the slow path, or for itself
@@ -382,6 +384,15 @@ impl Windows {
     }
 }
 
+/// The share of a window's `within` bytes its sent samples stand for.
+fn sampled_bytes(within: u64, record: &ThreadWindow) -> u64 {
+    let (sent, lost) = (u64::from(record.sent), u64::from(record.lost));
+    if sent == 0 || lost == 0 {
+        return within;
+    }
+    ((within as u128 * sent as u128) / (sent + lost) as u128).max(1) as u64
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -393,6 +404,8 @@ mod tests {
             end,
             base,
             counter_at: 0,
+            sent: 0,
+            lost: 0,
         }
     }
 

@@ -251,6 +251,8 @@ mod tests {
             end,
             base: 1,
             counter_at,
+            sent: 1,
+            lost: 0,
         }
     }
 
@@ -283,6 +285,26 @@ mod tests {
         // Its next bytes start there.
         windows.settle(&mut heap, 7, 60_000);
         assert!((heap.alloc_bytes() - 2.0 * one()).abs() < 1e-6);
+    }
+
+    #[test]
+    fn samples_lost_in_a_window_are_made_up_for_by_those_sent() {
+        let mut windows = Windows::new(&WindowTiming::default(), vec![7, 8]);
+        // 10,000 bytes within the window, one sample sent of four: it
+        // stands for 2,500 of them, and the window for 39,999 (since the
+        // thread was first seen, at 1).
+        let lossy = ThreadWindow {
+            sent: 1,
+            lost: 3,
+            ..record(1, 30_000, 40_000, 0x7000)
+        };
+        let scales = windows.weigh(1, &[(7, lossy)]);
+        assert_eq!(scales[&7], 39_999.0 / 2_500.0);
+        windows.tails.keep(&windowed(7));
+        let mut heap = ProcessHeap::new(1, 4096, CollectorOptions::default());
+        // 20,000 bytes after it: eight times what its sample stands for.
+        windows.settle(&mut heap, 7, 60_000);
+        assert!((heap.alloc_bytes() - 8.0 * one()).abs() < 1e-6);
     }
 
     #[test]
