@@ -276,6 +276,11 @@ impl ProcessHeap {
         self.options.allocations_only = true;
     }
 
+    /// Whether sampled calls count as in use for good now (frees not seen).
+    pub fn allocations_only(&self) -> bool {
+        self.options.allocations_only
+    }
+
     /// From now on a sampled call waits for its pointer and is in use until
     /// its free, where frees are followed again (asked for a while under
     /// `--track allocations`). What was counted before stays in use.

@@ -153,7 +153,14 @@ impl Session<'_> {
 
     pub(super) fn progress_line(&self, elapsed: Duration) -> String {
         let samples: u64 = self.tracked.values().map(|t| t.heap.samples).sum();
-        let inuse: f64 = self.tracked.values().map(|t| t.heap.inuse_bytes()).sum();
+        // No free tracked (`--track allocations`): what was allocated.
+        let (heap, measure) = if self.options.collector.allocations_only {
+            let allocated = self.tracked.values().map(|t| t.heap.alloc_bytes());
+            (allocated.sum::<f64>(), "allocated")
+        } else {
+            let inuse = self.tracked.values().map(|t| t.heap.inuse_bytes());
+            (inuse.sum::<f64>(), "in use")
+        };
         let counters = self.probes.counters();
         let kernel_drops =
             counters.get(Counter::RingBufferFull) + counters.get(Counter::SampledSetFull);
@@ -164,11 +171,11 @@ impl Session<'_> {
             .sum();
         let snapshots = self.snapshots.written();
         format!(
-            "memprobe: {} elapsed, {} processes, {samples} samples, ~{} in use, {} dropped, \
+            "memprobe: {} elapsed, {} processes, {samples} samples, ~{} {measure}, {} dropped, \
              {snapshots} snapshots written",
             humantime::format_duration(Duration::from_secs(elapsed.as_secs())),
             self.tracked.values().filter(|t| !t.exited).count(),
-            crate::units::bytes(inuse),
+            crate::units::bytes(heap),
             kernel_drops + user_drops
         )
     }

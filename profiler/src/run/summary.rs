@@ -23,7 +23,10 @@ pub struct ProcessSummary {
     pub container_pid: Option<u32>,
     pub command: String,
     pub samples: u64,
-    pub inuse_bytes: f64,
+    /// Bytes in use; `None` where no free was tracked over the run
+    /// (`--track allocations`), where only what was allocated is known.
+    pub inuse_bytes: Option<f64>,
+    pub allocated_bytes: f64,
     pub files: Vec<PathBuf>,
     /// The `heap_v2` snapshots among `files`, in order.
     pub heaps: Vec<PathBuf>,
@@ -49,18 +52,21 @@ pub struct ProcessSummary {
 impl ProcessSummary {
     pub(super) fn of(t: Tracked, snapshots: ProcessSnapshots, budget: &Budget) -> Self {
         let removed_snapshots = snapshots.removed();
+        let tracking = budget.frees_dropped(t.pid).map(|dropped| dropped.note());
+        let frees_tracked = !t.heap.allocations_only() || tracking.is_some();
         Self {
             pid: t.pid,
             container_pid: t.container_pid,
             command: t.command,
             samples: t.heap.samples,
-            inuse_bytes: t.heap.inuse_bytes(),
+            inuse_bytes: frees_tracked.then(|| t.heap.inuse_bytes()),
+            allocated_bytes: t.heap.alloc_bytes(),
             files: snapshots.files,
             heaps: snapshots.heaps,
             drops: t.heap.drops,
             exited: t.exited,
             detached: budget.detached(t.pid),
-            tracking: budget.frees_dropped(t.pid).map(|dropped| dropped.note()),
+            tracking,
             skipped_snapshots: snapshots.skipped,
             removed_snapshots,
             allocator_calls: t.allocator_calls,
@@ -236,7 +242,7 @@ fn process_lines(p: &ProcessSummary, summary: &Summary) -> Vec<String> {
         .map(|c| format!(", pid {c} in its container"))
         .unwrap_or_default();
     lines.push(format!(
-        "memprobe: pid {} ({}{container}){}: {} samples, ~{} in use, {} dropped{}; {}",
+        "memprobe: pid {} ({}{container}){}: {} samples, ~{}, {} dropped{}; {}",
         p.pid,
         p.command,
         match (p.detached, p.exited) {
@@ -245,7 +251,10 @@ fn process_lines(p: &ProcessSummary, summary: &Summary) -> Vec<String> {
             (None, false) => String::new(),
         },
         p.samples,
-        crate::units::bytes(p.inuse_bytes),
+        match p.inuse_bytes {
+            Some(bytes) => format!("{} in use", crate::units::bytes(bytes)),
+            None => format!("{} allocated", crate::units::bytes(p.allocated_bytes)),
+        },
         drops,
         match p.skipped_snapshots {
             0 => String::new(),

@@ -280,6 +280,12 @@ fn middle_sized_requests_are_left_to_the_windows() {
         );
         if tracking.contains(&"--ring-buffer") {
             assert!(lost * 2 > sampled, "{lost} of {sampled} lost\n{stderr}");
+            // No free tracked: the summary says what was allocated.
+            let said = stderr.lines().find(|l| l.contains(" samples, ~"));
+            assert!(
+                said.is_some_and(|l| l.contains(" allocated, ") && !l.contains(" in use")),
+                "{stderr}"
+            );
         } else {
             assert!(lost * 4 < sampled, "{lost} of {sampled} lost\n{stderr}");
         }
