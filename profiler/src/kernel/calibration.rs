@@ -8,7 +8,7 @@ use profiler_common::{cookie, programs};
 use crate::{
     kernel::error::Result,
     kernel::{
-        KernelProbes, OBJECT, ProbeLinks, Scope,
+        KernelProbes, ProbeLinks, Scope,
         attach::Target,
         features::{self, KernelFeature},
         uprobe_multi::{LinkKind, MultiPrograms},
@@ -50,12 +50,10 @@ impl KernelProbes {
         if features::pretended_missing(KernelFeature::UprobeMulti) {
             return;
         }
-        let loaded = MultiPrograms::load(&self.ebpf, OBJECT, &programs::ALL, LinkKind::Entry);
-        self.entry_links = loaded.ok().filter(|links| {
-            links
-                .attach(programs::FREE_ARG0, (path, offset), cookie, pid, false)
-                .is_ok()
-        });
+        let Some(code) = &self.linkable else { return };
+        let mut links = MultiPrograms::new(code.clone(), LinkKind::Entry);
+        let linked = links.attach(programs::FREE_ARG0, (path, offset), cookie, pid, false);
+        self.entry_links = linked.is_ok().then_some(links);
     }
 
     /// Back to perf-event uprobes for the plain programs: the kernel took

@@ -2,7 +2,7 @@
 use std::path::PathBuf;
 
 use crate::{
-    kernel::{LinkFailure, features::KernelFeature, uprobe_multi::LinkError},
+    kernel::{LinkFailure, features::KernelFeature},
     proc::ProcessError,
 };
 
@@ -40,8 +40,11 @@ pub enum KernelError {
         cause: Box<dyn std::error::Error + Send + Sync>,
     },
 
-    #[error("uprobe sessions (Linux 6.13+) were asked for: use --return-probes uretprobes here")]
-    SessionsRefused(#[source] LinkError),
+    #[error(
+        "uprobe sessions (Linux 6.13+) were asked for, but their programs cannot be made ({0}): \
+         use --return-probes uretprobes here"
+    )]
+    SessionsRefused(String),
 
     #[error("more than 65535 allocator copies to probe")]
     TooManyCopies,

@@ -12,10 +12,7 @@ use profiler_common::{CallShape, programs};
 
 use crate::{
     discover::entry_points::EntryPoint,
-    kernel::{
-        KernelProbes, LinkFailure, ProbeLinks, ReturnHalf, ReturnProbes, attach::Target,
-        uprobe_multi,
-    },
+    kernel::{KernelProbes, LinkFailure, ProbeLinks, ReturnHalf, ReturnProbes, attach::Target},
 };
 
 /// The summary's words for a run on uretprobes because the kernel has no
@@ -78,7 +75,7 @@ impl KernelProbes {
         cookie: u64,
         links: &mut ProbeLinks,
     ) -> std::result::Result<(), LinkFailure> {
-        if let Some(entry_links) = &self.entry_links {
+        if let Some(entry_links) = &mut self.entry_links {
             let returns = program == programs::CALL_RETURN;
             let link = entry_links
                 .attach(
@@ -111,6 +108,10 @@ impl KernelProbes {
             .ok_or_else(|| LinkFailure::MissingProgram(name.into()))?
             .try_into()
             .map_err(LinkFailure::program(name))?;
+        // Loaded at its first link, as `linkable` loads the others.
+        if program.fd().is_err() {
+            program.load().map_err(LinkFailure::program(name))?;
+        }
         let point = UProbeAttachPoint {
             location: UProbeAttachLocation::AbsoluteOffset(offset),
             cookie: Some(cookie),
@@ -126,12 +127,12 @@ impl KernelProbes {
     /// uretprobes, before any session link exists.
     pub(super) fn link_session(
         &mut self,
-        program: &str,
+        program: &'static str,
         target: &Target,
         offset: u64,
         cookie: u64,
     ) -> std::result::Result<OwnedFd, SessionLink> {
-        let Some(sessions) = &self.sessions else {
+        let Some(sessions) = &mut self.sessions else {
             return Err(SessionLink::Unavailable);
         };
         match sessions.attach(
@@ -145,7 +146,7 @@ impl KernelProbes {
                 self.sessions_linked = true;
                 Ok(link)
             }
-            Err(e) if uprobe_multi::kernel_lacks(&e) && !self.sessions_linked => {
+            Err(e) if e.kernel_lacks() && !self.sessions_linked => {
                 if self.return_probes == ReturnProbes::Sessions {
                     return Err(SessionLink::Failed(LinkFailure::SessionsRefused(e)));
                 }

@@ -1,9 +1,7 @@
 //! Why one of memprobe's programs was not linked at a place in a file.
-use std::io;
-
 use aya::programs::ProgramError;
 
-use crate::kernel::features::KernelFeature;
+use crate::kernel::{features::KernelFeature, uprobe_multi::LinkError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum LinkFailure {
@@ -18,16 +16,16 @@ pub enum LinkFailure {
     },
 
     #[error("uprobe_multi link")]
-    Multi(#[source] io::Error),
+    Multi(#[source] LinkError),
 
     #[error("uprobe session")]
-    Session(#[source] io::Error),
+    Session(#[source] LinkError),
 
     #[error(
         "{}: the kernel refused the link; use --return-probes uretprobes",
         KernelFeature::UprobeSessions
     )]
-    SessionsRefused(#[source] io::Error),
+    SessionsRefused(#[source] LinkError),
 }
 
 impl LinkFailure {

@@ -1,14 +1,18 @@
 //! Loading the eBPF object: the kernel's tables sized, the countdown table
-//! filled, every program loaded, nothing attached yet.
-use aya::{Ebpf, EbpfLoader, maps::Array, programs::UProbe};
+//! filled, nothing attached yet: the allocators' programs are loaded as
+//! their first link needs them.
+use std::sync::Arc;
+
+use aya::{Ebpf, EbpfLoader, maps::Array};
 use profiler_common::{globals, maps, programs};
 
 use crate::{
     kernel::error::{KernelError, Result},
     kernel::{
-        KernelProbes, OBJECT, PlacementMode, ReturnProbes, btf, countdowns, foreign, mappings,
+        KernelProbes, OBJECT, PlacementMode, ReturnProbes, btf, countdowns, foreign,
+        linkable::LinkableCode,
         thread_bases,
-        uprobe_multi::{LinkKind, MultiPrograms},
+        uprobe_multi::{LinkError, LinkKind, MultiPrograms},
     },
 };
 
@@ -87,19 +91,33 @@ fn set_countdowns(ebpf: &mut Ebpf, sample_interval: u64) -> Result<()> {
     Ok(())
 }
 
-/// The uprobe session programs, where the kernel has sessions and the
-/// run may use them; else why not (`auto` falls back to uretprobes,
-/// `sessions` fails).
-fn load_sessions(
-    ebpf: &Ebpf,
+/// Every program that may be linked by hand (see `linkable`).
+fn linkable_programs() -> Vec<&'static str> {
+    (programs::ALL.iter())
+        .chain(&programs::session::ALL)
+        .chain(&programs::MAPPINGS)
+        .copied()
+        .collect()
+}
+
+/// The uprobe session programs, where the run may use them; else why not
+/// (`auto` falls back to uretprobes, `sessions` fails). Whether the kernel
+/// has sessions is told at the first link.
+fn sessions(
+    linkable: &std::result::Result<Arc<LinkableCode>, LinkError>,
     wanted: ReturnProbes,
 ) -> Result<(Option<MultiPrograms>, Option<String>)> {
     if wanted == ReturnProbes::Uretprobes {
         return Ok((None, None));
     }
-    match MultiPrograms::load(ebpf, OBJECT, &programs::session::ALL, LinkKind::Session) {
-        Ok(sessions) => Ok((Some(sessions), None)),
-        Err(e) if wanted == ReturnProbes::Sessions => Err(KernelError::SessionsRefused(e)),
+    match linkable {
+        Ok(code) => Ok((
+            Some(MultiPrograms::new(code.clone(), LinkKind::Session)),
+            None,
+        )),
+        Err(e) if wanted == ReturnProbes::Sessions => {
+            Err(KernelError::SessionsRefused(e.to_string()))
+        }
         Err(e) => Ok((None, Some(e.to_string()))),
     }
 }
@@ -130,22 +148,18 @@ impl KernelProbes {
             .load(OBJECT)
             .map_err(|e| load_error("eBPF object", e))?;
         set_countdowns(&mut ebpf, sample_interval)?;
-        for name in programs::ALL {
-            let program: &mut UProbe = ebpf
-                .program_mut(name)
-                .ok_or_else(|| load_error(name, "missing"))?
-                .try_into()
-                .map_err(|e| load_error(name, e))?;
-            program.load().map_err(|e| load_error(name, e))?;
-        }
-        let mapped_code_unavailable = mappings::load(&mut ebpf).err();
+        // The allocators' programs load as their first link needs them:
+        // each costs the verifier tens of milliseconds, and a run links
+        // few of them, in one of their three forms.
         // Without the fs base offset nothing is sampled in windows.
         let threads_unlisted = (task.fsbase != 0)
             .then(|| thread_bases::load(&mut ebpf).err())
             .flatten();
-        let (sessions, sessions_unavailable) = load_sessions(&ebpf, options.return_probes)?;
+        let linkable = LinkableCode::parse(&ebpf, OBJECT, &linkable_programs()).map(Arc::new);
+        let (sessions, sessions_unavailable) = sessions(&linkable, options.return_probes)?;
         Ok(Self {
             entry_links: None,
+            linkable: linkable.ok(),
             ebpf,
             attached: Vec::new(),
             placement,
@@ -159,7 +173,7 @@ impl KernelProbes {
             allocations_only: options.allocations_only,
             frees_dropped: std::collections::HashSet::new(),
             frees_followed: std::collections::HashSet::new(),
-            mapped_code_unavailable,
+            mapped_code_unavailable: None,
             mappings: Default::default(),
             knows_fsbase: task.fsbase != 0,
             threads_unlisted,

@@ -26,7 +26,7 @@ use profiler_common::programs;
 use crate::{
     binary::elf::FunctionSymbols,
     kernel::{
-        KernelProbes, LinkFailure, OBJECT,
+        KernelProbes, LinkFailure,
         uprobe_multi::{LinkKind, MultiPrograms},
     },
     proc::{FileId, Mapping},
@@ -48,9 +48,9 @@ const IN_LIBC: [Probe; 7] = [
 /// The probe in the dynamic loader.
 const IN_LOADER: [Probe; 1] = [(programs::LIBRARY_LOADED, "_dl_debug_state", false)];
 
-/// Loads the programs, attached to each process as it is profiled; why
-/// not, where the kernel refuses them.
-pub(super) fn load(ebpf: &mut Ebpf) -> Result<(), LinkFailure> {
+/// Loads the programs as perf-event uprobes; why not, where the kernel
+/// refuses them.
+fn load_perf_programs(ebpf: &mut Ebpf) -> Result<(), LinkFailure> {
     for name in programs::MAPPINGS {
         let program: &mut UProbe = ebpf
             .program_mut(name)
@@ -85,6 +85,9 @@ pub(super) struct MappingProbes {
     /// The programs loaded for uprobe_multi links, once the allocators'
     /// probes have them.
     multi: Option<MultiPrograms>,
+    /// Whether the programs were loaded as perf-event uprobes, where the
+    /// allocators' probes are: at the first process watched.
+    perf_loaded: bool,
     /// Where each probed function is in a file, by the file.
     offsets: HashMap<FileId, Option<Vec<u64>>>,
 }
@@ -116,10 +119,17 @@ impl KernelProbes {
         if self.mapped_code_unavailable.is_some() || pid == 0 {
             return;
         }
-        if self.entry_links.is_some() && self.mappings.multi.is_none() {
-            let loaded =
-                MultiPrograms::load(&self.ebpf, OBJECT, &programs::MAPPINGS, LinkKind::Entry);
-            self.mappings.multi = loaded.ok();
+        if let Some(code) = &self.linkable
+            && self.entry_links.is_some()
+        {
+            (self.mappings.multi)
+                .get_or_insert_with(|| MultiPrograms::new(code.clone(), LinkKind::Entry));
+        } else if !self.mappings.perf_loaded {
+            if let Err(cause) = load_perf_programs(&mut self.ebpf) {
+                self.mapped_code_unavailable = Some(cause);
+                return;
+            }
+            self.mappings.perf_loaded = true;
         }
         let links = self.mappings.links.remove(&pid).unwrap_or_default();
         let libc = links.libc.or_else(|| {
@@ -181,7 +191,7 @@ impl KernelProbes {
         offset: u64,
         (pid, returns): (u32, bool),
     ) -> Option<MappingLink> {
-        if let Some(multi) = &self.mappings.multi {
+        if let Some(multi) = &mut self.mappings.multi {
             let link = multi.attach(name, (file, offset), 0, pid, returns).ok()?;
             return Some(MappingLink::Multi(link));
         }

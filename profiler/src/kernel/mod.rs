@@ -10,6 +10,7 @@ mod detach;
 mod error;
 mod link;
 mod link_failure;
+mod linkable;
 mod load;
 mod mappings;
 mod thread_bases;
@@ -137,6 +138,9 @@ pub struct KernelProbes {
     /// to 6.9 filter by thread, not process); aya's perf-event uprobes
     /// while `None`.
     entry_links: Option<MultiPrograms>,
+    /// The programs that `sessions`, `entry_links` and the mapping probes
+    /// load as they link; `None` where the object could not be prepared.
+    linkable: Option<std::sync::Arc<linkable::LinkableCode>>,
     /// Why sessions are not used, when they were wanted (`--verbose`).
     pub sessions_unavailable: Option<String>,
     /// Each attached probe's links, in the order of `attached` (empty once

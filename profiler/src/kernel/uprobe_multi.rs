@@ -6,21 +6,21 @@
 //! context switch (2.3x a pipe ping-pong's CPU, see docs/overhead.md).
 //!
 //! aya 0.14 can load neither program kind's expected attach type nor create
-//! its link, so this module does those two syscalls itself: it takes the
-//! programs' instructions from the same eBPF object (aya-obj parses and
-//! relocates them against the maps aya already created) and attaches them
-//! with `BPF_LINK_CREATE`. Everything else (maps, uretprobes) stays with
-//! aya.
+//! its link, so memprobe does those two syscalls itself: `linkable` loads
+//! the programs from the same eBPF object, and this module links them with
+//! `BPF_LINK_CREATE`. Everything else (maps, uretprobes) stays with aya.
 use std::{
-    collections::{HashMap, HashSet},
+    collections::HashMap,
     ffi::CString,
     io,
-    os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd},
+    os::fd::{AsRawFd, FromRawFd, OwnedFd},
     path::Path,
+    sync::Arc,
 };
 
-use aya::{Ebpf, maps::Map};
-use aya_obj::generated::{bpf_attr, bpf_cmd, bpf_insn, bpf_prog_type};
+use aya_obj::generated::{bpf_attr, bpf_cmd};
+
+use crate::kernel::linkable::LinkableCode;
 
 /// What the programs are loaded and linked as.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,7 +34,7 @@ pub enum LinkKind {
 impl LinkKind {
     /// `enum bpf_attach_type`'s value: `BPF_TRACE_UPROBE_MULTI` is 48;
     /// aya-obj's bindings predate `BPF_TRACE_UPROBE_SESSION`, 57.
-    fn attach_type(self) -> u32 {
+    pub(super) fn attach_type(self) -> u32 {
         match self {
             LinkKind::Session => 57,
             LinkKind::Entry => 48,
@@ -42,14 +42,15 @@ impl LinkKind {
     }
 }
 
-/// Programs loaded for one kind of `uprobe_multi` link, ready to attach.
+/// Programs for one kind of `uprobe_multi` link, each loaded into the
+/// kernel at its first link.
 pub struct MultiPrograms {
     kind: LinkKind,
-    programs: HashMap<String, OwnedFd>,
+    code: Arc<LinkableCode>,
+    loaded: HashMap<&'static str, OwnedFd>,
 }
 
-/// Why the programs cannot be loaded; the caller falls back to aya's
-/// perf-event uprobes and uretprobes.
+/// Why a program was not linked.
 #[derive(Debug, thiserror::Error)]
 pub enum LinkError {
     #[error("the eBPF object: {0}")]
@@ -64,73 +65,55 @@ pub enum LinkError {
         cause: io::Error,
         log: String,
     },
+    #[error("the kernel refused the link: {0}")]
+    Link(io::Error),
+}
+
+impl LinkError {
+    /// Whether the kernel lacks the link's kind: it refused the program
+    /// (a kernel may not know its attach type), or refused the link as
+    /// [`kernel_lacks`] tells.
+    pub fn kernel_lacks(&self) -> bool {
+        match self {
+            LinkError::Refused { .. } => true,
+            LinkError::Link(e) => kernel_lacks(e),
+            _ => false,
+        }
+    }
 }
 
 impl MultiPrograms {
-    /// Loads `names` from `object` (the bytes aya loaded `ebpf` from) as
-    /// `kind`, with their map references pointing at `ebpf`'s maps. A kernel
-    /// may load them and still refuse their links (6.1 does).
-    pub fn load(
-        ebpf: &Ebpf,
-        object: &[u8],
-        names: &[&str],
-        kind: LinkKind,
-    ) -> Result<Self, LinkError> {
-        let mut obj =
-            aya_obj::Object::parse(object).map_err(|e| LinkError::Object(e.to_string()))?;
-        let mut fds = Vec::new();
-        for name in obj.maps.keys() {
-            // Sections aya skips (.bss and friends) have no map; we use none.
-            let Some(map) = ebpf.map(name) else { continue };
-            let fd = map_fd(map).ok_or_else(|| LinkError::MissingMap(name.clone()))?;
-            fds.push((name.clone(), fd));
+    /// `code`'s programs for `kind`'s links; none loaded yet.
+    pub fn new(code: Arc<LinkableCode>, kind: LinkKind) -> Self {
+        Self {
+            kind,
+            code,
+            loaded: HashMap::new(),
         }
-        let text_sections: HashSet<usize> = obj.functions.keys().map(|(index, _)| *index).collect();
-        let maps = obj.maps.clone();
-        obj.relocate_maps(
-            fds.iter()
-                .filter_map(|(name, fd)| Some((name.as_str(), *fd, maps.get(name)?))),
-            &text_sections,
-        )
-        .map_err(|e| LinkError::Object(e.to_string()))?;
-        obj.relocate_calls(&text_sections)
-            .map_err(|e| LinkError::Object(e.to_string()))?;
-        let license = obj.license.clone();
-        let mut programs = HashMap::new();
-        for &name in names {
-            let program = obj
-                .programs
-                .get(name)
-                .ok_or_else(|| LinkError::MissingProgram(name.into()))?;
-            let function = obj
-                .functions
-                .get(&program.function_key())
-                .ok_or_else(|| LinkError::MissingProgram(name.into()))?;
-            let fd = load_program(name, &function.instructions, &license, kind)?;
-            programs.insert(name.to_owned(), fd);
-        }
-        Ok(Self { kind, programs })
     }
 
     /// Attaches `program` at `offset` in the file at `path`, in process
     /// `pid` only (0: every process), at the call's return if `returns`
-    /// (an entry link). Dropping the link detaches it.
+    /// (an entry link), loading it first if no link has yet. Dropping the
+    /// link detaches it. A kernel may load a program and still refuse its
+    /// links (6.1 does).
     pub fn attach(
-        &self,
-        program: &str,
+        &mut self,
+        program: &'static str,
         (path, offset): (&Path, u64),
         cookie: u64,
         pid: u32,
         returns: bool,
-    ) -> io::Result<OwnedFd> {
+    ) -> Result<OwnedFd, LinkError> {
         /// `BPF_F_UPROBE_MULTI_RETURN`.
         const RETURN: u32 = 1;
-        let prog = self
-            .programs
-            .get(program)
-            .ok_or_else(|| io::Error::other(format!("program {program} not loaded as a link")))?;
+        if !self.loaded.contains_key(program) {
+            let fd = self.code.load(program, self.kind)?;
+            self.loaded.insert(program, fd);
+        }
+        let prog = &self.loaded[program];
         let path = CString::new(path.as_os_str().as_encoded_bytes())
-            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+            .map_err(|_| LinkError::Link(io::Error::from(io::ErrorKind::InvalidInput)))?;
         let offsets = [offset];
         let cookies = [cookie];
         // SAFETY: an all-zero bpf_attr is the kernel's "no options".
@@ -148,12 +131,12 @@ impl MultiPrograms {
             multi.pid = pid;
             multi.flags = if returns { RETURN } else { 0 };
         }
-        bpf(bpf_cmd::BPF_LINK_CREATE, &mut attr)
+        bpf(bpf_cmd::BPF_LINK_CREATE, &mut attr).map_err(LinkError::Link)
     }
 
-    /// The ids the kernel gave the programs.
+    /// The ids the kernel gave the programs loaded so far.
     pub fn program_ids(&self) -> Vec<u32> {
-        self.programs
+        self.loaded
             .values()
             .filter_map(super::foreign::program_id)
             .collect()
@@ -172,57 +155,7 @@ pub fn kernel_lacks(error: &io::Error) -> bool {
     )
 }
 
-fn load_program(
-    name: &str,
-    instructions: &[bpf_insn],
-    license: &CString,
-    kind: LinkKind,
-) -> Result<OwnedFd, LinkError> {
-    let mut log = vec![0u8; 64 * 1024];
-    let load = |log_level: u32, log: &mut [u8]| {
-        // SAFETY: an all-zero bpf_attr is the kernel's "no options".
-        let mut attr: bpf_attr = unsafe { std::mem::zeroed() };
-        // SAFETY: writing plain integers into the prog-load member.
-        unsafe {
-            let prog = &mut attr.__bindgen_anon_3;
-            prog.prog_type = bpf_prog_type::BPF_PROG_TYPE_KPROBE as u32;
-            prog.expected_attach_type = kind.attach_type();
-            prog.insns = instructions.as_ptr() as u64;
-            prog.insn_cnt = instructions.len() as u32;
-            prog.license = license.as_ptr() as u64;
-            for (slot, byte) in prog.prog_name.iter_mut().zip(name.bytes().take(15)) {
-                *slot = byte as _;
-            }
-            if log_level > 0 {
-                prog.log_level = log_level;
-                prog.log_buf = log.as_mut_ptr() as u64;
-                prog.log_size = log.len() as u32;
-            }
-        }
-        bpf(bpf_cmd::BPF_PROG_LOAD, &mut attr)
-    };
-    // Load without a log first, as libbpf does; ask for one only to explain
-    // a refusal.
-    load(0, &mut log).map_err(|cause| {
-        let _ = load(1, &mut log);
-        let text = String::from_utf8_lossy(&log);
-        let text = text.trim_end_matches('\0').trim();
-        let tail: Vec<&str> = text.lines().rev().take(3).collect();
-        let log = if tail.is_empty() {
-            String::new()
-        } else {
-            let tail: Vec<&str> = tail.into_iter().rev().collect();
-            format!(" (verifier: {})", tail.join(" | "))
-        };
-        LinkError::Refused {
-            program: name.into(),
-            cause,
-            log,
-        }
-    })
-}
-
-fn bpf(cmd: bpf_cmd, attr: &mut bpf_attr) -> io::Result<OwnedFd> {
+pub(super) fn bpf(cmd: bpf_cmd, attr: &mut bpf_attr) -> io::Result<OwnedFd> {
     let fd = bpf_call(cmd, attr)?;
     // SAFETY: the kernel returned a fresh fd that nothing else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
@@ -244,18 +177,4 @@ pub(super) fn bpf_call(cmd: bpf_cmd, attr: &mut bpf_attr) -> io::Result<i64> {
         return Err(io::Error::last_os_error());
     }
     Ok(result)
-}
-
-/// The fd of a map aya created, for the kinds of maps the object has.
-fn map_fd(map: &Map) -> Option<std::os::fd::RawFd> {
-    let data = match map {
-        Map::Array(data)
-        | Map::HashMap(data)
-        | Map::LruHashMap(data)
-        | Map::PerCpuArray(data)
-        | Map::PerCpuHashMap(data)
-        | Map::RingBuf(data) => data,
-        _ => return None,
-    };
-    Some(data.fd().as_fd().as_raw_fd())
 }

@@ -8,21 +8,18 @@ use aya::maps::{MapData, RingBuf};
 use crate::{
     collect::{HeapEvent, Sample},
     discover::AllocatorKind,
-    kernel::{
-        KernelOptions,
-        events::{Event, KernelSample, decode},
-    },
+    kernel::events::{Event, KernelSample, decode},
     proc::read_maps,
     run::{Session, sampling::own_profiler},
 };
 
 impl Session<'_> {
-    /// Handles one batch: at most the ring's size, so that memory stays
-    /// bounded and a target that sends faster than memprobe handles cannot
-    /// keep the event loop from signals and timers. Returns whether the
-    /// ring was left empty.
+    /// Handles one batch: at most the ring's size (`--ring-buffer`), so
+    /// that memory stays bounded and a target that sends faster than
+    /// memprobe handles cannot keep the event loop from signals and timers.
+    /// Returns whether the ring was left empty.
     pub(super) fn drain(&mut self, ring: &mut RingBuf<MapData>) -> bool {
-        let most = KernelOptions::default().ring_buffer_bytes as usize;
+        let most = self.options.kernel.ring_buffer_bytes as usize;
         let (mut batch, mut bytes) = (Vec::new(), 0);
         let mut emptied = false;
         while bytes < most {

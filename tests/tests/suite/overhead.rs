@@ -1,7 +1,7 @@
 //! Probe placement and cost: every chosen place checked by an independent
 //! decoder (objdump), the same profile whichever placement, and the cost
 //! report counting the calls that really happened.
-use std::process::Command;
+use std::{collections::HashSet, process::Command};
 
 use tests::*;
 
@@ -397,4 +397,57 @@ fn plain_probes_are_uprobe_multi_links_where_the_kernel_has_them() {
             assert!(cost_line.ends_with("entry probes: perf-event uprobes"));
         }
     }
+}
+
+/// The ids of the BPF programs memprobe (process `pid`) holds loaded, and
+/// of those its links run, as the kernel's fdinfo tells.
+fn programs_and_linked(pid: u32) -> (HashSet<u64>, HashSet<u64>) {
+    let field = |info: &str, name: &str| {
+        info.lines()
+            .find_map(|line| line.strip_prefix(name)?.trim().parse::<u64>().ok())
+    };
+    let infos: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fdinfo"))
+        .unwrap()
+        .filter_map(|entry| std::fs::read_to_string(entry.ok()?.path()).ok())
+        .collect();
+    let programs = (infos.iter())
+        .filter(|info| info.contains("prog_type:") && !info.contains("link_type:"))
+        .filter_map(|info| field(info, "prog_id:"))
+        .collect();
+    let linked = (infos.iter())
+        .filter(|info| info.contains("link_type:"))
+        .filter_map(|info| field(info, "prog_id:"))
+        .collect();
+    (programs, linked)
+}
+
+/// Each program loaded costs memprobe the verifier's time (tens of
+/// milliseconds of CPU each here): a run loads only the programs it links,
+/// in the one form it links them (uprobe session, uprobe_multi entry link
+/// or perf-event uprobe), not every program in every form (54 of them,
+/// some 1.4 s of CPU before the attach).
+#[test]
+fn a_run_loads_only_the_programs_it_links() {
+    let _guard = shared();
+    let fixture = Fixture::start(&sites_fixture(), &[]);
+    let out = output_dir("programs_loaded");
+    let args = ["--sampling", "entry", "--recalibrate-every", "never"];
+    let memprobe = Memprobe::attach(&fixture, &out, &args);
+    let (programs, linked) = programs_and_linked(memprobe.pid());
+    let stderr = memprobe.stop();
+    drop(fixture);
+    let unlinked: Vec<&u64> = programs.difference(&linked).collect();
+    eprintln!(
+        "{} programs loaded, {} of them linked; not linked: {unlinked:?}",
+        programs.len(),
+        programs.len() - unlinked.len()
+    );
+    assert!(!linked.is_empty(), "no link found:\n{stderr}");
+    // Those the cost calibration linked before the attach (the allocation
+    // program, a uretprobe's, a free's, a session) and the thread iterator.
+    assert!(
+        unlinked.len() <= 5,
+        "{} programs loaded and never linked: {unlinked:?}\n{stderr}",
+        unlinked.len()
+    );
 }
