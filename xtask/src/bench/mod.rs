@@ -180,6 +180,9 @@ pub enum Part {
     /// redis-server under HSETs of 4 KiB values alone: requests above
     /// jemalloc's fast path that a thread cache holds.
     RedisMiddleSized,
+    /// redis-server under pipelined SET/GET of 3-byte values alone: a
+    /// server kept busy, where the traps' indirect costs show.
+    RedisPipelined,
     /// Offline reports of a large profile.
     Offline,
     /// An mmap/munmap loop: what tracing mappings costs.
@@ -233,6 +236,7 @@ pub fn bench(only: Option<Part>) -> Result<()> {
         Some(Part::RedisDefaultLoad) => &redis::LOADS[..1],
         Some(Part::RedisOtherLoads) => &redis::LOADS[1..],
         Some(Part::RedisMiddleSized) => &redis::LOADS[3..4],
+        Some(Part::RedisPipelined) => &redis::LOADS[4..5],
         Some(_) => &[],
     };
     if !loads.is_empty() {
