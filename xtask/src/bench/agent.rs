@@ -27,7 +27,7 @@ const WINDOWS: [&str; 2] = ["0.3%", "1%"];
 
 /// Loops running at once: one per CPU of this machine kind.
 const LOOPS: usize = 2;
-const ROUNDS: usize = 3;
+const ROUNDS: usize = 5;
 /// Untimed first: the agent's scan finds the loops within a second, and
 /// their windows narrow after three seconds at every call.
 const WARMUP_S: &str = "6";
