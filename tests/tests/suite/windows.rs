@@ -228,9 +228,14 @@ fn a_thread_idle_at_the_attach_has_its_bytes_counted_from_then() {
 /// through a ring buffer of 8 KiB that loses most of a window's samples
 /// (some 95%): those sent stand for the lost (on a busy host the default
 /// 8 MiB lost some 5% of them, and the sites read 10% to 12% low before).
+///
+/// Run alone: a window here samples faster than memprobe unwinds, so what
+/// the default ring loses depends on the CPU memprobe gets. Beside another
+/// test's memprobe and fixture it lost 92% of one run's samples (75,749 of
+/// 82,164, the cycle in a thread), where alone it lost 18% at most.
 #[test]
 fn middle_sized_requests_are_left_to_the_windows() {
-    let _guard = shared();
+    let _guard = exclusive();
     let lossy = [
         "--track",
         "allocations",
@@ -273,7 +278,9 @@ fn middle_sized_requests_are_left_to_the_windows() {
         assert!(!stderr.contains("malloc's slow path at"), "{stderr}");
         // The lossy ring loses most of the windows' samples; the default
         // one little (the last window, not drained while open, once lost
-        // two thirds of the run's).
+        // two thirds of the run's). Run alone, before and since programs
+        // load at their first link, it lost 0% to 12% stopped idle and 4%
+        // to 18% with the cycle in a thread.
         let (lost, sampled) = (
             kernel_drops(&stderr, "ring buffer full"),
             summary_count(&stderr, " sampled"),
@@ -286,8 +293,10 @@ fn middle_sized_requests_are_left_to_the_windows() {
                 said.is_some_and(|l| l.contains(" allocated, ") && !l.contains(" in use")),
                 "{stderr}"
             );
-        } else {
+        } else if end == RunEnd::Stopped {
             assert!(lost * 4 < sampled, "{lost} of {sampled} lost\n{stderr}");
+        } else {
+            assert!(lost * 2 < sampled, "{lost} of {sampled} lost\n{stderr}");
         }
         let allocated = jeprof_rows(&aliasing_fixture(), &heap, "--alloc_space");
         let (b6k, b20k) = (flat(&allocated, "cycle_48"), flat(&allocated, "cycle_16"));
