@@ -57,10 +57,10 @@ struct Clocks {
 }
 
 impl Clocks {
-    fn new(options: &SessionOptions) -> Result<Self> {
+    fn new(options: &SessionOptions, signals: Signals) -> Result<Self> {
         let now = tokio::time::Instant::now();
         Ok(Self {
-            signals: Signals::new()?,
+            signals,
             snapshots: options
                 .snapshot_interval
                 .map(|period| tokio::time::interval_at(now + period, period)),
@@ -100,8 +100,9 @@ impl Session<'_> {
         ring: &mut AsyncFd<RingBuf<MapData>>,
         mut launched: Option<&mut LaunchedCommand>,
         mut exit_rx: mpsc::UnboundedReceiver<u32>,
+        signals: Signals,
     ) -> Result<(Stop, Option<std::io::Result<ExitStatus>>)> {
-        let mut clocks = Clocks::new(&self.options)?;
+        let mut clocks = Clocks::new(&self.options, signals)?;
         loop {
             let window_change = self
                 .next_window_change()

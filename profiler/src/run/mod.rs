@@ -111,6 +111,9 @@ pub async fn run(options: SessionOptions, status: &mut dyn Write) -> Result<Summ
     let (exits, exit_rx) = mpsc::unbounded_channel();
     let mut session = Session::new(options, status, probes, cache, output, exits);
     session.take_first_costs(measured);
+    // Listened for before the first probe goes in: a Ctrl-C right after
+    // the attach must detach and write, not kill memprobe.
+    let signals = waits::Signals::new()?;
     let mut launched = session.attach_targets(checked)?;
     if let Some(endpoints) = endpoints {
         session.serve(endpoints);
@@ -124,7 +127,7 @@ pub async fn run(options: SessionOptions, status: &mut dyn Write) -> Result<Summ
     }
     .map_err(|e| events_error("watching the ring buffer", e.into_parts().1))?;
     let (stop, exit_status) = session
-        .collect(&mut ring, launched.as_mut(), exit_rx)
+        .collect(&mut ring, launched.as_mut(), exit_rx, signals)
         .await?;
     session.finish(stop, ring, launched, exit_status).await
 }
