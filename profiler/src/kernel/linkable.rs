@@ -98,11 +98,6 @@ impl LinkableCode {
         })
     }
 
-    /// Whether `name` is one of the programs parsed.
-    pub fn has(&self, name: &str) -> bool {
-        self.programs.contains_key(name)
-    }
-
     /// Loads `name` into the kernel as a program for `kind`'s links.
     pub fn load(&self, name: &str, kind: LinkKind) -> Result<OwnedFd, LinkError> {
         let code = self
