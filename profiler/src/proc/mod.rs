@@ -211,6 +211,18 @@ pub fn cpu_seconds(pid: u32) -> Option<f64> {
     cpu_ticks(&stat).map(|t| t as f64 / ticks.max(1) as f64)
 }
 
+/// Whether `pid` has ended: gone, or a zombie (state `Z` or `X` in
+/// `stat`), whose files and memory are no longer there to probe.
+pub fn has_ended(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(proc_path(pid, "stat")) else {
+        return true;
+    };
+    let state = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().next());
+    matches!(state, None | Some("Z" | "X"))
+}
+
 /// utime + stime from a `stat` line: fields 14 and 15, counted after the
 /// command's closing parenthesis (a command may hold spaces and ')').
 fn cpu_ticks(stat: &str) -> Option<u64> {
@@ -250,6 +262,21 @@ mod tests {
         let stat = "4242 (a b) c) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 37 0 0 20 0 3";
         assert_eq!(cpu_ticks(stat), Some(287));
         assert!(cpu_seconds(std::process::id()).is_some());
+    }
+
+    #[test]
+    fn a_zombie_or_a_reaped_process_has_ended() {
+        assert!(!has_ended(std::process::id()));
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        // Not waited for yet: a zombie once it exits.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while !has_ended(pid) {
+            assert!(std::time::Instant::now() < deadline, "{pid} never ended");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        child.wait().unwrap();
+        assert!(has_ended(pid));
     }
 
     #[test]

@@ -110,8 +110,13 @@ impl Session<'_> {
     }
 
     /// A copy whose window could not open: its `malloc` and `operator new`
-    /// probed at every call from now on, and said.
+    /// probed at every call from now on, and said; nothing where the
+    /// process has ended (its files are gone from `/proc/PID/root`, and its
+    /// exit is on its way).
     fn fall_back_to_entry(&mut self, pid: u32, copy: &WindowedCopy, why: &WindowRefused) {
+        if crate::proc::has_ended(pid) {
+            return;
+        }
         let why = crate::error::chain(why);
         let file = (copy.path.as_str(), copy.open_path.as_path());
         let attached = self.probes.attach_again(
