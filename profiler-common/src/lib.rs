@@ -88,12 +88,15 @@ pub mod globals {
     /// 0 when unknown: the threads [`super::programs::THREAD_BASES`] lists.
     pub const TASK_PID: &str = "TASK_PID";
     pub const TASK_TGID: &str = "TASK_TGID";
+    /// `u64`: the mean sampling interval, bytes.
+    pub const SAMPLE_INTERVAL: &str = "SAMPLE_INTERVAL";
     /// `u32`: memprobe's own process id, never sampled: `--all`'s
     /// system-wide probes fire in it too, and each of its samples would
     /// make memprobe allocate, and so sample itself, again.
     pub const OWN_TGID: &str = "OWN_TGID";
-    pub const ALL: [&str; 7] = [
+    pub const ALL: [&str; 8] = [
         COPY_STACK,
+        SAMPLE_INTERVAL,
         RING_BUSY_BYTES,
         RING_WAKE_BYTES,
         TASK_FSBASE,
@@ -508,11 +511,17 @@ pub struct ThreadState {
     /// `_exit` or the run ends, for what it allocated after its last
     /// window.
     pub counter_at: u64,
-    /// The samples of its last window sent, and those lost (the ring
+    /// The bytes the samples of its last window stand for (each its usable
+    /// size over the chance its call was sampled), sent and lost (the ring
     /// buffer full, or the table of calls in flight): the sent stand for
-    /// that share of the window's bytes.
-    pub window_sent: u32,
-    pub window_lost: u32,
+    /// their share of the window's bytes. Weighed, not counted, since a
+    /// window samples sparser while the ring is busy, so that a lost
+    /// sample stands for more bytes than a sent one.
+    pub window_sent_bytes: u64,
+    pub window_lost_bytes: u64,
+    /// 1 once the ring buffer was over half full in its last window: the
+    /// rest of the window samples at an entry probe's density.
+    pub window_thinned: u64,
 }
 
 /// Key of [`maps::FAST_PATHS`]: a process and a probed jemalloc copy.
@@ -657,10 +666,17 @@ pub enum Counter {
     /// buffer was full: what their threads allocated after their last
     /// window is lost.
     ExitsLost = 15,
+    /// Frees of sampled pointers not told at once because the ring buffer
+    /// was full: the pointer stays in [`maps::SAMPLED`], and the next free
+    /// of its address tells it (each try counted).
+    FreesPutOff = 16,
+    /// Threads' windows that sampled at an entry probe's density from the
+    /// time the ring buffer was over half full.
+    WindowsThinned = 17,
 }
 
 impl Counter {
-    pub const COUNT: u32 = 16;
+    pub const COUNT: u32 = 18;
     pub const ALL: [Counter; Self::COUNT as usize] = [
         Counter::AllocCalls,
         Counter::SampledCalls,
@@ -678,6 +694,8 @@ impl Counter {
         Counter::MappingStacksSkipped,
         Counter::PythonStacksLost,
         Counter::ExitsLost,
+        Counter::FreesPutOff,
+        Counter::WindowsThinned,
     ];
 }
 

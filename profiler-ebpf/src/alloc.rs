@@ -20,7 +20,7 @@ use profiler_common::{
 };
 
 use crate::{
-    maps::{COPY_STACK, EVENTS, FP_TRUSTED, PENDING, RING_BUSY_BYTES},
+    maps::{COPY_STACK, EVENTS, FP_TRUSTED, PENDING, RING_BUSY_BYTES, SAMPLE_INTERVAL},
     python, ring,
     sampling::{Args, Thread, count, count_hit, draw_countdown, header_at, now, probe_cookie},
     slow_path::{counters, usable_size},
@@ -46,7 +46,7 @@ pub(crate) fn on_allocation(
     if cookie::is_windowed(probe_cookie(ctx)) {
         return on_windowed_allocation(ctx, thread, (size, align), pending);
     }
-    let wanted = count_down(ctx, thread, size, align, pending, 0);
+    let wanted = count_down(ctx, thread, size, align, pending, 0).unwrap_or(false);
     thread.note_forwarder(ctx);
     wanted
 }
@@ -75,23 +75,84 @@ fn on_windowed_allocation(
         return false;
     }
     let state = thread.state;
+    let usable = usable_size(size);
     // SAFETY: the entry belongs to this thread; only this thread writes it.
     unsafe {
         if (*state).window != config.window {
             (*state).window = config.window;
             (*state).window_first = allocated;
-            (*state).window_sent = 0;
-            (*state).window_lost = 0;
+            (*state).window_sent_bytes = 0;
+            (*state).window_lost_bytes = 0;
+            (*state).window_thinned = 0;
         }
-        (*state).window_end = allocated.wrapping_add(usable_size(size));
+        (*state).window_end = allocated.wrapping_add(usable);
         (*state).counter_at = counter_at;
     }
-    let window = size.max(1) << config.window_shift.min(MAX_WINDOW_SHIFT);
-    let wanted = count_down(ctx, thread, size, align, pending, window);
+    let window = size.max(1) << window_shift(thread, config.window_shift);
+    let crossed = count_down(ctx, thread, size, align, pending, window);
+    if let Some(sent) = crossed {
+        let bytes = stands_for(usable, window);
+        // SAFETY: as above.
+        unsafe {
+            if sent {
+                (*state).window_sent_bytes = (*state).window_sent_bytes.wrapping_add(bytes);
+            } else {
+                (*state).window_lost_bytes = (*state).window_lost_bytes.wrapping_add(bytes);
+            }
+        }
+    }
     thread.note_forwarder(ctx);
-    wanted
+    crossed.unwrap_or(false)
 }
 
+/// The bytes a sampled call of `usable` bytes, counted as `window`, stands
+/// for: `usable` over the chance it was sampled, 1 - e^-x for x = window
+/// over the interval, by 1/x + 1/2 + x/12 (within 3% up to x = 3), and 1
+/// past that.
+#[inline(always)]
+fn stands_for(usable: u64, window: u64) -> u64 {
+    // SAFETY: a plain read of a global userspace set at load time.
+    let interval = unsafe { core::ptr::read_volatile(&SAMPLE_INTERVAL) };
+    if window >= interval.wrapping_mul(3) {
+        return usable;
+    }
+    // Checked: a division the compiler cannot prove safe would panic,
+    // which the verifier refuses.
+    let by_window = |bytes: u64| bytes.checked_div(window).unwrap_or(0);
+    let by_interval = |bytes: u64| bytes.checked_div(interval.wrapping_mul(12)).unwrap_or(0);
+    by_window(usable * interval) + usable / 2 + by_interval(usable * window)
+}
+
+/// How much denser than an entry probe this windowed call is sampled, as
+/// a power of two: the window's, or none from the time the ring buffer is
+/// over half full (where samples' stack copies shrink) to the window's end.
+/// A window's calls trap, and where a program allocates fast its dense
+/// samples came faster than memprobe unwinds: the ring filled, and the
+/// frees and returns behind them waited or were lost. Each record carries
+/// the bytes its call was counted as, so its weight stays right. For the
+/// rest of the window, not only while the ring is full: densely again
+/// after each drain, a window's samples were mostly the first call to
+/// cross after one, which is not every call's fair share.
+#[inline(always)]
+fn window_shift(thread: &Thread, wanted: u64) -> u64 {
+    // SAFETY: the entry belongs to this thread; only this thread writes it.
+    if wanted == 0 || unsafe { (*thread.state).window_thinned } != 0 {
+        return 0;
+    }
+    // SAFETY: a plain read of a global userspace set at load time.
+    let busy_bytes = unsafe { core::ptr::read_volatile(&RING_BUSY_BYTES) };
+    if EVENTS.query(BPF_RB_AVAIL_DATA as u64) > busy_bytes {
+        count(Counter::WindowsThinned);
+        // SAFETY: as above.
+        unsafe { (*thread.state).window_thinned = 1 };
+        return 0;
+    }
+    wanted.min(MAX_WINDOW_SHIFT)
+}
+
+/// Counts `counted` bytes (the call's, or its window's) down on this
+/// thread: `None` if the countdown did not cross, else whether the call
+/// was recorded (and its return half is needed).
 #[inline(always)]
 fn count_down(
     ctx: &ProbeContext,
@@ -100,7 +161,7 @@ fn count_down(
     align: u64,
     pending: PendingCall,
     window: u64,
-) -> bool {
+) -> Option<bool> {
     // A window's bytes are what is counted down, the call's size otherwise.
     let counted = if window > 0 { window } else { size };
     let size_counted = if counted > i64::MAX as u64 {
@@ -114,7 +175,7 @@ fn count_down(
         let remaining = (*state).bytes_until_sample - size_counted;
         if remaining > 0 {
             (*state).bytes_until_sample = remaining;
-            return false;
+            return None;
         }
         (*state).bytes_until_sample = draw_countdown();
     }
@@ -122,17 +183,7 @@ fn count_down(
     if recorded {
         thread.expect_return(ctx);
     }
-    if window > 0 {
-        // SAFETY: the entry belongs to this thread; only this thread writes it.
-        unsafe {
-            if recorded {
-                (*state).window_sent = (*state).window_sent.wrapping_add(1);
-            } else {
-                (*state).window_lost = (*state).window_lost.wrapping_add(1);
-            }
-        }
-    }
-    recorded
+    Some(recorded)
 }
 
 /// Sends a sampled call and leaves `pending` for its return half; whether

@@ -87,6 +87,10 @@ pub static OWN_TGID: u32 = 0;
 #[unsafe(no_mangle)]
 pub static RING_BUSY_BYTES: u64 = 4 << 20;
 
+/// Set by userspace (`globals::SAMPLE_INTERVAL`).
+#[unsafe(no_mangle)]
+pub static SAMPLE_INTERVAL: u64 = 512 << 10;
+
 /// Set by userspace (`globals::RING_WAKE_BYTES`).
 #[unsafe(no_mangle)]
 pub static RING_WAKE_BYTES: u64 = 1 << 20;

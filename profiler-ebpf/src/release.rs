@@ -63,7 +63,7 @@ fn free_if_sampled(ctx: &ProbeContext, ptr: u64, kind: EventKind) -> bool {
     if ring::output(&event).is_err() {
         // Kept in the set: the address's next free, once reused, reports
         // it; dropped here the sample would stay in use for good.
-        count(Counter::RingBufferFull);
+        count(Counter::FreesPutOff);
         return false;
     }
     // Only now: the region is not free (nor reusable) before this returns.

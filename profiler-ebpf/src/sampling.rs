@@ -161,8 +161,9 @@ impl Thread {
             window_first: 0,
             window_end: 0,
             counter_at: 0,
-            window_sent: 0,
-            window_lost: 0,
+            window_sent_bytes: 0,
+            window_lost_bytes: 0,
+            window_thinned: 0,
         };
         let _ = THREADS.insert(id, fresh, 0);
         let state = THREADS.get_ptr_mut(id)?;

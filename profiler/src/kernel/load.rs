@@ -136,6 +136,7 @@ impl KernelProbes {
                 &(options.ring_buffer_bytes as u64 / 2),
                 true,
             )
+            .override_global(globals::SAMPLE_INTERVAL, &sample_interval, true)
             .override_global(
                 globals::RING_WAKE_BYTES,
                 &(options.ring_buffer_bytes as u64 / 8),

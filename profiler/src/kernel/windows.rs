@@ -21,9 +21,10 @@ pub struct ThreadWindow {
     pub base: u64,
     /// Where the counter is in the thread's TLS (0: not known).
     pub counter_at: u64,
-    /// Its samples in the window sent, and those lost.
-    pub sent: u32,
-    pub lost: u32,
+    /// The window's bytes its sent samples stand for, and its lost ones
+    /// (from one sampled call to the next).
+    pub sent_bytes: u64,
+    pub lost_bytes: u64,
 }
 
 impl KernelProbes {
@@ -40,8 +41,8 @@ impl KernelProbes {
             end: state.window_end,
             base: state.first_allocated,
             counter_at: state.counter_at,
-            sent: state.window_sent,
-            lost: state.window_lost,
+            sent_bytes: state.window_sent_bytes,
+            lost_bytes: state.window_lost_bytes,
         })
     }
 

@@ -155,9 +155,19 @@ fn files_written(files: &[PathBuf], dir: &std::path::Path, removed: u64) -> Stri
 fn kernel_drops_line(counters: &KernelCounters) -> Option<String> {
     let kernel_drops = [
         (Counter::RingBufferFull, "ring buffer full"),
+        (
+            Counter::FreesPutOff,
+            "frees of sampled pointers told late (ring buffer full: each at its address's next \
+             free)",
+        ),
         (Counter::SampledSetFull, "kernel pointer set full"),
         (Counter::PendingFull, "pending table full"),
         (Counter::StackErrors, "stack unreadable"),
+        (
+            Counter::WindowsThinned,
+            "windows sampled as sparsely as at entry from when the ring buffer was half full \
+             (a thread's, to the window's end)",
+        ),
         (
             Counter::SmallStackCopies,
             "sent with a small stack copy (ring buffer over half full)",
@@ -181,7 +191,7 @@ fn kernel_drops_line(counters: &KernelCounters) -> Option<String> {
         .filter(|(c, _)| counters.get(*c) > 0)
         .map(|(c, what)| format!("{} {what}", counters.get(*c)))
         .collect();
-    let remedy = if counters.get(Counter::RingBufferFull) > 0 {
+    let remedy = if counters.get(Counter::RingBufferFull) + counters.get(Counter::FreesPutOff) > 0 {
         " (a larger --ring-buffer loses fewer)"
     } else {
         ""

@@ -225,17 +225,19 @@ fn a_thread_idle_at_the_attach_has_its_bytes_counted_from_then() {
 /// through `/proc/PID/mem`), or with the thread that ran the cycle ended
 /// (read by a probe on libc's `__call_tls_dtors`); under `--track
 /// allocations` the fixture exits first (read by a probe on `_exit`),
-/// through a ring buffer of 8 KiB that loses most of a window's samples
-/// (some 95%): those sent stand for the lost (on a busy host the default
-/// 8 MiB lost some 5% of them, and the sites read 10% to 12% low before).
+/// through a ring buffer of 8 KiB that loses a quarter to two thirds of
+/// the windows' samples: those sent stand for the lost, each weighed by
+/// the bytes it stood for.
 ///
-/// Run alone: a window here samples faster than memprobe unwinds, so what
-/// the default ring loses depends on the CPU memprobe gets. Beside another
-/// test's memprobe and fixture it lost 92% of one run's samples (75,749 of
-/// 82,164, the cycle in a thread), where alone it lost 18% at most.
+/// A window here samples faster than memprobe unwinds (some 20,000 samples
+/// in 100 ms): from the time the ring is half full, the rest of a thread's
+/// window samples as sparsely as an entry probe, so that the default ring
+/// loses next to nothing. Before, it lost up to 92% of a run's samples
+/// beside another test (and 18% alone), and the frees of sampled pointers
+/// behind them waited for a free of the same address.
 #[test]
 fn middle_sized_requests_are_left_to_the_windows() {
-    let _guard = exclusive();
+    let _guard = shared();
     let lossy = [
         "--track",
         "allocations",
@@ -276,27 +278,22 @@ fn middle_sized_requests_are_left_to_the_windows() {
         }
         assert!(stderr.contains("malloc's large requests at"), "{stderr}");
         assert!(!stderr.contains("malloc's slow path at"), "{stderr}");
-        // The lossy ring loses most of the windows' samples; the default
-        // one little (the last window, not drained while open, once lost
-        // two thirds of the run's). Run alone, before and since programs
-        // load at their first link, it lost 0% to 12% stopped idle and 4%
-        // to 18% with the cycle in a thread.
+        // The lossy ring loses a good share of the windows' samples; the
+        // default one next to none, thinned once half full.
         let (lost, sampled) = (
             kernel_drops(&stderr, "ring buffer full"),
             summary_count(&stderr, " sampled"),
         );
         if tracking.contains(&"--ring-buffer") {
-            assert!(lost * 2 > sampled, "{lost} of {sampled} lost\n{stderr}");
+            assert!(lost * 4 > sampled, "{lost} of {sampled} lost\n{stderr}");
             // No free tracked: the summary says what was allocated.
             let said = stderr.lines().find(|l| l.contains(" samples, ~"));
             assert!(
                 said.is_some_and(|l| l.contains(" allocated, ") && !l.contains(" in use")),
                 "{stderr}"
             );
-        } else if end == RunEnd::Stopped {
-            assert!(lost * 4 < sampled, "{lost} of {sampled} lost\n{stderr}");
         } else {
-            assert!(lost * 2 < sampled, "{lost} of {sampled} lost\n{stderr}");
+            assert!(lost * 50 < sampled, "{lost} of {sampled} lost\n{stderr}");
         }
         let allocated = jeprof_rows(&aliasing_fixture(), &heap, "--alloc_space");
         let (b6k, b20k) = (flat(&allocated, "cycle_48"), flat(&allocated, "cycle_16"));

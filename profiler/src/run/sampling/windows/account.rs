@@ -386,11 +386,11 @@ impl Windows {
 
 /// The share of a window's `within` bytes its sent samples stand for.
 fn sampled_bytes(within: u64, record: &ThreadWindow) -> u64 {
-    let (sent, lost) = (u64::from(record.sent), u64::from(record.lost));
+    let (sent, lost) = (record.sent_bytes, record.lost_bytes);
     if sent == 0 || lost == 0 {
         return within;
     }
-    ((within as u128 * sent as u128) / (sent + lost) as u128).max(1) as u64
+    ((within as u128 * sent as u128) / (sent as u128 + lost as u128)).max(1) as u64
 }
 
 #[cfg(test)]
@@ -404,8 +404,8 @@ mod tests {
             end,
             base,
             counter_at: 0,
-            sent: 0,
-            lost: 0,
+            sent_bytes: 0,
+            lost_bytes: 0,
         }
     }
 

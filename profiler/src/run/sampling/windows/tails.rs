@@ -251,8 +251,8 @@ mod tests {
             end,
             base: 1,
             counter_at,
-            sent: 1,
-            lost: 0,
+            sent_bytes: 1,
+            lost_bytes: 0,
         }
     }
 
@@ -294,8 +294,8 @@ mod tests {
         // stands for 2,500 of them, and the window for 39,999 (since the
         // thread was first seen, at 1).
         let lossy = ThreadWindow {
-            sent: 1,
-            lost: 3,
+            sent_bytes: 1,
+            lost_bytes: 3,
             ..record(1, 30_000, 40_000, 0x7000)
         };
         let scales = windows.weigh(1, &[(7, lossy)]);
