@@ -225,9 +225,9 @@ fn a_thread_idle_at_the_attach_has_its_bytes_counted_from_then() {
 /// through `/proc/PID/mem`), or with the thread that ran the cycle ended
 /// (read by a probe on libc's `__call_tls_dtors`); under `--track
 /// allocations` the fixture exits first (read by a probe on `_exit`),
-/// through a ring buffer of 8 KiB that loses a quarter to two thirds of
-/// the windows' samples: those sent stand for the lost, each weighed by
-/// the bytes it stood for.
+/// through a ring buffer of 8 KiB that loses a tenth to two thirds of the
+/// windows' samples (as memprobe gets the CPU to drain it): those sent
+/// stand for the lost, each weighed by the bytes it stood for.
 ///
 /// A window here samples faster than memprobe unwinds (some 20,000 samples
 /// in 100 ms): from the time the ring is half full, the rest of a thread's
@@ -285,7 +285,7 @@ fn middle_sized_requests_are_left_to_the_windows() {
             summary_count(&stderr, " sampled"),
         );
         if tracking.contains(&"--ring-buffer") {
-            assert!(lost * 4 > sampled, "{lost} of {sampled} lost\n{stderr}");
+            assert!(lost * 10 > sampled, "{lost} of {sampled} lost\n{stderr}");
             // No free tracked: the summary says what was allocated.
             let said = stderr.lines().find(|l| l.contains(" samples, ~"));
             assert!(
