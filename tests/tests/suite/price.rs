@@ -371,13 +371,28 @@ fn reported_seconds(stderr: &str) -> f64 {
     number_after(stderr, "estimated time added to the profiled processes: ")
 }
 
+/// Profiled runs a price test takes: its verdict is their median ratio of
+/// reported to gained time. Trap costs here drift between memprobe's
+/// calibration and the loop seconds later: on 2026-11-28 six starts a
+/// minute apart measured 0.68 to 1.00 µs an emulated hit, and one run's
+/// ratio ranged from 0.56 to 1.45 with the binary before that day's
+/// changes too, so one run alone failed a 30% bound in one full run of
+/// three. A median of three is one drift state out of three.
+const PRICE_RUNS: usize = 3;
+
+/// The median of `runs` reported-over-gained ratios.
+fn median_ratio(mut ratios: Vec<f64>) -> f64 {
+    ratios.sort_by(f64::total_cmp);
+    ratios[ratios.len() / 2]
+}
+
 /// The summary's "estimated time added" against what the loop gained, as
 /// the loop itself times it: within 30%.
 #[test]
 fn reported_cost_agrees_with_the_time_a_loop_gains() {
     let _guard = exclusive();
-    let (reported, gained) = reported_and_gained("reported_cost", &[]);
-    assert_within("reported added seconds", reported, gained, 0.30);
+    let ratio = reported_over_gained("reported_cost", &[]);
+    assert_within("reported over gained", ratio, 1.0, 0.30);
 }
 
 /// The same where samples make much of the cost: a trap at every
@@ -397,35 +412,42 @@ fn densely_sampled_calls_are_priced_as_the_kernel_timed_them() {
         "--sample-interval",
         "4096",
     ];
-    let (reported, gained) = reported_and_gained("dense_samples", &args);
-    assert_within("reported added seconds", reported, gained, 0.25);
+    let ratio = reported_over_gained("dense_samples", &args);
+    assert_within("reported over gained", ratio, 1.0, 0.25);
 }
 
-/// Launches the malloc loop under memprobe with `args` (no budget): the
-/// seconds its summary says it added, and the seconds the loop gained
-/// over its unprofiled runs.
-fn reported_and_gained(name: &str, args: &[&str]) -> (f64, f64) {
+/// Launches the malloc loop under memprobe with `args` (no budget),
+/// [`PRICE_RUNS`] times: the median ratio of the seconds its summary says
+/// it added to the seconds the loop gained over its unprofiled runs.
+fn reported_over_gained(name: &str, args: &[&str]) -> f64 {
     let out = output_dir(name);
     const PAIRS: f64 = 1_000_000.0;
     let pairs = format!("{PAIRS}");
-    let plain = unprofiled_ns_per_pair(&pairs);
-    let profiled = Command::new(memprobe_bin())
-        .args(["--max-overhead", "none", "--format", "heap", "-o"])
-        .arg(&out)
-        .args(args)
-        .arg("--")
-        .arg(malloc_loop_fixture())
-        .arg(&pairs)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&profiled.stderr);
-    assert!(profiled.status.success(), "{stderr}");
-    assert!(
-        stderr.contains("per hit, measured on this host"),
-        "{stderr}"
-    );
-    let gained = (ns_per_pair(&profiled) - plain) * PAIRS / 1e9;
-    (reported_seconds(&stderr), gained)
+    let ratios = (0..PRICE_RUNS)
+        .map(|_| {
+            let plain = unprofiled_ns_per_pair(&pairs);
+            let profiled = Command::new(memprobe_bin())
+                .args(["--max-overhead", "none", "--format", "heap", "-o"])
+                .arg(&out)
+                .args(args)
+                .arg("--")
+                .arg(malloc_loop_fixture())
+                .arg(&pairs)
+                .output()
+                .unwrap();
+            let stderr = String::from_utf8_lossy(&profiled.stderr);
+            assert!(profiled.status.success(), "{stderr}");
+            assert!(
+                stderr.contains("per hit, measured on this host"),
+                "{stderr}"
+            );
+            let gained = (ns_per_pair(&profiled) - plain) * PAIRS / 1e9;
+            let reported = reported_seconds(&stderr);
+            eprintln!("{name}: reported {reported:.3} s, gained {gained:.3} s");
+            reported / gained
+        })
+        .collect();
+    median_ratio(ratios)
 }
 
 /// jemalloc 5.3's inlined fast path is recognised by decoding (what
@@ -494,6 +516,15 @@ enum Profilers {
 
 fn forced_returns_are_said_and_counted(test: &str, profilers: Profilers) {
     let _guard = exclusive();
+    let ratios = (0..PRICE_RUNS)
+        .map(|_| forced_returns_reported_over_gained(test, &profilers))
+        .collect();
+    assert_within("reported over gained", median_ratio(ratios), 1.0, 0.30);
+}
+
+/// One run of [`forced_returns_are_said_and_counted`]: its ratio of
+/// reported to gained time, once memprobe said the returns were forced.
+fn forced_returns_reported_over_gained(test: &str, profilers: &Profilers) -> f64 {
     let out = output_dir(test);
     const PAIRS: f64 = 1_000_000.0;
     const DELAY_MS: u64 = 6000;
@@ -512,7 +543,7 @@ fn forced_returns_are_said_and_counted(test: &str, profilers: Profilers) {
     wait_until_mapped(idle.id(), "libjemalloc");
     let options = ["--sampling", "entry", "--max-overhead", "none"];
     let other_out = out.join("other");
-    let other = (profilers == Profilers::Two).then(|| {
+    let other = (*profilers == Profilers::Two).then(|| {
         let dir = ["--format", "heap", "-o", other_out.to_str().unwrap()];
         let mut other = Memprobe::start(&[&["--pid", &idle_arg][..], &options, &dir].concat());
         other.wait_attached();
@@ -552,8 +583,8 @@ fn forced_returns_are_said_and_counted(test: &str, profilers: Profilers) {
     assert!(stderr.contains(&said), "{stderr}");
     let gained = (ns_per_pair(&timed) - plain) * PAIRS / 1e9;
     let reported = reported_seconds(&stderr);
-    eprintln!("reported {reported:.3} s, gained {gained:.3} s");
-    assert_within("reported added seconds", reported, gained, 0.30);
+    eprintln!("reported {reported:.3} s, gained {gained:.3} s\n{stderr}");
+    reported / gained
 }
 
 /// The costs in a line that prints them: "per hit, measured on this host:
