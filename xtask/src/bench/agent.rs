@@ -1,43 +1,32 @@
 //! The host agent's cost (`--all --allocator jemalloc --track
 //! allocations --windows 0.3%`, as deploy/ ships it; and with the windows'
-//! default cost, 1%): two busy jemalloc processes at once,
-//! each a malloc/free loop (the dearest load for it: every operation is an
-//! allocator call), timed once the agent has found them and its windows
-//! have narrowed, in rounds that take turns with no profiler.
+//! default cost, 1%): two busy jemalloc processes, each a malloc/free loop
+//! (the dearest load for it: every operation is an allocator call).
 //!
-//! Timed two ways: the loops' wall time per pair, and the CPU a pair costs
-//! the host (the loops' own CPU time, their probes' traps in it, and the
-//! agent's CPU over the same span, shared out over their pairs): what a
-//! fleet pays. Wall time on this two-CPU VM moved a round by 6% to 22%
-//! either way, too much to tell 1.01x from 1.03x.
+//! The same two loops run through the whole part, and the agent comes and
+//! goes: each span beside it (timed once it has found them and its windows
+//! have narrowed) is set against the spans with no profiler just before
+//! and after it, in the same processes. Loops started anew for each span
+//! differed by 6% from one start to the next with no profiler at all (a
+//! process's speed here depends on where its memory lands), so a ratio
+//! between separate runs could not tell 1.01x from 1.03x.
+//!
+//! Each span is timed two ways: the loops' wall time per pair, and the CPU
+//! a pair costs the host: the loops' own CPU time (their probes' traps run
+//! in their threads) with the agent's CPU over the span shared out over
+//! their pairs, what a fleet pays.
 use std::{
+    io::{BufRead, BufReader},
     path::Path,
-    process::{Command, Stdio},
+    process::{Child, Command, Stdio},
+    sync::{Arc, Mutex},
+    thread,
+    time::{Duration, Instant},
 };
 
 use anyhow::{Context, Result};
 
-use super::{build_loop, median, printed_ns, start_memprobe, stop, usage};
-
-/// Each round's timing of the loops, with no profiler and beside the agent
-/// at each windows' cost.
-pub(super) struct AgentCosts {
-    none: Vec<LoopsTiming>,
-    agent: [Vec<LoopsTiming>; 2],
-}
-
-/// One round of the loops run at once.
-#[derive(Clone, Copy, Default)]
-struct LoopsTiming {
-    /// Nanoseconds per pair, the mean over the loops.
-    wall_ns: f64,
-    /// CPU nanoseconds per pair: the loops' own, and with the agent's over
-    /// the timed span shared out over their pairs.
-    cpu_ns: f64,
-    host_ns: f64,
-    /// The agent's CPU seconds over the timed span.
-    agent_cpu: f64,
-}
+use super::{build_loop, median, start_memprobe, stop, usage};
 
 /// What the agent's windows may cost (`--windows`): what deploy/ ships,
 /// and the default.
@@ -46,20 +35,152 @@ const WINDOWS: [&str; 2] = ["0.3%", "1%"];
 /// Loops running at once: one per CPU of this machine kind.
 const LOOPS: usize = 2;
 const ROUNDS: usize = 5;
-/// Untimed first: the agent's scan finds the loops within a second, and
-/// their windows narrow after three seconds at every call.
-const WARMUP_S: &str = "6";
-const TIMED_S: &str = "20";
+/// With no profiler, between two spans beside the agent.
+const BARE: Duration = Duration::from_secs(10);
+/// Untimed once the agent attached: its scan finds the loops within a
+/// second, and their windows narrow after three seconds at every call.
+const WARMUP: Duration = Duration::from_secs(6);
+const TIMED: Duration = Duration::from_secs(20);
+/// After the agent stops: its probes' links close.
+const SETTLE: Duration = Duration::from_secs(2);
+/// How often each loop reports its pairs and the time they took.
+const TICK_MS: &str = "250";
+
+/// One span's timing of the loops together.
+#[derive(Clone, Copy, Debug, Default)]
+struct Span {
+    pairs: f64,
+    wall_ns: f64,
+    cpu_ns: f64,
+}
+
+impl Span {
+    fn wall_per_pair(&self) -> f64 {
+        self.wall_ns / self.pairs.max(1.0)
+    }
+
+    fn cpu_per_pair(&self) -> f64 {
+        self.cpu_ns / self.pairs.max(1.0)
+    }
+}
+
+/// One span beside the agent, the spans with no profiler around it, and
+/// the agent's CPU seconds over it.
+#[derive(Clone, Copy, Debug)]
+struct Turn {
+    before: Span,
+    agent: Span,
+    after: Span,
+    agent_cpu: f64,
+}
+
+impl Turn {
+    /// Wall time per pair beside the agent over that with no profiler.
+    fn wall_ratio(&self) -> f64 {
+        let bare = (self.before.wall_per_pair() + self.after.wall_per_pair()) / 2.0;
+        self.agent.wall_per_pair() / bare
+    }
+
+    /// The host's CPU per pair beside the agent (the agent's own included)
+    /// over the loops' with no profiler.
+    fn cpu_ratio(&self) -> f64 {
+        let bare = (self.before.cpu_per_pair() + self.after.cpu_per_pair()) / 2.0;
+        let host = (self.agent.cpu_ns + self.agent_cpu * 1e9) / self.agent.pairs.max(1.0);
+        host / bare
+    }
+}
+
+/// Each windows' cost's turns, round by round.
+pub(super) struct AgentCosts {
+    turns: [Vec<Turn>; 2],
+}
+
+/// What the loops reported, each tick with when it came.
+#[derive(Clone, Default)]
+struct Ticks(Arc<Mutex<Vec<(Instant, Span)>>>);
+
+impl Ticks {
+    /// Reads `child`'s tick lines as they come.
+    fn follow(&self, child: &mut Child) -> Result<()> {
+        let stdout = child.stdout.take().context("the loop's stdout")?;
+        let ticks = self.0.clone();
+        thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(|l| l.ok()) {
+                let Some(span) = parse_tick(&line) else {
+                    continue;
+                };
+                if let Ok(mut ticks) = ticks.lock() {
+                    ticks.push((Instant::now(), span));
+                }
+            }
+        });
+        Ok(())
+    }
+
+    /// The ticks that came from `from` to `to`, summed.
+    fn between(&self, from: Instant, to: Instant) -> Span {
+        let ticks = self.0.lock().map(|t| t.clone()).unwrap_or_default();
+        ticks.iter().filter(|(at, _)| *at > from && *at <= to).fold(
+            Span::default(),
+            |sum, (_, t)| Span {
+                pairs: sum.pairs + t.pairs,
+                wall_ns: sum.wall_ns + t.wall_ns,
+                cpu_ns: sum.cpu_ns + t.cpu_ns,
+            },
+        )
+    }
+}
+
+/// "tick PAIRS WALL_NS CPU_NS".
+fn parse_tick(line: &str) -> Option<Span> {
+    let mut fields = line.strip_prefix("tick ")?.split_whitespace();
+    let mut next = || fields.next()?.parse::<f64>().ok();
+    Some(Span {
+        pairs: next()?,
+        wall_ns: next()?,
+        cpu_ns: next()?,
+    })
+}
+
+/// Waits `span` from now and returns when it ended.
+fn wait(span: Duration) -> (Instant, Instant) {
+    let from = Instant::now();
+    thread::sleep(span);
+    (from, Instant::now())
+}
 
 pub(super) fn agent_costs(memprobe: &Path, out: &Path, profiles_dir: &str) -> Result<AgentCosts> {
     eprintln!("bench: the host agent, {LOOPS} busy jemalloc loops");
     let malloc_loop = build_loop(out, "malloc_loop", &["-ljemalloc"])?;
+    let turn_secs = (BARE + WARMUP + TIMED + SETTLE).as_secs() + 3;
+    let whole = (turn_secs * (ROUNDS * WINDOWS.len()) as u64 + BARE.as_secs() + 10).to_string();
+    let ticks = Ticks::default();
+    let mut loops = Vec::with_capacity(LOOPS);
+    for _ in 0..LOOPS {
+        let mut child = Command::new(&malloc_loop)
+            .args(["0", &whole])
+            .env("FIXTURE_TICK_MS", TICK_MS)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()?;
+        ticks.follow(&mut child)?;
+        loops.push(child);
+    }
+    let costs = take_turns(memprobe, profiles_dir, &ticks);
+    for mut child in loops {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    costs
+}
+
+/// Rounds of turns, the agent at each windows' cost beside the loops.
+fn take_turns(memprobe: &Path, profiles_dir: &str, ticks: &Ticks) -> Result<AgentCosts> {
     let mut costs = AgentCosts {
-        none: Vec::new(),
-        agent: Default::default(),
+        turns: Default::default(),
     };
+    let mut before = wait(BARE);
     for _ in 0..ROUNDS {
-        costs.none.push(time_loops(&malloc_loop, None)?);
         for (k, windows) in WINDOWS.into_iter().enumerate() {
             let args = [
                 "--all",
@@ -75,90 +196,92 @@ pub(super) fn agent_costs(memprobe: &Path, out: &Path, profiles_dir: &str) -> Re
                 profiles_dir,
             ];
             let (mut agent, _) = start_memprobe(memprobe, &args)?;
-            let timed = time_loops(&malloc_loop, Some(agent.id()));
+            thread::sleep(WARMUP);
+            let cpu = || usage(agent.id()).map_or(0.0, |(cpu, _)| cpu);
+            let cpu_before = cpu();
+            let timed = wait(TIMED);
+            let agent_cpu = (cpu() - cpu_before).max(0.0);
             stop(&mut agent);
-            costs.agent[k].push(timed?);
+            thread::sleep(SETTLE);
+            let after = wait(BARE);
+            costs.turns[k].push(Turn {
+                before: ticks.between(before.0, before.1),
+                agent: ticks.between(timed.0, timed.1),
+                after: ticks.between(after.0, after.1),
+                agent_cpu,
+            });
+            before = after;
         }
     }
     Ok(costs)
 }
 
-/// Runs the loops at once, beside `agent` if one runs (its CPU read as
-/// their timed span begins and ends).
-fn time_loops(malloc_loop: &Path, agent: Option<u32>) -> Result<LoopsTiming> {
-    let children: Vec<_> = (0..LOOPS)
-        .map(|_| {
-            Command::new(malloc_loop)
-                .args(["0", TIMED_S])
-                .env("FIXTURE_WARMUP_S", WARMUP_S)
-                .env("FIXTURE_CPU_NS", "1")
-                .stdout(Stdio::piped())
-                .stderr(Stdio::null())
-                .spawn()
-        })
-        .collect::<Result<_, _>>()?;
-    let agent_cpu = || agent.and_then(usage).map_or(0.0, |(cpu, _)| cpu);
-    std::thread::sleep(std::time::Duration::from_secs(WARMUP_S.parse()?));
-    let agent_before = agent_cpu();
-    let (mut wall, mut cpu, mut pairs) = (0.0, 0.0, 0.0);
-    for child in children {
-        let stdout = child.wait_with_output()?.stdout;
-        let made = printed_value(&stdout, "pairs ")?;
-        wall += printed_ns(&stdout)?;
-        cpu += printed_value(&stdout, "cpu ")? * made;
-        pairs += made;
-    }
-    let agent_cpu = (agent_cpu() - agent_before).max(0.0);
-    Ok(LoopsTiming {
-        wall_ns: wall / LOOPS as f64,
-        cpu_ns: cpu / pairs,
-        host_ns: (cpu + agent_cpu * 1e9) / pairs,
-        agent_cpu,
-    })
-}
-
-/// The number after `prefix` on a line of the loop's output.
-fn printed_value(stdout: &[u8], prefix: &str) -> Result<f64> {
-    let text = String::from_utf8_lossy(stdout);
-    text.lines()
-        .find_map(|l| l.strip_prefix(prefix)?.trim().parse().ok())
-        .with_context(|| format!("no {prefix:?} in {text:?}"))
-}
-
 pub(super) fn agent_table(costs: &AgentCosts) -> String {
-    let of = |rounds: &[LoopsTiming], value: fn(&LoopsTiming) -> f64| {
-        let values: Vec<f64> = rounds.iter().map(value).collect();
-        let each: Vec<String> = values.iter().map(|v| format!("{v:.1}")).collect();
-        (median(&values), each.join(", "))
+    let each = |values: &[f64]| {
+        let shown: Vec<String> = values.iter().map(|v| format!("{v:.3}x")).collect();
+        format!("{:.3}x ({})", median(values), shown.join(", "))
     };
-    let (none_wall, none_walls) = of(&costs.none, |t| t.wall_ns);
-    let (none_cpu, none_cpus) = of(&costs.none, |t| t.cpu_ns);
     let rows: String = WINDOWS
         .iter()
-        .zip(&costs.agent)
-        .map(|(windows, rounds)| {
-            let (wall, walls) = of(rounds, |t| t.wall_ns);
-            let (host, hosts) = of(rounds, |t| t.host_ns);
-            let (agent_cpu, _) = of(rounds, |t| t.agent_cpu);
+        .zip(&costs.turns)
+        .map(|(windows, turns)| {
+            let wall: Vec<f64> = turns.iter().map(Turn::wall_ratio).collect();
+            let cpu: Vec<f64> = turns.iter().map(Turn::cpu_ratio).collect();
+            let own: Vec<f64> = turns.iter().map(|t| t.agent_cpu).collect();
+            let bare: Vec<f64> = turns.iter().map(|t| t.before.wall_per_pair()).collect();
             format!(
-                "| the agent, `--windows {windows}` | {wall:.1} ({walls}) | {:.3}x | \
-                 {host:.1} ({hosts}) | {:.3}x | {agent_cpu:.2} s |\n",
-                wall / none_wall,
-                host / none_cpu
+                "| the agent, `--windows {windows}` | {:.1} | {} | {} | {:.2} s |\n",
+                median(&bare),
+                each(&wall),
+                each(&cpu),
+                median(&own),
             )
         })
         .collect();
     format!(
         "\nThe host agent (`--all --allocator jemalloc --track allocations`, with the windows \
-         deploy/ ships, 0.3%, and the default, 1%): {LOOPS} \
-         malloc/free loops at once, timed for {TIMED_S} s after {WARMUP_S} s, {ROUNDS} rounds \
-         taking turns. CPU per pair: the loops' own CPU time (their traps in it) and the \
-         agent's over the timed span, over the pairs they made.\n\n\
-         | setup | wall ns per pair, median (each round) | vs no profiler | CPU ns per pair, \
-         loops and agent | vs no profiler | agent's CPU over {TIMED_S} s |\n\
-         |---|---|---|---|---|---|\n\
-         | no profiler | {none_wall:.1} ({none_walls}) | 1.00x | {none_cpu:.1} ({none_cpus}) | \
-         1.00x | |\n\
+         deploy/ ships, 0.3%, and the default, 1%): {LOOPS} malloc/free loops running \
+         throughout, the agent beside them for {} s at a time ({} s after its attach \
+         untimed), each such span set against the {} s with no profiler before and after it, \
+         {ROUNDS} rounds. CPU per pair: the loops' own CPU time (their traps in it) and the \
+         agent's over the span, over the pairs they made.\n\n\
+         | setup | ns per pair, no profiler | wall time vs no profiler, median (each round) | \
+         CPU per pair, loops and agent, vs no profiler | agent's CPU per span |\n\
+         |---|---|---|---|---|\n\
          {rows}",
+        TIMED.as_secs(),
+        WARMUP.as_secs(),
+        BARE.as_secs(),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tick_line_is_read() {
+        let span = parse_tick("tick 13411328 300006946 171050072").unwrap();
+        assert_eq!(span.pairs, 13_411_328.0);
+        assert!((span.wall_per_pair() - 22.37).abs() < 0.01);
+        assert!(parse_tick("20.47").is_none());
+    }
+
+    #[test]
+    fn a_turn_is_set_against_the_bare_spans_around_it() {
+        let span = |pairs: f64, ns: f64| Span {
+            pairs,
+            wall_ns: pairs * ns,
+            cpu_ns: pairs * ns,
+        };
+        let turn = Turn {
+            before: span(1e9, 10.0),
+            agent: span(1e9, 10.5),
+            after: span(1e9, 11.0),
+            agent_cpu: 0.1,
+        };
+        assert!((turn.wall_ratio() - 1.0).abs() < 1e-9);
+        // 0.1 s of the agent's over 1e9 pairs: 0.1 ns a pair more.
+        assert!((turn.cpu_ratio() - 10.6 / 10.5).abs() < 1e-9);
+    }
 }
