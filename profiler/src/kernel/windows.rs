@@ -22,7 +22,7 @@ pub struct ThreadWindow {
     /// Where the counter is in the thread's TLS (0: not known).
     pub counter_at: u64,
     /// The window's bytes its sent samples stand for, and its lost ones
-    /// (from one sampled call to the next).
+    /// (each its usable size over the chance its call was sampled).
     pub sent_bytes: u64,
     pub lost_bytes: u64,
 }
