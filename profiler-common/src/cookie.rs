@@ -41,3 +41,21 @@ pub const fn return_address_offset(cookie: u64) -> u64 {
 pub const fn instance(cookie: u64) -> u32 {
     (cookie >> 48) as u32
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cookie_fields_round_trip() {
+        let c = encode(0x1ead_beef, 24, 7, true);
+        assert_eq!(probe_index(c), 0x1ead_beef);
+        assert!(!is_windowed(c));
+        assert_eq!(probe_index(windowed(c)), 0x1ead_beef);
+        assert!(is_windowed(windowed(c)) && forwards(windowed(c)));
+        assert_eq!(return_address_offset(c), 24);
+        assert_eq!(instance(c), 7);
+        assert!(forwards(c));
+        assert!(!forwards(encode(0x1ead_beef, 24, 7, false)));
+    }
+}

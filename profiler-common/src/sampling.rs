@@ -45,3 +45,19 @@ pub fn split_random(random: u32) -> (u32, u32) {
     let index = (x >> (31 - QUANTILE_BITS)) & (QUANTILE_COUNT - 1);
     (zeros, index)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_random_finds_leading_zeros_and_mantissa() {
+        assert_eq!(split_random(0x8000_0000), (0, 0));
+        assert_eq!(split_random(0xffff_ffff), (0, QUANTILE_COUNT - 1));
+        assert_eq!(split_random(0x4000_0000), (1, 0));
+        assert_eq!(split_random(0x0000_0001), (31, 0));
+        assert_eq!(split_random(0), (31, 0));
+        // 0b0110_0000... : one leading zero, mantissa 1.1 -> index half way.
+        assert_eq!(split_random(0x6000_0000), (1, QUANTILE_COUNT / 2));
+    }
+}
