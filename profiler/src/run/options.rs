@@ -90,9 +90,11 @@ pub struct SessionOptions {
     pub max_overhead: Option<f64>,
     /// `--sampling`. Default: in windows where it can be.
     pub sampling: Sampling,
-    /// `--recalibrate-every`: how often the per-hit costs are measured
-    /// again while the run goes on (a VM's trap costs drift by a fifth over
-    /// minutes); `None` for only at start. Default: two minutes.
+    /// `--recalibrate-every`: the longest gap between measurements of the
+    /// per-hit costs while the run goes on (the first come 1 s, 2 s, 4 s...
+    /// apart; hits are priced at the mean of the last few, a VM's trap
+    /// costs changing by up to 2x from second to second); `None` for only
+    /// at start. Default: two minutes.
     pub recalibrate_every: Option<std::time::Duration>,
     /// The allocators to probe (`--allocator`). Default: all of them.
     pub allocators: Vec<crate::discover::AllocatorKind>,

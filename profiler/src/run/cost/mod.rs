@@ -1,23 +1,27 @@
 //! What memprobe costs the profiled processes: probe hits per entry point,
 //! and the time they add, estimated from per-hit costs measured on this
 //! host ([`calibrate`]) and measured again as the run goes on
-//! ([`recalibration`]).
+//! ([`recalibration`]), hits priced at the mean of the last measurements
+//! ([`recent`]).
 pub mod calibrate;
 pub(super) mod recalibration;
 
 mod ledger;
 mod model;
+mod recent;
 
 pub use ledger::{CostLedger, ProbeCost, human_count, rates};
 pub use model::CostModel;
 
 use crate::kernel::KernelProbes;
 
-/// What the probes cost: what a hit costs on this host as last measured,
-/// when it is measured next, and the hits priced so far.
+/// What the probes cost: what a hit costs on this host (the mean of the
+/// last measurements, which it keeps), when it is measured next, and the
+/// hits priced so far.
 #[derive(Default)]
 pub(in crate::run) struct Costs {
     pub model: CostModel,
+    pub recent: recent::RecentCosts,
     pub recalibration: recalibration::Recalibration,
     pub ledger: CostLedger,
 }

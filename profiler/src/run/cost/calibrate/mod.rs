@@ -15,8 +15,10 @@
 //! up in the sampled set where the slot counts any), a slot the previous
 //! hit did not warm (a null pointer returns before either).
 //!
-//! The costs are measured again every `--recalibrate-every` while the
-//! run goes on, the copy timed in the background ([`Remeasurement`]).
+//! The costs are measured again while the run goes on, soon at first,
+//! then every `--recalibrate-every`, the copy timed in the background
+//! ([`Remeasurement`]) over fewer rounds: hits are priced at the mean of
+//! several measurements (`super::recent`).
 //!
 //! Where the probes are perf events bound to the copy's main thread (no
 //! uprobe_multi links filtered by process, before 6.10), a pipe round trip
@@ -51,8 +53,12 @@ use copy::{BASELINE_COPY, COPY_BYTES, ENDBR64, NOP, RET, Target, target_location
 const FAST_CALLS: u64 = 10_000;
 const SLOW_CALLS: u64 = 1_000;
 const BASELINE_CALLS: u64 = 1_000_000;
-/// Rounds per kind: each kind's cost is the median of its rounds.
-const ROUNDS: usize = 7;
+/// Rounds per kind at start, where one measurement prices the first
+/// second alone: each kind's cost is the median of its rounds.
+const START_ROUNDS: usize = 7;
+/// Rounds per kind of each measurement again, whose costs are averaged
+/// with others' ([`super::recent`]): some 0.15 s of one CPU each.
+const AGAIN_ROUNDS: usize = 3;
 /// Bytes between the pointers a free's timing passes: a small size class.
 const FREE_STRIDE: u64 = 48;
 /// Pipe round trips per timing of a thread's context switches.
@@ -137,7 +143,7 @@ pub fn measure(probes: &mut KernelProbes) -> Result<CostModel, CalibrationError>
         (attached, forcing) = attach_kinds(probes, &executable, offset, pid)?;
     }
     let events = task_events(&attached);
-    let timings = first.and_then(|_| Timings::take(&mut target, events));
+    let timings = first.and_then(|_| Timings::<START_ROUNDS>::take(&mut target, events));
     detach_kinds(probes, attached);
     Ok(timings?.model(forcing))
 }
@@ -148,7 +154,7 @@ pub fn measure(probes: &mut KernelProbes) -> Result<CostModel, CalibrationError>
 pub struct Remeasurement {
     attached: Vec<CalibrationProbes>,
     forcing: bool,
-    timing: std::thread::JoinHandle<Result<Timings, CalibrationError>>,
+    timing: std::thread::JoinHandle<Result<Timings<AGAIN_ROUNDS>, CalibrationError>>,
 }
 
 impl Remeasurement {
@@ -187,7 +193,7 @@ impl Remeasurement {
 /// with a free's pointers, and of each kind (a row) in each round (a
 /// column); with the perf events on the copy's main thread, each round's
 /// added nanoseconds per round trip of that thread.
-struct Timings {
+struct Timings<const ROUNDS: usize> {
     baseline: f64,
     pointers_baseline: f64,
     rounds: [[f64; ROUNDS]; KINDS.len()],
@@ -195,7 +201,7 @@ struct Timings {
     switches: [f64; ROUNDS],
 }
 
-impl Timings {
+impl<const ROUNDS: usize> Timings<ROUNDS> {
     fn take(target: &mut Target, events: usize) -> Result<Self, CalibrationError> {
         let baseline = target.time(BASELINE_CALLS, 0, BASELINE_COPY)?;
         let pointers_baseline = target.time(BASELINE_CALLS, FREE_STRIDE, BASELINE_COPY)?;
@@ -283,9 +289,12 @@ fn detach_kinds(probes: &mut KernelProbes, attached: Vec<CalibrationProbes>) {
 /// Nanoseconds per call of each kind (a row) in each round (a column),
 /// the kinds taking turns within a round; with `switches`, what a round
 /// trip of the main thread took in each round over one of another thread.
-type Rounds = ([[f64; ROUNDS]; KINDS.len()], [f64; ROUNDS]);
+type Rounds<const ROUNDS: usize> = ([[f64; ROUNDS]; KINDS.len()], [f64; ROUNDS]);
 
-fn time_rounds(target: &mut Target, switches: bool) -> Result<Rounds, CalibrationError> {
+fn time_rounds<const ROUNDS: usize>(
+    target: &mut Target,
+    switches: bool,
+) -> Result<Rounds<ROUNDS>, CalibrationError> {
     let mut rounds = [[0.0; ROUNDS]; KINDS.len()];
     let mut added = [0.0; ROUNDS];
     for round in 0..ROUNDS {
