@@ -13,7 +13,7 @@ mod recent;
 pub use ledger::{CostLedger, ProbeCost, human_count, rates};
 pub use model::CostModel;
 
-use crate::kernel::KernelProbes;
+use crate::kernel::{CalibrationProbes, KernelProbes};
 
 /// What the probes cost: what a hit costs on this host (the mean of the
 /// last measurements, which it keeps), when it is measured next, and the
@@ -23,6 +23,8 @@ pub(in crate::run) struct Costs {
     pub model: CostModel,
     pub recent: recent::RecentCosts,
     pub recalibration: recalibration::Recalibration,
+    /// A finished measurement's probes, detached one a tick.
+    pub retired: Vec<CalibrationProbes>,
     pub ledger: CostLedger,
 }
 

@@ -41,6 +41,9 @@ impl Session<'_> {
     /// Each tick, after the ledger priced the tick's hits: starts a
     /// measurement when one is due, takes its costs once it ended.
     pub(in crate::run) fn keep_costs_measured(&mut self) {
+        if let Some(retired) = self.costs.retired.pop() {
+            self.probes.detach_calibration(retired);
+        }
         let Some(every) = self.options.recalibrate_every else {
             return;
         };
@@ -61,7 +64,8 @@ impl Session<'_> {
                 }
             },
             Recalibration::Running(running) if running.is_done() => {
-                let measured = running.finish(&mut self.probes);
+                let (measured, retired) = running.finish();
+                self.costs.retired.extend(retired);
                 self.take_costs(measured);
                 let gap = gap_after(self.costs.recent.taken(), every);
                 Recalibration::Due(now + gap)

@@ -233,7 +233,17 @@ pub(super) struct Target {
 }
 
 impl Target {
+    /// Starts the copy and waits until it serves.
     pub(super) fn start(executable: &Path) -> Result<Self, CalibrationError> {
+        let mut target = Self::spawn(executable)?;
+        target.wait_ready()?;
+        Ok(target)
+    }
+
+    /// Starts the copy without waiting for it: its pid is known at once,
+    /// and probes attached to it before it maps memprobe's executable go
+    /// in when it does.
+    pub(super) fn spawn(executable: &Path) -> Result<Self, CalibrationError> {
         let mut child = Command::new(executable)
             .env(TARGET_ENV, "1")
             .stdin(Stdio::piped())
@@ -242,12 +252,15 @@ impl Target {
             .spawn()
             .map_err(|e| CalibrationError::Start(executable.into(), e))?;
         let stdout = child.stdout.take().ok_or(CalibrationError::Stopped)?;
-        let mut target = Self {
+        Ok(Self {
             child,
             lines: BufReader::new(stdout).lines(),
-        };
-        target.read_line()?;
-        Ok(target)
+        })
+    }
+
+    /// Waits for the copy's first line, said once it serves requests.
+    pub(super) fn wait_ready(&mut self) -> Result<(), CalibrationError> {
+        self.read_line().map(drop)
     }
 
     fn read_line(&mut self) -> Result<String, CalibrationError> {

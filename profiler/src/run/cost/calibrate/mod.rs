@@ -158,16 +158,21 @@ pub struct Remeasurement {
 }
 
 impl Remeasurement {
-    /// Starts a copy and attaches each kind's probes to it. Dropped
-    /// unfinished, its probes go with `probes`, and the copy exits once
-    /// its timing thread ends (at the latest, with memprobe).
+    /// Starts a copy and attaches each kind's probes to it; the copy is
+    /// waited for in the timing thread, not in the session's loop, which
+    /// goes on draining the ring buffer. Dropped unfinished, its probes go
+    /// with `probes`, and the copy exits once its timing thread ends (at
+    /// the latest, with memprobe).
     pub fn start(probes: &mut KernelProbes) -> Result<Self, CalibrationError> {
         let (executable, offset) = target_location()?;
-        let mut target = Target::start(&executable)?;
+        let mut target = Target::spawn(&executable)?;
         let pid = target.child.id();
         let (attached, forcing) = attach_kinds(probes, &executable, offset, pid)?;
         let events = task_events(&attached);
-        let timing = std::thread::spawn(move || Timings::take(&mut target, events));
+        let timing = std::thread::spawn(move || {
+            target.wait_ready()?;
+            Timings::take(&mut target, events)
+        });
         Ok(Self {
             attached,
             forcing,
@@ -179,13 +184,16 @@ impl Remeasurement {
         self.timing.is_finished()
     }
 
-    /// Detaches its probes (once the timing ended) and prices what it
-    /// timed.
-    pub fn finish(self, probes: &mut KernelProbes) -> Result<CostModel, CalibrationError> {
+    /// Prices what it timed (once the timing ended), and hands back its
+    /// probes, one kind each, to be detached: closing a link waits for a
+    /// grace period (25 to 36 ms each), so the session detaches one a tick
+    /// rather than stall its loop while the ring buffer fills.
+    pub fn finish(self) -> (Result<CostModel, CalibrationError>, Vec<CalibrationProbes>) {
         let timings = self.timing.join();
-        detach_kinds(probes, self.attached);
-        let timings = timings.map_err(|_| CalibrationError::Panicked)?;
-        Ok(timings?.model(self.forcing))
+        let model = timings
+            .map_err(|_| CalibrationError::Panicked)
+            .and_then(|timings| Ok(timings?.model(self.forcing)));
+        (model, self.attached)
     }
 }
 
