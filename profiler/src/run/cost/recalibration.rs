@@ -3,7 +3,7 @@
 //! seconds, and hits are priced at the mean of the last few
 //! ([`super::recent`]). The first come soon, 1 s apart, then 2, 4, 8...
 //! until `--recalibrate-every`: a run of seconds gets several, for some
-//! 50 ms of one CPU each. Each tick's hits are priced before new costs are
+//! 0.15 s of one CPU each. Each tick's hits are priced before new costs are
 //! taken, so hits keep the costs of their time.
 use std::time::{Duration, Instant};
 

@@ -1,7 +1,7 @@
 //! The costs hits are priced at: the mean of the last few measurements,
 //! not the latest alone. On this machine kind a measurement is a snapshot
-//! of a host whose speed changes under it: plain code ran at 1.3 or 2.9 ns
-//! a call in spells of a tenth of a second to seconds, traps slowing with
+//! of a host whose speed changes under it: plain code ran at 1.3, 2.9 or
+//! 3.5 ns a call in spells of a tenth of a second to seconds, traps slowing with
 //! it (a trap's cost over a call's held within 8%), so one half-second
 //! measurement read anywhere from 0.6 to 0.9 µs an emulated hit while a
 //! loop of seconds paid their mean. The profiled process pays the mean of
