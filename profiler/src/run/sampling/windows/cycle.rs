@@ -239,6 +239,7 @@ impl Session<'_> {
             .filter_map(|tid| Some((tid, self.probes.thread_window(pid, tid)?)))
             .collect();
         let scales = windows.weigh(number, &records);
+        let mut weighed = 0;
         for mut event in std::mem::take(&mut windows.held) {
             if let HeapEvent::Sampled(sample) = &mut event
                 && sample.scale.is_some()
@@ -247,9 +248,14 @@ impl Session<'_> {
                 sample.scale = Some(scales.get(&sample.tid).copied().unwrap_or(0.0));
                 if scales.contains_key(&sample.tid) {
                     windows.tails.keep(sample);
+                    weighed += 1;
                 }
             }
             t.heap.apply(event);
+        }
+        if weighed > 0 {
+            windows.sampled_windows += 1;
+            windows.window_samples += weighed;
         }
         windows.settle_exits(&mut t.heap);
         self.follow_tails(pid, &live, &records);

@@ -245,13 +245,16 @@ pub(in crate::run) fn windows_note(
             ),
         };
         format!(
-            "; in windows {:.1}% of the time so far{}{narrowed}{tails}",
+            "; in windows {:.1}% of the time so far ({} samples from {} short windows){}\
+             {narrowed}{tails}",
             w.share_open() * 100.0,
+            w.window_samples,
+            w.sampled_windows,
             if w.continuous() {
                 ", every call now"
             } else {
                 ""
-            }
+            },
         )
     });
     format!(
