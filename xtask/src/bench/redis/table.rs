@@ -75,7 +75,9 @@ pub(super) fn cpu_per_request(row: &Row) -> String {
 
 /// What redis-server gained over the measured runs (each round's CPU with
 /// less its CPU without, summed), with a 95% margin where the rounds allow
-/// one, against memprobe's report.
+/// one, against memprobe's report (a floor has none: its gain alone, to
+/// set memprobe's against in seconds as well as in ratios, since rows taken
+/// minutes apart run on a host whose speed differs).
 fn added(row: &Row) -> String {
     let gains = |h: &Half| -> Vec<f64> {
         h.rounds
@@ -92,7 +94,7 @@ fn added(row: &Row) -> String {
         None => format!("{gained:.2}"),
     };
     let Some(reported) = row.halves.iter().map(|h| h.reported).sum::<Option<f64>>() else {
-        return "-".to_owned();
+        return format!("{measured} / -");
     };
     // Within the twins' noise a mode that traps almost never can read a
     // loss: no ratio to give.
