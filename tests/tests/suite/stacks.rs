@@ -144,10 +144,12 @@ fn frame_pointers_are_a_fast_path_where_the_code_keeps_them() {
     assert_within("keep_4k", inuse["keep_4k"] * MIB, 2000.0 * 4096.0, 0.10);
     assert_within("keep_1m", inuse["keep_1m"] * MIB, 16.0 * MIB, 0.10);
 
-    // --unwind dwarf: every sample keeps its copy.
+    // --unwind dwarf: every sample keeps its copy, but for those the
+    // kernel sent without one while the ring buffer was three quarters
+    // full (a loaded host reads it late), which the summary counts.
     let out = output_dir("frame_pointer_fast_path_off");
     let mut fixture = Fixture::start(&binary, &[]);
-    let (heap, _) = profile_workload(&mut fixture, &out, &["--unwind", "dwarf"]);
+    let (heap, stderr) = profile_workload(&mut fixture, &out, &["--unwind", "dwarf"]);
     let notes = heap_notes(&heap);
     let unwound: u64 = notes
         .get("stacks_unwound_by_dwarf")
@@ -155,7 +157,11 @@ fn frame_pointers_are_a_fast_path_where_the_code_keeps_them() {
         .parse()
         .unwrap();
     let samples: u64 = notes["memprobe_samples"].parse().unwrap();
-    assert!(unwound * 10 >= samples * 9, "{notes:?}");
+    let copies_skipped = kernel_drops(&stderr, "sent without a stack copy");
+    assert!(
+        (unwound + copies_skipped) * 10 >= samples * 9,
+        "{unwound} unwound, {copies_skipped} sent without a copy: {notes:?}\n{stderr}"
+    );
     assert!(
         !notes.contains_key("stacks_by_trusted_frame_pointers"),
         "{notes:?}"
