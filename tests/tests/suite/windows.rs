@@ -16,7 +16,7 @@ fn flat(rows: &[JeprofRow], name: &str) -> f64 {
 fn window_samples(note: &str) -> (f64, u64) {
     let counts = note
         .split_once("so far (")
-        .and_then(|(_, rest)| rest.split_once(" short windows)"))
+        .and_then(|(_, rest)| rest.split_once(" short window"))
         .and_then(|(counts, _)| counts.split_once(" samples from "));
     let parsed =
         counts.and_then(|(samples, windows)| Some((samples.parse().ok()?, windows.parse().ok()?)));

@@ -308,16 +308,15 @@ pub(super) fn redis_bench(
         measured(&mut rows, ONE_TRAP, halves);
         for (label, flags, warmup) in MODES {
             let halves = crossover(twins, |pair, half| {
-                attached_half(memprobe, profiles_dir, pair, (flags, warmup), half)
+                attached_half(memprobe, profiles_dir, pair, (flags, warmup), true, half)
             })?;
             measured(&mut rows, label, halves);
         }
         for (label, warmup) in AGAINST_FLOOR {
             let halves = crossover(twins, |pair, half| {
                 let floor = OneTrap::attach(pair[1].pid, &places[1])?;
-                attached_half(memprobe, profiles_dir, pair, (&[], warmup), half)?;
-                // What memprobe reports includes the frees the floor pays.
-                half.reported = None;
+                // Not its report: that includes the frees the floor pays.
+                attached_half(memprobe, profiles_dir, pair, (&[], warmup), false, half)?;
                 if floor.hits()? == 0 {
                     bail!("the floor beside memprobe counted no hit in redis-server");
                 }
@@ -445,13 +444,14 @@ fn sleeps(pid: u32) -> u64 {
 const WARMUP_RUNS: usize = 2;
 
 /// memprobe attached to `pair[0]` in one mode: `warmup` runs under load,
-/// then the runs in turn, with memprobe's report of what it added over
-/// them read from its /metrics just before and after.
+/// then the runs in turn; with `report`, memprobe's report of what it
+/// added over them, read from its /metrics just before and after.
 fn attached_half(
     memprobe: &Path,
     profiles_dir: &str,
     pair: [Server; 2],
     (flags, warmup): (&[&str], usize),
+    report: bool,
     half: &mut Half,
 ) -> Result<()> {
     let pid = pair[0].pid.to_string();
@@ -467,10 +467,14 @@ fn attached_half(
         std::thread::sleep(Duration::from_millis(1500));
         scraped_added_seconds(pair[0].pid)
     };
-    let start = added();
-    in_turn(pair, half)?;
-    let end = added();
-    half.reported = start.zip(end).map(|(start, end)| end - start);
+    if report {
+        let start = added();
+        in_turn(pair, half)?;
+        let end = added();
+        half.reported = start.zip(end).map(|(start, end)| end - start);
+    } else {
+        in_turn(pair, half)?;
+    }
     half.own = usage(probe.id());
     stop(&mut probe);
     Ok(())

@@ -244,12 +244,15 @@ pub(in crate::run) fn windows_note(
                 crate::units::bytes(unsampled as f64)
             ),
         };
+        // Until a short window drew samples, there is no count to tell.
+        let drawn = match w.sampled_windows {
+            0 => String::new(),
+            1 => format!(" ({} samples from 1 short window)", w.window_samples),
+            n => format!(" ({} samples from {n} short windows)", w.window_samples),
+        };
         format!(
-            "; in windows {:.1}% of the time so far ({} samples from {} short windows){}\
-             {narrowed}{tails}",
+            "; in windows {:.1}% of the time so far{drawn}{}{narrowed}{tails}",
             w.share_open() * 100.0,
-            w.window_samples,
-            w.sampled_windows,
             if w.continuous() {
                 ", every call now"
             } else {
