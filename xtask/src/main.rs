@@ -152,38 +152,43 @@ fn build_release() -> Result<()> {
     run_command(cargo().args(["build", "--release", "--package", "profiler"]))
 }
 
-fn test(filter: Option<&str>, fuzz_build: Option<fuzz::Build>) -> Result<()> {
+/// rustfmt and clippy, warnings as errors, on the userspace crates and
+/// on the eBPF one (its own target, with the nightly).
+fn lint() -> Result<()> {
     eprintln!("xtask: rustfmt");
     run_command(cargo().args(["fmt", "--all", "--check"]))?;
     eprintln!("xtask: clippy (userspace)");
     // The release profile, as the build and the tests after it: their
     // build scripts (the eBPF object's among them) and proc macros are
     // built once.
-    run_command(cargo().args([
-        "clippy",
-        "--release",
-        "--all-targets",
-        "--",
-        "-D",
-        "warnings",
-    ]))?;
+    run_command(
+        cargo()
+            .args(["clippy", "--release", "--all-targets", "--"])
+            .args(DENY_WARNINGS),
+    )?;
     eprintln!("xtask: clippy (eBPF)");
-    run_command(Command::new("rustup").args([
-        "run",
-        "nightly",
-        "cargo",
-        "clippy",
-        "--package",
-        "profiler-ebpf",
-        "--target",
-        "bpfel-unknown-none",
-        "-Z",
-        "build-std=core",
-        "--release",
-        "--",
-        "-D",
-        "warnings",
-    ]))?;
+    run_command(
+        Command::new("rustup")
+            .args([
+                "run",
+                "nightly",
+                "cargo",
+                "clippy",
+                "--package",
+                "profiler-ebpf",
+            ])
+            .args(["--target", "bpfel-unknown-none", "-Z", "build-std=core"])
+            .args(["--release", "--"])
+            .args(DENY_WARNINGS),
+    )
+}
+
+const DENY_WARNINGS: [&str; 2] = ["-D", "warnings"];
+
+/// `cargo xtask test`: the lints, the build and its package, then the
+/// tests (with `filter`, those alone; else the kernels and fuzzers too).
+fn test(filter: Option<&str>, fuzz_build: Option<fuzz::Build>) -> Result<()> {
+    lint()?;
     build_release()?;
     eprintln!("xtask: the .deb");
     let deb = dist::deb()?;

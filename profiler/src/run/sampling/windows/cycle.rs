@@ -7,9 +7,9 @@ use std::time::Instant;
 use aya::maps::{MapData, RingBuf};
 use tokio::io::unix::AsyncFd;
 
-use super::{account, timing};
+use super::{Windows, account, timing};
 use crate::{
-    collect::HeapEvent,
+    collect::{HeapEvent, ProcessHeap},
     kernel::ThreadWindow,
     run::{Session, notice::SamplingNotice},
 };
@@ -238,27 +238,38 @@ impl Session<'_> {
             .into_iter()
             .filter_map(|tid| Some((tid, self.probes.thread_window(pid, tid)?)))
             .collect();
-        let scales = windows.weigh(number, &records);
-        let mut weighed = 0;
-        for mut event in std::mem::take(&mut windows.held) {
-            if let HeapEvent::Sampled(sample) = &mut event
-                && sample.scale.is_some()
-            {
-                // A thread whose counters were not read is not guessed at.
-                sample.scale = Some(scales.get(&sample.tid).copied().unwrap_or(0.0));
-                if scales.contains_key(&sample.tid) {
-                    windows.tails.keep(sample);
-                    weighed += 1;
-                }
-            }
-            t.heap.apply(event);
-        }
-        if weighed > 0 {
-            windows.sampled_windows += 1;
-            windows.window_samples += weighed;
-        }
+        apply_held(windows, number, &records, &mut t.heap);
         windows.settle_exits(&mut t.heap);
         self.follow_tails(pid, &live, &records);
         closing
+    }
+}
+
+/// Weighs the samples window `number` held by what each thread's counters
+/// say it allocated (`records`) and applies all it held to `heap`.
+fn apply_held(
+    windows: &mut Windows,
+    number: u64,
+    records: &[(u32, ThreadWindow)],
+    heap: &mut ProcessHeap,
+) {
+    let scales = windows.weigh(number, records);
+    let mut weighed = 0;
+    for mut event in std::mem::take(&mut windows.held) {
+        if let HeapEvent::Sampled(sample) = &mut event
+            && sample.scale.is_some()
+        {
+            // A thread whose counters were not read is not guessed at.
+            sample.scale = Some(scales.get(&sample.tid).copied().unwrap_or(0.0));
+            if scales.contains_key(&sample.tid) {
+                windows.tails.keep(sample);
+                weighed += 1;
+            }
+        }
+        heap.apply(event);
+    }
+    if weighed > 0 {
+        windows.sampled_windows += 1;
+        windows.window_samples += weighed;
     }
 }
