@@ -177,6 +177,9 @@ pub enum Part {
     /// redis-server under the other loads: other requests, value sizes and
     /// pipelining.
     RedisOtherLoads,
+    /// redis-server under LPUSHes of 3-byte values alone: a list grown
+    /// in place, its listpack reallocated now and then.
+    RedisLists,
     /// redis-server under HSETs of 4 KiB values alone: requests above
     /// jemalloc's fast path that a thread cache holds.
     RedisMiddleSized,
@@ -235,6 +238,7 @@ pub fn bench(only: Option<Part>) -> Result<()> {
         None | Some(Part::Redis) => &redis::LOADS,
         Some(Part::RedisDefaultLoad) => &redis::LOADS[..1],
         Some(Part::RedisOtherLoads) => &redis::LOADS[1..],
+        Some(Part::RedisLists) => &redis::LOADS[2..3],
         Some(Part::RedisMiddleSized) => &redis::LOADS[3..4],
         Some(Part::RedisPipelined) => &redis::LOADS[4..5],
         Some(_) => &[],
