@@ -135,13 +135,6 @@ pub(super) const CHECK_EVERY: Duration = Duration::from_secs(1);
 /// the next window of the same thread, and it may have none).
 pub(super) const NARROW_AFTER: u32 = 3;
 
-/// The same for the window opened at the attach: a process that is dear
-/// to probe at every call then is busy, not bursting, and three seconds
-/// at every call made a busy server's first minute dearer than the rest
-/// (redis LPUSH: 1.10x of the one-trap floor over its first runs, 1.04x
-/// once settled).
-pub(super) const NARROW_FIRST_AFTER: u32 = 1;
-
 /// How long short windows must find calls cheap before every call is
 /// probed again: a pause in a busy program's work (a server between two
 /// bursts of requests) is no reason to trap at every call when it resumes.

@@ -62,12 +62,7 @@ impl Session<'_> {
         windows.recent_cost = cost;
         let duty = windows.next_duty(&timing, cost);
         windows.over = if duty < 1.0 { windows.over + 1 } else { 0 };
-        let needed = if windows.opened == 1 {
-            account::NARROW_FIRST_AFTER
-        } else {
-            account::NARROW_AFTER
-        };
-        if windows.over >= needed {
+        if windows.over >= account::NARROW_AFTER {
             windows.over = 0;
             windows.at_last_close = windows.priced;
             // Closed while it stays open: what the ring still holds of it
