@@ -211,6 +211,20 @@ pub fn cpu_seconds(pid: u32) -> Option<f64> {
     cpu_ticks(&stat).map(|t| t as f64 / ticks.max(1) as f64)
 }
 
+/// The time `pid`'s threads have spent on a CPU so far, in nanoseconds
+/// (each thread's `schedstat`: precise where `stat` counts clock ticks, so
+/// a span of a few milliseconds reads true); `None` once it is gone.
+pub fn run_nanos(pid: u32) -> Option<u64> {
+    let tasks = std::fs::read_dir(proc_path(pid, "task")).ok()?;
+    let total = tasks
+        .filter_map(|task| {
+            let stat = std::fs::read_to_string(task.ok()?.path().join("schedstat")).ok()?;
+            stat.split_whitespace().next()?.parse::<u64>().ok()
+        })
+        .sum();
+    Some(total)
+}
+
 /// Whether `pid` has ended: gone, or a zombie (state `Z` or `X` in
 /// `stat`), whose files and memory are no longer there to probe.
 pub fn has_ended(pid: u32) -> bool {

@@ -110,6 +110,8 @@ pub(in crate::run) enum SamplingNotice {
         duty: f64,
         cost: f64,
         own: f64,
+        /// Judgements in a row (a second apart) that found it dear.
+        after: u32,
     },
     /// Windows back to every call, cheap enough (`--verbose`).
     EveryCallAgain { pid: u32, cost: f64 },
@@ -301,10 +303,12 @@ impl fmt::Display for SamplingNotice {
                 duty,
                 cost,
                 own,
+                after,
             } => write!(
                 f,
                 "pid {pid}: malloc in windows {:.1}% of the time from now (at every call it \
-                 cost {:.1}% of a CPU; the process used {:.0}% of one itself)",
+                 cost {:.1}% of a CPU for {after} s in a row; the process used {:.0}% of one \
+                 itself)",
                 duty * 100.0,
                 cost * 100.0,
                 own * 100.0

@@ -1,5 +1,9 @@
 //! What a run keeps per profiled process.
-use std::{collections::HashSet, ops::Range, time::Instant};
+use std::{
+    collections::HashSet,
+    ops::Range,
+    time::{Duration, Instant},
+};
 
 use crate::{
     collect::{CollectorOptions, ProcessHeap, mappings::Mappings},
@@ -43,6 +47,8 @@ pub(super) struct Tracked {
     pub python: Option<ProcessPython>,
     /// The files looked at for CPython.
     pub python_files_seen: HashSet<FileId>,
+    /// When it was found, and its threads' time on a CPU then.
+    pub found: (Instant, Option<u64>),
 }
 
 impl Tracked {
@@ -65,9 +71,18 @@ impl Tracked {
             found_notes: Vec::new(),
             python: None,
             python_files_seen: HashSet::new(),
+            found: (Instant::now(), crate::proc::run_nanos(pid)),
         };
         tracked.set_maps(Some(maps));
         tracked
+    }
+
+    /// The time its threads spent on a CPU since it was found, and how
+    /// long ago that was.
+    pub fn used_since_found(&self) -> Option<(Duration, Duration)> {
+        let (at, before) = self.found;
+        let used = crate::proc::run_nanos(self.pid)?.checked_sub(before?)?;
+        Some((Duration::from_nanos(used), at.elapsed()))
     }
 
     /// Its heap profile now, with the names of the Python frames in it.

@@ -97,6 +97,47 @@ fn profile_the_cycle(
     (pairs, heaps[0].clone(), stderr)
 }
 
+/// How many judgements a second apart found the aliasing cycle dear at
+/// every call before its first window closed, the cycle started before
+/// the attach (`busy`) or just after it.
+fn seconds_at_every_call(busy: bool) -> String {
+    let out = output_dir(if busy { "windows_busy" } else { "windows_idle" });
+    let env = [("FIXTURE_SECONDS", "8")];
+    let mut fixture = Fixture::start(&aliasing_fixture(), &env);
+    if busy {
+        fixture.start_workload();
+        std::thread::sleep(std::time::Duration::from_millis(300));
+    }
+    let memprobe = Memprobe::attach(&fixture, &out, &["--max-overhead", "none", "-v"]);
+    if !busy {
+        fixture.start_workload();
+    }
+    let rarer = "malloc in windows ";
+    let within = std::time::Duration::from_secs(20);
+    memprobe.wait_for_stderr(rarer, within, "the first window never closed");
+    let stderr = memprobe.stop();
+    fixture.finish_workload();
+    assert!(fixture.finish().success());
+    let line = stderr.lines().find(|l| l.contains(rarer)).unwrap();
+    line.split_once("of a CPU for ")
+        .and_then(|(_, rest)| rest.split_once(" in a row"))
+        .unwrap_or_else(|| panic!("{line}"))
+        .0
+        .to_owned()
+}
+
+/// A program already busy when found (a server under load) has its first
+/// window closed at its first judgement over its cost: its work is no
+/// burst that began with memprobe. One that starts its work just after
+/// the attach keeps every call probed for three, so that a burst shorter
+/// than that is seen whole.
+#[test]
+fn a_program_busy_before_the_attach_is_windowed_after_one_second() {
+    let _guard = shared();
+    assert_eq!(seconds_at_every_call(true), "1 s");
+    assert_eq!(seconds_at_every_call(false), "3 s");
+}
+
 /// At defaults, a busy program's windows narrow (its calls would cost
 /// far more than 1% of a CPU at every call), the 48 B + 16 B cycle, which
 /// jemalloc's thread threshold aliases with, is split right between its

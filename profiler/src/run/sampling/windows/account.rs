@@ -62,6 +62,10 @@ pub(in crate::run) struct Windows {
     pub(super) open: Option<(u64, Instant)>,
     /// Judgements in a row that found it over its cost.
     pub(super) over: u32,
+    /// How many in a row close a window that stays open: one for the
+    /// first window of a process already busy when found, else
+    /// [`NARROW_AFTER`].
+    pub(super) narrow_after: u32,
     /// Since when its short windows have found calls cheap enough to
     /// probe every one.
     cheap_since: Option<Instant>,
@@ -135,6 +139,19 @@ pub(super) const CHECK_EVERY: Duration = Duration::from_secs(1);
 /// the next window of the same thread, and it may have none).
 pub(super) const NARROW_AFTER: u32 = 3;
 
+/// The share of a CPU a process used between being found and its first
+/// window (about half a second of reading its files) that makes it busy
+/// before the attach: a server under load, whose work is no burst that
+/// began with memprobe, so its first window closes at its first
+/// judgement over its cost. An idle process (a fixture waiting for its
+/// command, a launched program) uses next to nothing there.
+const BUSY_BEFORE: f64 = 0.1;
+
+/// The least span between being found and the first window over which
+/// that share is read; a shorter one leaves the first window three
+/// judgements.
+const BUSY_SPAN: Duration = Duration::from_millis(100);
+
 /// How long short windows must find calls cheap before every call is
 /// probed again: a pause in a busy program's work (a server between two
 /// bursts of requests) is no reason to trap at every call when it resumes.
@@ -148,6 +165,7 @@ impl Windows {
             copies: Vec::new(),
             open: None,
             over: 0,
+            narrow_after: NARROW_AFTER,
             cheap_since: None,
             // The first one at once: threads busy at the attach are seen
             // from then on.
@@ -172,6 +190,15 @@ impl Windows {
             others_in_window: HashMap::new(),
             present_at_start: threads.into_iter().collect(),
             tails: Tails::default(),
+        }
+    }
+
+    /// What the process used, `used` of a CPU's time over `span`, from
+    /// being found to its first window: busy already, its first window
+    /// closes at its first judgement over its cost.
+    pub(super) fn busy_before(&mut self, used: Duration, span: Duration) {
+        if span >= BUSY_SPAN && used.as_secs_f64() >= BUSY_BEFORE * span.as_secs_f64() {
+            self.narrow_after = 1;
         }
     }
 
@@ -414,6 +441,22 @@ mod tests {
             sent_bytes: 0,
             lost_bytes: 0,
         }
+    }
+
+    #[test]
+    fn only_a_process_busy_before_the_attach_narrows_at_its_first_judgement() {
+        let ms = Duration::from_millis;
+        let narrowing = |used, span| {
+            let mut windows = Windows::new(&WindowTiming::default(), Vec::new());
+            windows.busy_before(used, span);
+            windows.narrow_after
+        };
+        // A server at half a CPU over the half second memprobe read it.
+        assert_eq!(narrowing(ms(250), ms(500)), 1);
+        // A fixture waiting for its command.
+        assert_eq!(narrowing(ms(1), ms(500)), NARROW_AFTER);
+        // Too short a span to tell.
+        assert_eq!(narrowing(ms(20), ms(20)), NARROW_AFTER);
     }
 
     #[test]

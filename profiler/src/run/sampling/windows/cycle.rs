@@ -62,8 +62,11 @@ impl Session<'_> {
         windows.recent_cost = cost;
         let duty = windows.next_duty(&timing, cost);
         windows.over = if duty < 1.0 { windows.over + 1 } else { 0 };
-        if windows.over >= account::NARROW_AFTER {
+        let after = windows.narrow_after;
+        if windows.over >= after {
             windows.over = 0;
+            // Windows widened later are no longer the attach's.
+            windows.narrow_after = account::NARROW_AFTER;
             windows.at_last_close = windows.priced;
             // Closed while it stays open: what the ring still holds of it
             // is applied as it comes, as before.
@@ -79,6 +82,7 @@ impl Session<'_> {
                 duty,
                 cost,
                 own,
+                after,
             });
         }
     }

@@ -55,6 +55,11 @@ impl Session<'_> {
         let windows = (self.sampling.of_mut(pid).windows)
             .get_or_insert_with(|| Windows::new(&timing, crate::proc::thread_ids(pid)));
         windows.count_from(&counters);
+        if starting
+            && let Some((used, span)) = self.tracked.get(&pid).and_then(|t| t.used_since_found())
+        {
+            windows.busy_before(used, span);
+        }
         let Some((number, _)) = windows.open else {
             let first = windows.opened == 0;
             windows.add(copy);
