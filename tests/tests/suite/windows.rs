@@ -374,8 +374,26 @@ fn middle_sized_requests_are_left_to_the_windows() {
             (b6k / (pairs * 6144.0) - 1.0) * 100.0,
             (b20k / (pairs * 20480.0) - 1.0) * 100.0
         );
-        assert_within("6,000 B allocated", b6k, pairs * 6144.0, 0.10);
-        assert_within("20,000 B allocated", b20k, pairs * 20480.0, 0.10);
+        // Both sites together within 10%: what the windows' samples stand
+        // for, lost ones included. Each within 10%, or four standard errors
+        // of its share of the samples the windows drew where they drew
+        // few, whichever is wider: the lossy ring keeps 500 to 5,000 as
+        // memprobe gets the CPU to drain it (fewer beside other tests), and
+        // a window that stands for the tail after it weighs more than the
+        // others, so the draw is taken as one window's samples.
+        let both = pairs * (6144.0 + 20480.0);
+        assert_within("both sites allocated", b6k + b20k, both, 0.10);
+        let (samples, windows) = window_samples(&note);
+        let drawn = samples / windows.max(1) as f64;
+        let share = 6144.0 / (6144.0 + 20480.0);
+        let bound = |share: f64| (4.0 * ((1.0 - share) / (share * drawn)).sqrt()).max(0.10);
+        assert_within("6,000 B allocated", b6k, pairs * 6144.0, bound(share));
+        assert_within(
+            "20,000 B allocated",
+            b20k,
+            pairs * 20480.0,
+            bound(1.0 - share),
+        );
         let inuse = jeprof_rows(&aliasing_fixture(), &heap, "--inuse_space");
         let big = flat(&inuse, "big_buffer");
         assert_within("big_buffer in use", big, 64.0 * MIB, 0.01);
