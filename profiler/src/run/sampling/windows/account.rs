@@ -62,10 +62,9 @@ pub(in crate::run) struct Windows {
     pub(super) open: Option<(u64, Instant)>,
     /// Judgements in a row that found it over its cost.
     pub(super) over: u32,
-    /// How many in a row close a window that stays open: one for the
-    /// first window of a process already busy when found, else
-    /// [`NARROW_AFTER`].
-    pub(super) narrow_after: u32,
+    /// Whether the process was busy before the attach (see
+    /// [`Self::busy_before`]).
+    busy_at_attach: bool,
     /// Since when its short windows have found calls cheap enough to
     /// probe every one.
     cheap_since: Option<Instant>,
@@ -137,7 +136,7 @@ pub(super) const CHECK_EVERY: Duration = Duration::from_secs(1);
 /// closes: an allocation burst shorter than that is seen at every call
 /// (in windows, what a burst allocates between two is seen only through
 /// the next window of the same thread, and it may have none).
-pub(super) const NARROW_AFTER: u32 = 3;
+const NARROW_AFTER: u32 = 3;
 
 /// The share of a CPU a process used between being found and its first
 /// window (about half a second of reading its files) that makes it busy
@@ -165,7 +164,7 @@ impl Windows {
             copies: Vec::new(),
             open: None,
             over: 0,
-            narrow_after: NARROW_AFTER,
+            busy_at_attach: false,
             cheap_since: None,
             // The first one at once: threads busy at the attach are seen
             // from then on.
@@ -197,8 +196,18 @@ impl Windows {
     /// being found to its first window: busy already, its first window
     /// closes at its first judgement over its cost.
     pub(super) fn busy_before(&mut self, used: Duration, span: Duration) {
-        if span >= BUSY_SPAN && used.as_secs_f64() >= BUSY_BEFORE * span.as_secs_f64() {
-            self.narrow_after = 1;
+        self.busy_at_attach =
+            span >= BUSY_SPAN && used.as_secs_f64() >= BUSY_BEFORE * span.as_secs_f64();
+    }
+
+    /// Judgements in a row over its cost that close a window that stays
+    /// open: one for the window opened at the attach of a process busy
+    /// before it, else [`NARROW_AFTER`].
+    pub(super) fn narrow_after(&self) -> u32 {
+        if self.busy_at_attach && self.opened == 1 {
+            1
+        } else {
+            NARROW_AFTER
         }
     }
 
@@ -449,7 +458,8 @@ mod tests {
         let narrowing = |used, span| {
             let mut windows = Windows::new(&WindowTiming::default(), Vec::new());
             windows.busy_before(used, span);
-            windows.narrow_after
+            windows.opened = 1;
+            windows.narrow_after()
         };
         // A server at half a CPU over the half second memprobe read it.
         assert_eq!(narrowing(ms(250), ms(500)), 1);

@@ -7,7 +7,7 @@ use std::time::Instant;
 use aya::maps::{MapData, RingBuf};
 use tokio::io::unix::AsyncFd;
 
-use super::{Windows, account, timing};
+use super::{Windows, timing};
 use crate::{
     collect::{HeapEvent, ProcessHeap},
     kernel::ThreadWindow,
@@ -62,11 +62,9 @@ impl Session<'_> {
         windows.recent_cost = cost;
         let duty = windows.next_duty(&timing, cost);
         windows.over = if duty < 1.0 { windows.over + 1 } else { 0 };
-        let after = windows.narrow_after;
+        let after = windows.narrow_after();
         if windows.over >= after {
             windows.over = 0;
-            // Windows widened later are no longer the attach's.
-            windows.narrow_after = account::NARROW_AFTER;
             windows.at_last_close = windows.priced;
             // Closed while it stays open: what the ring still holds of it
             // is applied as it comes, as before.
