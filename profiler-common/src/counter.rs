@@ -40,9 +40,9 @@ pub enum Counter {
     /// Samples of a Python process sent without their Python frames: the
     /// ring buffer had no room for them.
     PythonStacksLost = 14,
-    /// Exits of processes sampled in windows not told because the ring
-    /// buffer was full: what their threads allocated after their last
-    /// window is lost.
+    /// Threads of processes sampled in windows whose end was not noted
+    /// because [`crate::maps::THREAD_EXITS`] was full: what they allocated
+    /// after their last window is lost.
     ExitsLost = 15,
     /// Frees of sampled pointers not told at once because the ring buffer
     /// was full: the pointer stays in [`crate::maps::SAMPLED`], and the next free

@@ -36,6 +36,10 @@ pub mod maps {
     /// Where each process's threads sampled in windows keep their counter
     /// (tgid -> [`crate::ExitCounters`]), read as it calls `_exit`.
     pub const EXIT_COUNTERS: &str = "EXIT_COUNTERS";
+    /// Threads of processes sampled in windows that ended, and jemalloc's
+    /// allocated-bytes counter each had then (pid_tgid -> u64): noted by
+    /// the exit probes, taken by userspace after the samples sent before.
+    pub const THREAD_EXITS: &str = "THREAD_EXITS";
     /// Processes whose samples carry their Python frames (tgid ->
     /// [`crate::python::PythonProcess`]).
     pub const PYTHON_PROCESSES: &str = "PYTHON_PROCESSES";
@@ -45,7 +49,9 @@ pub mod maps {
     /// Every map. The eBPF side must spell them in `#[map(name = ...)]`
     /// literals (the macro takes no path); a unit test of the profiler
     /// checks the built object has each of these.
-    pub const ALL: [&str; 13] = [
+    pub const ALL: [&str; 15] = [
+        EXIT_COUNTERS,
+        THREAD_EXITS,
         PYTHON_PROCESSES,
         PYTHON_THREADS,
         MAP_CALLS,

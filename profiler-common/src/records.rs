@@ -1,6 +1,5 @@
 //! The records the kernel programs write into the ring buffer (and the
 //! task iterator's), each behind an [`EventHeader`].
-use crate::MAX_EXIT_THREADS;
 
 /// Deepest user stack recorded, in frames (the kernel's default
 /// `perf_event_max_stack` is 127).
@@ -40,14 +39,10 @@ pub enum EventKind {
     /// A [`crate::python::PythonStackEvent`]: the Python frames of the sampled
     /// call whose record comes next from the same thread.
     PythonStack = 13,
-    /// An [`ExitCountersEvent`]: threads of a process sampled in windows
-    /// end (one that returns or calls `pthread_exit`; all as the process
-    /// calls `_exit`).
-    ExitCounters = 14,
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 14] = [
+    pub const ALL: [EventKind; 13] = [
         EventKind::Alloc,
         EventKind::AllocReturn,
         EventKind::Free,
@@ -61,7 +56,6 @@ impl EventKind {
         EventKind::Unmapped,
         EventKind::Remapped,
         EventKind::PythonStack,
-        EventKind::ExitCounters,
     ];
 
     /// The kind a header's `kind` field names; `None` for one this build
@@ -219,20 +213,6 @@ pub struct ThreadBase {
     pub tgid: u32,
     pub tid: u32,
     pub fsbase: u64,
-}
-
-/// Threads of a process sampled in windows end: a thread that returns or
-/// calls `pthread_exit` (libc's `__call_tls_dtors`, in the thread), or
-/// every listed one as the process calls `_exit` (from `exit`, or a
-/// return from `main`). Each one's counter, its memory still there, which
-/// ends what the thread allocated after its last window.
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub struct ExitCountersEvent {
-    pub header: EventHeader,
-    pub count: u64,
-    pub tids: [u32; MAX_EXIT_THREADS],
-    pub allocated: [u64; MAX_EXIT_THREADS],
 }
 
 /// A sampled pointer was resized in place by `xallocx`.

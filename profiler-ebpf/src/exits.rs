@@ -4,19 +4,25 @@
 //! return from `main`, in its own address space with every thread's TLS
 //! still there. The thread's counter, or that of each thread userspace
 //! listed, is read then, which ends what the thread allocated after its
-//! last window.
+//! last window. It is noted in a map, not sent: userspace takes the map's
+//! notes after draining the samples sent before them, and a ring buffer
+//! full of samples cannot lose them.
 use aya_ebpf::{
+    bindings::BPF_NOEXIST,
     helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user},
     macros::uprobe,
     programs::ProbeContext,
 };
-use profiler_common::{Counter, EventKind, ExitCountersEvent, MAX_EXIT_THREADS};
+use profiler_common::{Counter, MAX_EXIT_THREADS};
 
 use crate::{
-    maps::{EVENTS, EXIT_COUNTERS, THREADS},
-    sampling::{count, header_at, now},
+    maps::{EXIT_COUNTERS, THREAD_EXITS, THREADS},
+    sampling::count,
     slow_path::current_fsbase,
 };
+
+/// `-EEXIST`: the thread's own exit was noted before its process's.
+const EXISTS: i32 = -17;
 
 /// How far from its fs base a thread's counter may lie (its static TLS):
 /// farther, the address noted is another thread's, one that had its id.
@@ -40,61 +46,35 @@ pub fn thread_exit(_ctx: ProbeContext) -> u32 {
     let Ok(allocated) = (unsafe { bpf_probe_read_user(at as *const u64) }) else {
         return 0;
     };
-    send_counters(id, |event| {
-        // SAFETY: the record is ours until sent.
-        unsafe {
-            (*event).tids[0] = id as u32;
-            (*event).allocated[0] = allocated;
-        }
-        1
-    });
+    if THREAD_EXITS.insert(id, allocated, 0).is_err() {
+        count(Counter::ExitsLost);
+    }
     0
 }
 
 #[uprobe]
 pub fn process_exit(_ctx: ProbeContext) -> u32 {
-    let id = bpf_get_current_pid_tgid();
+    let tgid = bpf_get_current_pid_tgid() >> 32;
     // SAFETY: a lookup in a map of plain values.
-    let Some(listed) = (unsafe { EXIT_COUNTERS.get((id >> 32) as u32) }) else {
+    let Some(listed) = (unsafe { EXIT_COUNTERS.get(tgid as u32) }) else {
         return 0;
     };
     let listed_count = (listed.count as usize).min(MAX_EXIT_THREADS);
-    send_counters(id, |event| {
-        for i in 0..MAX_EXIT_THREADS {
-            if i >= listed_count {
-                break;
-            }
-            let (Some(&tid), Some(&at)) = (listed.tids.get(i), listed.addresses.get(i)) else {
-                break;
-            };
-            // SAFETY: the record is ours until sent; reading user memory
-            // through the helper, which faults safely.
-            unsafe {
-                (*event).tids[i] = tid;
-                (*event).allocated[i] = bpf_probe_read_user(at as *const u64).unwrap_or(0);
-            }
+    for i in 0..MAX_EXIT_THREADS {
+        if i >= listed_count {
+            break;
         }
-        listed_count as u64
-    });
-    0
-}
-
-/// Sends a record of the threads `fill` writes in it, the first of its
-/// slots, as many as it returns (in place: the record is too big for the
-/// BPF stack); counted as lost where the ring is full.
-#[inline(always)]
-fn send_counters(id: u64, fill: impl FnOnce(*mut ExitCountersEvent) -> u64) {
-    let Some(mut entry) = EVENTS.reserve::<ExitCountersEvent>(0) else {
-        count(Counter::ExitsLost);
-        return;
-    };
-    let event = entry.as_mut_ptr();
-    let threads = fill(event);
-    // SAFETY: the reserved record is ours until submitted; userspace reads
-    // its first `count` threads, which `fill` wrote.
-    unsafe {
-        (*event).header = header_at(EventKind::ExitCounters, id, 0, now());
-        (*event).count = threads;
+        let (Some(&tid), Some(&at)) = (listed.tids.get(i), listed.addresses.get(i)) else {
+            break;
+        };
+        // SAFETY: reading user memory through the helper, which faults safely.
+        let allocated = unsafe { bpf_probe_read_user(at as *const u64) }.unwrap_or(0);
+        // A thread that ended on its own was read then, in its own TLS.
+        let key = (tgid << 32) | u64::from(tid);
+        match THREAD_EXITS.insert(key, allocated, u64::from(BPF_NOEXIST)) {
+            Ok(()) | Err(EXISTS) => {}
+            Err(_) => count(Counter::ExitsLost),
+        }
     }
-    entry.submit(0);
+    0
 }

@@ -53,6 +53,12 @@ pub static MAP_CALLS: LruHashMap<u64, MapCall> = LruHashMap::with_max_entries(40
 #[map(name = "EXIT_COUNTERS")]
 pub static EXIT_COUNTERS: HashMap<u32, ExitCounters> = HashMap::with_max_entries(1024, 0);
 
+/// Threads of processes sampled in windows that ended (pid_tgid ->
+/// jemalloc's allocated-bytes counter then), until userspace takes them:
+/// bounded by the exits between two of its drains.
+#[map(name = "THREAD_EXITS")]
+pub static THREAD_EXITS: HashMap<u64, u64> = HashMap::with_max_entries(16384, 0);
+
 #[map(name = "FAST_PATHS")]
 pub static FAST_PATHS: HashMap<FastPathKey, FastPathConfig> = HashMap::with_max_entries(4096, 0);
 

@@ -2,8 +2,8 @@
 use std::mem::size_of;
 
 use profiler_common::{
-    AllocEvent, AllocReturnEvent, AllocStackEvent, EventHeader, EventKind, ExitCountersEvent,
-    FreeEvent, MAX_STACK_DEPTH, MappingEvent, RemapEvent, ResizeEvent, SMALL_STACK_COPY_BYTES,
+    AllocEvent, AllocReturnEvent, AllocStackEvent, EventHeader, EventKind, FreeEvent,
+    MAX_STACK_DEPTH, MappingEvent, RemapEvent, ResizeEvent, SMALL_STACK_COPY_BYTES,
     STACK_COPY_BYTES, UserRegs,
     python::{MAX_PYTHON_FRAMES, PythonFrame, PythonStackEvent},
 };
@@ -56,12 +56,6 @@ pub enum Event {
         new_addr: u64,
         new_len: u64,
     },
-    /// Threads of a process sampled in windows end: each, and jemalloc's
-    /// allocated-bytes counter of the thread then.
-    ThreadsEnding {
-        header: EventHeader,
-        threads: Vec<(u32, u64)>,
-    },
 }
 
 /// Anonymous memory a process mapped, with the stack that mapped it (as a
@@ -111,8 +105,7 @@ impl Event {
             | Event::MappedCode { header }
             | Event::PythonStack { header, .. }
             | Event::Unmapped { header, .. }
-            | Event::Remapped { header, .. }
-            | Event::ThreadsEnding { header, .. } => header,
+            | Event::Remapped { header, .. } => header,
             Event::Mapped(mapping) => &mapping.stack.header,
         }
     }
@@ -198,19 +191,6 @@ pub fn decode(bytes: &[u8]) -> Option<Event> {
                 len: event.len,
                 new_addr: event.new_addr,
                 new_len: event.new_len,
-            }
-        }
-        EventKind::ExitCounters => {
-            // Boxed: a record is some 3 KiB.
-            let event: Box<ExitCountersEvent> = Box::new(read(bytes)?);
-            let count = (event.count as usize).min(event.tids.len());
-            Event::ThreadsEnding {
-                header,
-                threads: event.tids[..count]
-                    .iter()
-                    .copied()
-                    .zip(event.allocated[..count].iter().copied())
-                    .collect(),
             }
         }
         EventKind::PythonStack => {

@@ -1,7 +1,8 @@
 //! What the kernel keeps for windowed sampling: each thread's record of
 //! its last sampling window, jemalloc's allocated-bytes counter at its
 //! first windowed call there and after its last, and where that counter
-//! is; and each process's list of its threads' counters, read as it ends.
+//! is; each process's list of its threads' counters, read as it ends; and
+//! the counters of the threads that ended.
 use aya::maps::HashMap;
 use profiler_common::{ExitCounters, MAX_EXIT_THREADS, ThreadState, maps};
 
@@ -61,6 +62,27 @@ impl KernelProbes {
             listed.count += 1;
         }
         self.set_pid(maps::EXIT_COUNTERS, pid, Some(listed))
+    }
+
+    /// The threads that ended since the last call (pid, tid, jemalloc's
+    /// counter then), taken out of the kernel's table: to be settled once
+    /// the samples sent before them are drained.
+    pub fn take_thread_exits(&mut self) -> Vec<(u32, u32, u64)> {
+        let Some(map) = self.ebpf.map_mut(maps::THREAD_EXITS) else {
+            return Vec::new();
+        };
+        let Ok(mut exits) = HashMap::<_, u64, u64>::try_from(map) else {
+            return Vec::new();
+        };
+        let ended: Vec<u64> = exits.keys().filter_map(Result::ok).collect();
+        let mut taken = Vec::with_capacity(ended.len());
+        for id in ended {
+            if let Ok(allocated) = exits.get(&id, 0) {
+                taken.push(((id >> 32) as u32, id as u32, allocated));
+            }
+            let _ = exits.remove(&id);
+        }
+        taken
     }
 
     /// Forgets `pid`'s list (it exited, or is no longer sampled so).

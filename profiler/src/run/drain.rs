@@ -17,8 +17,11 @@ impl Session<'_> {
     /// Handles one batch: at most the ring's size (`--ring-buffer`), so
     /// that memory stays bounded and a target that sends faster than
     /// memprobe handles cannot keep the event loop from signals and timers.
-    /// Returns whether the ring was left empty.
+    /// Threads that ended are settled after it: their samples sent before
+    /// their end were in the ring when they were taken, and a batch holds
+    /// all that the ring held. Returns whether the ring was left empty.
     pub(super) fn drain(&mut self, ring: &mut RingBuf<MapData>) -> bool {
+        let ended = self.probes.take_thread_exits();
         let most = self.options.kernel.ring_buffer_bytes as usize;
         let (mut batch, mut bytes) = (Vec::new(), 0);
         let mut emptied = false;
@@ -42,6 +45,9 @@ impl Session<'_> {
         mapped.dedup_by_key(|(pid, _)| *pid);
         for (pid, mapped_at) in mapped {
             self.probe_mapped_code(pid, mapped_at);
+        }
+        for (pid, tid, allocated) in ended {
+            self.thread_exited(pid, tid, allocated);
         }
         emptied
     }
@@ -141,12 +147,6 @@ impl Session<'_> {
             Event::PythonStack { header, frames } => {
                 if let Some(python) = self.tracked.get_mut(&pid).and_then(|t| t.python.as_mut()) {
                     python.hold(header.tid, header.time_ns, frames);
-                }
-                return None;
-            }
-            Event::ThreadsEnding { threads, .. } => {
-                for (tid, allocated) in threads {
-                    self.thread_exited(pid, tid, allocated);
                 }
                 return None;
             }

@@ -182,7 +182,7 @@ fn kernel_drops_line(counters: &KernelCounters) -> Option<String> {
         ),
         (
             Counter::ExitsLost,
-            "thread exits untold (ring buffer full: what each allocated after its last window is \
+            "thread exits untold (their table full: what each allocated after its last window is \
              in no profile)",
         ),
     ];

@@ -578,9 +578,17 @@ fn a_build_not_recognised_is_sampled_at_entry() {
 
 /// The pids in memprobe's BPF map `name` keyed by pid first (FAST_PATHS,
 /// its table of jemalloc copies' counters; EXIT_COUNTERS, of the threads'
-/// counters read at `_exit`), read with bpftool: the first four bytes of
-/// each key.
+/// counters read at `_exit`): the first four bytes of each key.
 fn pids_in_map(memprobe: u32, name: &str) -> Vec<u32> {
+    keys_in_map(memprobe, name)
+        .into_iter()
+        .map(|key| key as u32)
+        .collect()
+}
+
+/// The keys of memprobe's BPF map `name`, read with bpftool: their first
+/// eight bytes or fewer, as a little-endian number.
+fn keys_in_map(memprobe: u32, name: &str) -> Vec<u64> {
     let map_ids: Vec<String> = std::fs::read_dir(format!("/proc/{memprobe}/fdinfo"))
         .unwrap()
         .filter_map(|entry| std::fs::read_to_string(entry.ok()?.path()).ok())
@@ -609,13 +617,16 @@ fn pids_in_map(memprobe: u32, name: &str) -> Vec<u32> {
                 .next()
                 .unwrap()
                 .split(',')
-                .take(4)
+                .take(8)
                 .map(|b| {
                     u8::from_str_radix(b.trim().trim_matches('"').trim_start_matches("0x"), 16)
                         .unwrap()
                 })
                 .collect();
-            u32::from_le_bytes(bytes.try_into().unwrap())
+            bytes
+                .iter()
+                .rev()
+                .fold(0, |key, &b| key << 8 | u64::from(b))
         })
         .collect()
 }
@@ -623,8 +634,8 @@ fn pids_in_map(memprobe: u32, name: &str) -> Vec<u32> {
 /// An agent meets thousands of processes over its life: one that exits
 /// leaves nothing in the kernel's bounded table of jemalloc copies (4,096
 /// entries, after which windows would be refused) or in its list of the
-/// threads' counters read at `_exit` (1,024), while one still running
-/// keeps its entry.
+/// threads' counters read at `_exit` (1,024) or in the table of threads'
+/// ends (16,384), while one still running keeps its entry.
 #[test]
 fn a_process_that_exits_leaves_no_entry_in_the_kernel_tables() {
     let _guard = exclusive();
@@ -674,6 +685,13 @@ fn a_process_that_exits_leaves_no_entry_in_the_kernel_tables() {
     assert!(pids.contains(&staying.pid), "{pids:?}");
     let listed = pids_in_map(memprobe.pid(), "EXIT_COUNTERS");
     assert!(!listed.contains(&leaving_pid), "{listed:?}");
+    // Its threads' ends, noted as it exited, were taken before it was
+    // let go: none is left to fill the table (16,384 entries).
+    let ended = keys_in_map(memprobe.pid(), "THREAD_EXITS");
+    assert!(
+        ended.iter().all(|id| (id >> 32) as u32 != leaving_pid),
+        "{ended:x?}"
+    );
     staying.run_workload();
     memprobe.stop();
     assert!(staying.finish().success());
