@@ -149,29 +149,46 @@ struct Run {
     sleeps: u64,
 }
 
-/// The sampling modes compared: (label, memprobe's flags, warm-up runs
-/// under load before the timed ones).
-const MODES: [(&str, &[&str], usize); 5] = [
+/// When a row's timed runs start, against memprobe's attach.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Timed {
+    /// After warm-up runs under load: time for the windows to narrow to
+    /// what the calls cost.
+    Settled,
+    /// From the attach on, to a server idle until then: its load starts
+    /// once memprobe is there, a burst that began with memprobe to it.
+    FromIdleAttach,
+    /// From the attach on, to a server already under load (as a server in
+    /// production is): the load that ran through the attach stops as it
+    /// is announced, and the timed runs follow at once.
+    FromBusyAttach,
+}
+
+/// Warm-up runs under load before the timed ones of [`Timed::Settled`].
+const WARMUP_RUNS: usize = 2;
+
+/// The sampling modes compared: (label, memprobe's flags, when timed).
+const MODES: [(&str, &[&str], Timed); 5] = [
     (
         "memprobe, `--sampling entry`",
         &["--sampling", "entry"],
-        WARMUP_RUNS,
+        Timed::Settled,
     ),
-    ("memprobe, default (malloc in windows)", &[], WARMUP_RUNS),
+    ("memprobe, default (malloc in windows)", &[], Timed::Settled),
     (
         "memprobe, default, timed from its attach on (its first minute and more)",
         &[],
-        0,
+        Timed::FromIdleAttach,
     ),
     (
         "memprobe, `--track allocations --sampling entry`",
         &["--track", "allocations", "--sampling", "entry"],
-        WARMUP_RUNS,
+        Timed::Settled,
     ),
     (
         "memprobe, `--track allocations`",
         &["--track", "allocations"],
-        WARMUP_RUNS,
+        Timed::Settled,
     ),
 ];
 
@@ -179,18 +196,22 @@ const FLOOR: &str =
     "two-trap floor: counting uprobe perf events at malloc and free, no BPF program";
 
 /// memprobe at defaults against the one-trap floor on the baseline twin, in
-/// the same rounds: (label, warm-up runs). Rows taken minutes apart ran on
+/// the same rounds: (label, when timed). Rows taken minutes apart ran on
 /// a host whose speed differed (one pipelined row's baseline used 4.46 s a
 /// run, the floor's 3.12 s), so a row's ratio over another's carried both
 /// rows' drift; here it cancels, as a baseline's does.
-const AGAINST_FLOOR: [(&str, usize); 2] = [
+const AGAINST_FLOOR: [(&str, Timed); 3] = [
     (
         "memprobe, default, against the one-trap floor on its twin in the same rounds (its ratios are over the floor's; added CPU s above the floor's)",
-        WARMUP_RUNS,
+        Timed::Settled,
     ),
     (
         "memprobe, default, timed from its attach on, against the one-trap floor on its twin in the same rounds",
-        0,
+        Timed::FromIdleAttach,
+    ),
+    (
+        "memprobe, default, attached to the server under load, timed from its attach on, against the one-trap floor on its twin in the same rounds",
+        Timed::FromBusyAttach,
     ),
 ];
 
@@ -308,17 +329,17 @@ pub(super) fn redis_bench(
         measured(&mut rows, FLOOR, halves);
         let halves = floor_halves(twins, |pid| OneTrap::attach(pid, &places[1]))?;
         measured(&mut rows, ONE_TRAP, halves);
-        for (label, flags, warmup) in MODES {
+        for (label, flags, timed) in MODES {
             let halves = crossover(twins, |pair, half| {
-                attached_half(memprobe, profiles_dir, pair, (flags, warmup), true, half)
+                attached_half(memprobe, profiles_dir, pair, (flags, timed), true, half)
             })?;
             measured(&mut rows, label, halves);
         }
-        for (label, warmup) in AGAINST_FLOOR {
+        for (label, timed) in AGAINST_FLOOR {
             let halves = crossover(twins, |pair, half| {
                 let floor = OneTrap::attach(pair[1].pid, &places[1])?;
                 // Not its report: that includes the frees the floor pays.
-                attached_half(memprobe, profiles_dir, pair, (&[], warmup), false, half)?;
+                attached_half(memprobe, profiles_dir, pair, (&[], timed), false, half)?;
                 if floor.hits()? == 0 {
                     bail!("the floor beside memprobe counted no hit in redis-server");
                 }
@@ -441,27 +462,34 @@ fn sleeps(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
-/// Warm-up runs under load before the timed ones: time for the windows
-/// to narrow to what the calls cost.
-const WARMUP_RUNS: usize = 2;
-
-/// memprobe attached to `pair[0]` in one mode: `warmup` runs under load,
-/// then the runs in turn; with `report`, memprobe's report of what it
-/// added over them, read from its /metrics just before and after.
+/// memprobe attached to `pair[0]` in one mode, then the runs in turn,
+/// `timed` from when; with `report`, memprobe's report of what it added
+/// over them, read from its /metrics just before and after.
 fn attached_half(
     memprobe: &Path,
     profiles_dir: &str,
     pair: [Server; 2],
-    (flags, warmup): (&[&str], usize),
+    (flags, timed): (&[&str], Timed),
     report: bool,
     half: &mut Half,
 ) -> Result<()> {
     let pid = pair[0].pid.to_string();
     let mut args = vec!["--pid", &pid, "-o", profiles_dir, "--listen", LISTEN];
     args.extend_from_slice(flags);
-    let (mut probe, stderr) = start_memprobe(memprobe, &args)?;
-    for _ in 0..warmup {
-        measure_run(pair[0])?;
+    let mut through_attach = match timed {
+        Timed::FromBusyAttach => Some(start_load(pair[0])?),
+        Timed::Settled | Timed::FromIdleAttach => None,
+    };
+    let started = start_memprobe(memprobe, &args);
+    if let Some(load) = &mut through_attach {
+        let _ = load.kill();
+        let _ = load.wait();
+    }
+    let (mut probe, stderr) = started?;
+    if timed == Timed::Settled {
+        for _ in 0..WARMUP_RUNS {
+            measure_run(pair[0])?;
+        }
     }
     drop(stderr);
     let added = || {
@@ -496,16 +524,7 @@ fn scraped_added_seconds(pid: u32) -> Option<f64> {
 
 /// One redis-benchmark run's mean requests per second over its tests.
 fn requests_per_second(server: Server) -> Result<f64> {
-    let load = server.load;
-    let output = Command::new("taskset")
-        .args(["-c", "1", "redis-benchmark", "-h", "127.0.0.1"])
-        .args(["-p", server.port, "-t", load.tests])
-        .args(["-n", &load.requests().to_string()])
-        .args(["-d", &load.value_bytes.to_string()])
-        .args(["-P", &load.pipeline.to_string()])
-        // Random keys, as real clients' are.
-        .args(["-r", "1000000", "-q"])
-        .output()?;
+    let output = load(server, server.load.requests()).output()?;
     let text = String::from_utf8_lossy(&output.stdout);
     // "SET: 98765.43 requests per second, p50=..." per test.
     let rates: Vec<f64> = text
@@ -523,4 +542,32 @@ fn requests_per_second(server: Server) -> Result<f64> {
         bail!("no rate in redis-benchmark output: {text}");
     }
     Ok(rates.iter().sum::<f64>() / rates.len() as f64)
+}
+
+/// The server's load started in the background, one second ago, with
+/// requests enough to outlast memprobe's start.
+fn start_load(server: Server) -> Result<Child> {
+    let child = load(server, 20 * server.load.requests())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting redis-benchmark")?;
+    std::thread::sleep(Duration::from_secs(1));
+    Ok(child)
+}
+
+/// redis-benchmark sending the server `requests` of its load (of each
+/// test), on the CPU redis-server does not run on.
+fn load(server: Server, requests: u32) -> Command {
+    let load = server.load;
+    let mut command = Command::new("taskset");
+    command
+        .args(["-c", "1", "redis-benchmark", "-h", "127.0.0.1"])
+        .args(["-p", server.port, "-t", load.tests])
+        .args(["-n", &requests.to_string()])
+        .args(["-d", &load.value_bytes.to_string()])
+        .args(["-P", &load.pipeline.to_string()])
+        // Random keys, as real clients' are.
+        .args(["-r", "1000000", "-q"]);
+    command
 }
