@@ -74,15 +74,14 @@ impl KernelProbes {
         let Ok(mut exits) = HashMap::<_, u64, u64>::try_from(map) else {
             return Vec::new();
         };
-        let ended: Vec<u64> = exits.keys().filter_map(Result::ok).collect();
-        let mut taken = Vec::with_capacity(ended.len());
-        for id in ended {
-            if let Ok(allocated) = exits.get(&id, 0) {
-                taken.push(((id >> 32) as u32, id as u32, allocated));
-            }
-            let _ = exits.remove(&id);
+        let ended: Vec<(u64, u64)> = exits.iter().filter_map(Result::ok).collect();
+        for (id, _) in &ended {
+            let _ = exits.remove(id);
         }
-        taken
+        ended
+            .into_iter()
+            .map(|(id, allocated)| ((id >> 32) as u32, id as u32, allocated))
+            .collect()
     }
 
     /// Forgets `pid`'s list (it exited, or is no longer sampled so).
