@@ -481,9 +481,9 @@ fn attached_half(
         Timed::Settled | Timed::FromIdleAttach => None,
     };
     let started = start_memprobe(memprobe, &args);
-    if let Some(load) = &mut through_attach {
-        let _ = load.kill();
-        let _ = load.wait();
+    if let Some(busy) = &mut through_attach {
+        let _ = busy.kill();
+        let _ = busy.wait();
     }
     let (mut probe, stderr) = started?;
     if timed == Timed::Settled {
