@@ -110,8 +110,8 @@ pub(in crate::run) enum SamplingNotice {
         duty: f64,
         cost: f64,
         own: f64,
-        /// Judgements in a row (a second apart) that found it dear.
-        after: u32,
+        /// How long every call was probed before it closed.
+        after: std::time::Duration,
     },
     /// Windows back to every call, cheap enough (`--verbose`).
     EveryCallAgain { pid: u32, cost: f64 },
@@ -307,10 +307,10 @@ impl fmt::Display for SamplingNotice {
             } => write!(
                 f,
                 "pid {pid}: malloc in windows {:.1}% of the time from now (at every call it \
-                 cost {:.1}% of a CPU for {after} s in a row; the process used {:.0}% of one \
-                 itself)",
+                 cost {:.1}% of a CPU for {:.1} s; the process used {:.0}% of one itself)",
                 duty * 100.0,
                 cost * 100.0,
+                after.as_secs_f64(),
                 own * 100.0
             ),
             Self::EveryCallAgain { pid, cost } => write!(

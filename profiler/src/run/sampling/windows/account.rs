@@ -193,11 +193,27 @@ impl Windows {
     }
 
     /// What the process used, `used` of a CPU's time over `span`, from
-    /// being found to its first window: busy already, its first window
-    /// closes at its first judgement over its cost.
+    /// being found to its first window: busy already, its first window is
+    /// judged after a window's length, against that use (its own CPU is
+    /// read over half a second at least), and closes if over its cost.
     pub(super) fn busy_before(&mut self, used: Duration, span: Duration) {
         self.busy_at_attach =
             span >= BUSY_SPAN && used.as_secs_f64() >= BUSY_BEFORE * span.as_secs_f64();
+        if self.busy_at_attach {
+            self.own_cpu = used.as_secs_f64() / span.as_secs_f64();
+        }
+    }
+
+    /// How long a window that stays open runs before its next judgement:
+    /// the first of a process busy before the attach, a short window's
+    /// length (a second at every call cost such a server some 2% of its
+    /// first minute); any other, [`CHECK_EVERY`].
+    fn judged_every(&self, timing: &WindowTiming) -> Duration {
+        if self.busy_at_attach && self.opened == 1 {
+            timing.length
+        } else {
+            CHECK_EVERY
+        }
     }
 
     /// Judgements in a row over its cost that close a window that stays
@@ -255,7 +271,7 @@ impl Windows {
     /// one that stays open is judged.
     pub(super) fn next_change(&self, timing: &WindowTiming) -> Instant {
         match self.open {
-            Some(_) if self.continuous() => self.priced.1 + CHECK_EVERY,
+            Some(_) if self.continuous() => self.priced.1 + self.judged_every(timing),
             Some((_, since)) if self.held.len() >= MAX_HELD => since,
             Some((_, since)) => since + timing.length,
             None => self.next_open,

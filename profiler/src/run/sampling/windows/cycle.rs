@@ -2,7 +2,7 @@
 //! its samples weighed, and the one that stays open is judged once a
 //! second; the last opens at the end of the run, and what each thread
 //! allocated after its own last window is counted then.
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use aya::maps::{MapData, RingBuf};
 use tokio::io::unix::AsyncFd;
@@ -62,9 +62,11 @@ impl Session<'_> {
         windows.recent_cost = cost;
         let duty = windows.next_duty(&timing, cost);
         windows.over = if duty < 1.0 { windows.over + 1 } else { 0 };
-        let after = windows.narrow_after();
-        if windows.over >= after {
+        if windows.over >= windows.narrow_after() {
             windows.over = 0;
+            let after = windows
+                .open
+                .map_or(Duration::ZERO, |(_, since)| since.elapsed());
             windows.at_last_close = windows.priced;
             // Closed while it stays open: what the ring still holds of it
             // is applied as it comes, as before.
