@@ -129,15 +129,16 @@ fn seconds_at_every_call(busy: bool) -> f64 {
 /// work is no burst that began with memprobe, and a second at every call
 /// cost a pipelined redis-server some 2% of its first minute. One that
 /// starts its work just after the attach keeps every call probed for
-/// three judgements a second apart, so that a burst shorter than that is
-/// seen whole.
+/// three judgements in a row a second apart that find it dear (a fourth
+/// where the first came before its work began), so that a burst shorter
+/// than that is seen whole.
 #[test]
 fn a_program_busy_before_the_attach_is_windowed_after_one_window() {
     let _guard = shared();
     let busy = seconds_at_every_call(true);
     assert!(busy < 0.5, "{busy} s at every call");
     let idle = seconds_at_every_call(false);
-    assert!((2.5..4.0).contains(&idle), "{idle} s at every call");
+    assert!((2.5..5.0).contains(&idle), "{idle} s at every call");
 }
 
 /// At defaults, a busy program's windows narrow (its calls would cost

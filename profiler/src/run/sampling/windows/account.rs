@@ -130,7 +130,7 @@ const MAX_HELD: usize = 1 << 16;
 const MIN_SPAN: f64 = 0.5;
 
 /// How often a window that stays open is judged against its cost.
-pub(super) const CHECK_EVERY: Duration = Duration::from_secs(1);
+const CHECK_EVERY: Duration = Duration::from_secs(1);
 
 /// Judgements in a row over its cost before a window that stays open
 /// closes: an allocation burst shorter than that is seen at every call
