@@ -38,7 +38,8 @@ const ROUNDS: usize = 5;
 /// With no profiler, between two spans beside the agent.
 const BARE: Duration = Duration::from_secs(10);
 /// Untimed once the agent attached: its scan finds the loops within a
-/// second, and their windows narrow after three seconds at every call.
+/// second, and the first window of each (busy before it) closes after
+/// 100 ms at every call.
 const WARMUP: Duration = Duration::from_secs(6);
 const TIMED: Duration = Duration::from_secs(20);
 /// After the agent stops: its probes' links close.
