@@ -204,12 +204,19 @@ impl Windows {
         }
     }
 
+    /// Whether the window open now is the one opened at the attach of a
+    /// process busy before it: judged sooner, and closed at its first
+    /// judgement over its cost.
+    fn first_of_a_busy_process(&self) -> bool {
+        self.busy_at_attach && self.opened == 1
+    }
+
     /// How long a window that stays open runs before its next judgement:
     /// the first of a process busy before the attach, a short window's
     /// length (a second at every call cost such a server some 2% of its
     /// first minute); any other, [`CHECK_EVERY`].
     fn judged_every(&self, timing: &WindowTiming) -> Duration {
-        if self.busy_at_attach && self.opened == 1 {
+        if self.first_of_a_busy_process() {
             timing.length
         } else {
             CHECK_EVERY
@@ -220,7 +227,7 @@ impl Windows {
     /// open: one for the window opened at the attach of a process busy
     /// before it, else [`NARROW_AFTER`].
     pub(super) fn narrow_after(&self) -> u32 {
-        if self.busy_at_attach && self.opened == 1 {
+        if self.first_of_a_busy_process() {
             1
         } else {
             NARROW_AFTER
