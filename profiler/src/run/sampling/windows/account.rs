@@ -1,8 +1,9 @@
-//! What a process's windows keep: the copies they attach, the events held
-//! while one is open, what they cost and the process uses, and each
-//! thread's account of bytes by which its samples are weighed.
+//! What a process's windows keep: the copies they attach, the window
+//! open now and the events it holds, and when the next opens, closes or
+//! is judged. What they cost is in [`WindowCost`], what each thread
+//! allocated in [`ThreadBytes`].
 use std::{
-    collections::{HashMap, HashSet},
+    collections::HashMap,
     path::{Path, PathBuf},
     time::{Duration, Instant},
 };
@@ -10,8 +11,10 @@ use std::{
 use profiler_common::FastPathConfig;
 
 use super::{
+    cost::WindowCost,
     split::ThreadCounter,
     tails::Tails,
+    thread_bytes::ThreadBytes,
     timing::{MIN_DUTY, WindowTiming},
 };
 use crate::{
@@ -81,19 +84,9 @@ pub(in crate::run) struct Windows {
     /// When and why the budget narrowed them to their least (they may then
     /// cost nothing beyond [`MIN_DUTY`]).
     pub(super) narrowed: Option<(std::time::SystemTime, String)>,
-    /// The windowed probes' estimated cost so far (seconds) and when it
-    /// was last read; the same at the last window's close; and their share
-    /// of a CPU averaged over the last cycle (the last window and the gap
-    /// before it; the last second, for one that stays open).
-    pub(super) priced: (f64, Instant),
-    pub(super) at_last_close: (f64, Instant),
-    pub recent_cost: f64,
-    /// The process's CPU seconds and its windows' cost (seconds) when last
-    /// read, and its own CPU use (a share of a CPU, its windows' traps not
-    /// counted) between the last two readings: what the windows' cost is
-    /// held to a share of.
-    pub(super) cpu: (f64, f64, Instant),
-    pub(super) own_cpu: f64,
+    /// What they cost, and what the process uses itself: what their cost
+    /// is held to a share of.
+    pub(super) cost: WindowCost,
     /// Time spent in windows, and since when the process is sampled so.
     pub(super) time_open: Duration,
     /// How long the last short window's probes were in, from its first
@@ -104,30 +97,14 @@ pub(in crate::run) struct Windows {
     pub(super) since: Instant,
     /// Events that came while a window was open, applied once it closes.
     pub(super) held: Vec<HeapEvent>,
-    /// Per thread, jemalloc's counter at the end of its last window, less
-    /// `others` then.
-    pub(super) ends: HashMap<u32, u64>,
-    /// Per thread, the bytes its samples taken outside the windows' probes
-    /// stand for (requests no thread cache holds, entry points probed at
-    /// every call), since the windows began, and of those the ones taken
-    /// while its window was open: its counter counts them too, and a
-    /// window's samples stand only for the rest (else a 64 MiB buffer
-    /// allocated between two windows was counted again in the shape of
-    /// the next one's samples).
-    pub(super) others: HashMap<u32, u64>,
-    others_in_window: HashMap<u32, u64>,
-    /// The process's threads when its windows began (empty where they
-    /// could not be read): one born since counted its bytes from 0 then.
-    present_at_start: HashSet<u32>,
+    /// What each thread allocated, by which its samples are weighed.
+    pub(super) bytes: ThreadBytes,
     /// What threads allocate after their last window.
     pub(super) tails: Tails,
 }
 
 /// Events held in one window at most: past this the window closes early.
 const MAX_HELD: usize = 1 << 16;
-
-/// The least span over which a process's own CPU use is read.
-const MIN_SPAN: f64 = 0.5;
 
 /// How often a window that stays open is judged against its cost.
 const CHECK_EVERY: Duration = Duration::from_secs(1);
@@ -175,19 +152,12 @@ impl Windows {
             // Adaptive windows start open for good, until their cost says.
             duty: timing.duty(0.0, 0.0),
             narrowed: None,
-            priced: (0.0, now),
-            at_last_close: (0.0, now),
-            recent_cost: 0.0,
-            cpu: (0.0, 0.0, now),
-            own_cpu: 0.0,
+            cost: WindowCost::new(now),
             time_open: Duration::ZERO,
             trapping: timing.length,
             since: now,
             held: Vec::new(),
-            ends: HashMap::new(),
-            others: HashMap::new(),
-            others_in_window: HashMap::new(),
-            present_at_start: threads.into_iter().collect(),
+            bytes: ThreadBytes::new(threads),
             tails: Tails::default(),
         }
     }
@@ -200,7 +170,7 @@ impl Windows {
         self.busy_at_attach =
             span >= BUSY_SPAN && used.as_secs_f64() >= BUSY_BEFORE * span.as_secs_f64();
         if self.busy_at_attach {
-            self.own_cpu = used.as_secs_f64() / span.as_secs_f64();
+            self.cost.own_cpu = used.as_secs_f64() / span.as_secs_f64();
         }
     }
 
@@ -239,7 +209,7 @@ impl Windows {
     /// seconds, when every call is probed, or not.
     pub(super) fn count_from(&mut self, counters: &[ThreadCounter]) {
         for c in counters {
-            self.ends.insert(c.tid, c.allocated);
+            self.bytes.count_from(c.tid, c.allocated);
             self.tails.locate(c.tid, c.at);
         }
     }
@@ -278,7 +248,7 @@ impl Windows {
     /// one that stays open is judged.
     pub(super) fn next_change(&self, timing: &WindowTiming) -> Instant {
         match self.open {
-            Some(_) if self.continuous() => self.priced.1 + self.judged_every(timing),
+            Some(_) if self.continuous() => self.cost.priced.1 + self.judged_every(timing),
             Some((_, since)) if self.held.len() >= MAX_HELD => since,
             Some((_, since)) => since + timing.length,
             None => self.next_open,
@@ -292,17 +262,7 @@ impl Windows {
         if !self.copies.iter().any(|c| c.instance == sample.copy) {
             return;
         }
-        let bytes = bytes as u64;
-        *self.others.entry(sample.tid).or_default() += bytes;
-        if self.open.is_some() {
-            *self.others_in_window.entry(sample.tid).or_default() += bytes;
-        }
-    }
-
-    /// Thread `tid`'s counter read at `allocated`, less what its samples
-    /// outside the windows stand for.
-    pub(super) fn windowed_bytes(&self, tid: u32, allocated: u64) -> u64 {
-        allocated.saturating_sub(self.others.get(&tid).copied().unwrap_or(0))
+        (self.bytes).count_other(sample.tid, bytes as u64, self.open.is_some());
     }
 
     /// Holds `event` while a window is open; gives it back otherwise.
@@ -314,46 +274,13 @@ impl Windows {
         None
     }
 
-    /// Takes the windowed probes' cost so far (`priced` seconds, read
-    /// now): their share of a CPU since the last reading.
-    pub(super) fn cost_since(&mut self, priced: f64, now: Instant) -> f64 {
-        let (before, then) = std::mem::replace(&mut self.priced, (priced, now));
-        let elapsed = now.duration_since(then).as_secs_f64();
-        if elapsed <= 0.0 {
-            return 0.0;
-        }
-        (priced - before).max(0.0) / elapsed
-    }
-
-    /// Takes the process's CPU seconds so far and the windows' cost so far
-    /// (`priced`, seconds), read now: its own CPU use since the last
-    /// reading, a share of a CPU, kept as `own_cpu`. Readings less than
-    /// [`MIN_SPAN`] apart are left for a longer span (CPU time is counted
-    /// in 10 ms ticks). (At least a quarter of what it used: an estimate of
-    /// the traps' cost above the time they took must not make it look
-    /// idle.)
-    pub(super) fn own_cpu_since(&mut self, cpu: f64, priced: f64, now: Instant) {
-        let (before, priced_before, then) = self.cpu;
-        let elapsed = now.duration_since(then).as_secs_f64();
-        if before > 0.0 && elapsed < MIN_SPAN {
-            return;
-        }
-        self.cpu = (cpu, priced, now);
-        if before == 0.0 {
-            return;
-        }
-        let used = (cpu - before).max(0.0);
-        let windowed = (priced - priced_before).max(0.0);
-        self.own_cpu = (used - windowed).max(used / 4.0) / elapsed;
-    }
-
     /// What the windows may cost on average, a share of a CPU: `cost`
     /// (of [`WindowTiming`]) of what the process uses itself, nothing
     /// once the budget narrowed them.
     pub(super) fn allowed(&self, cost: f64) -> f64 {
         match self.narrowed {
             Some(_) => 0.0,
-            None => cost * self.own_cpu,
+            None => cost * self.cost.own_cpu,
         }
     }
 
@@ -394,86 +321,24 @@ impl Windows {
     }
 
     /// The weight of each thread's samples in window `number`, from what
-    /// the kernel noted of its counters: the bytes it allocated from the
-    /// end of its previous window to the end of this one, over the bytes it
-    /// allocated within this one. (Each window's own ratio, so that each
-    /// stands for its own stretch of the run: a ratio pooled over windows
-    /// weighs a window by others, and a thread's first window, which stands
-    /// for itself alone, pulled the pooled ratio of the next ones down by
-    /// a third in tests.)
+    /// the kernel noted of its counters (see [`ThreadBytes::weigh`]); the
+    /// threads weighed keep its samples for their tails.
     pub(super) fn weigh(
         &mut self,
         number: u64,
         records: &[(u32, ThreadWindow)],
     ) -> HashMap<u32, f64> {
-        let mut scales = HashMap::new();
-        for &(tid, record) in records {
-            if record.window != number {
-                continue;
-            }
-            // In the bytes only windows sample.
-            let others = self.others.get(&tid).copied().unwrap_or(0);
-            let others_within = self.others_in_window.get(&tid).copied().unwrap_or(0);
-            let end = record.end.saturating_sub(others);
-            let first = (record.first).saturating_sub(others.saturating_sub(others_within));
-            // Samples lost (the ring buffer full) leave the sent to stand
-            // for the window's bytes at their share.
-            let within = sampled_bytes(end.saturating_sub(first), &record);
-            // Its first window stands for all it allocated, if it was born
-            // since the windows began (jemalloc's counter starts at 0);
-            // else since it was first seen on the slow path, or for itself
-            // alone.
-            let born_since = self.born_since(tid);
-            let since = self
-                .ends
-                .get(&tid)
-                .copied()
-                .or(born_since.then_some(0))
-                .or((record.base > 0).then_some(record.base))
-                .filter(|&start| start <= first)
-                .unwrap_or(first);
-            self.ends.insert(tid, end);
-            if within > 0 && end >= since {
-                scales.insert(tid, (end - since) as f64 / within as f64);
-                self.tails.start(tid, within);
-            }
+        let weights = self.bytes.weigh(number, records);
+        for (&tid, weight) in &weights {
+            self.tails.start(tid, weight.within);
         }
-        self.others_in_window.clear();
-        scales
+        weights.into_iter().map(|(tid, w)| (tid, w.scale)).collect()
     }
-
-    /// Whether thread `tid` was born since the windows began (jemalloc's
-    /// counter started at 0 since); no thread is, where they could not be
-    /// read then.
-    pub(super) fn born_since(&self, tid: u32) -> bool {
-        !self.present_at_start.is_empty() && !self.present_at_start.contains(&tid)
-    }
-}
-
-/// The share of a window's `within` bytes its sent samples stand for.
-fn sampled_bytes(within: u64, record: &ThreadWindow) -> u64 {
-    let (sent, lost) = (record.sent_bytes, record.lost_bytes);
-    if sent == 0 || lost == 0 {
-        return within;
-    }
-    ((within as u128 * sent as u128) / (sent as u128 + lost as u128)).max(1) as u64
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn record(window: u64, first: u64, end: u64, base: u64) -> ThreadWindow {
-        ThreadWindow {
-            window,
-            first,
-            end,
-            base,
-            counter_at: 0,
-            sent_bytes: 0,
-            lost_bytes: 0,
-        }
-    }
 
     #[test]
     fn only_a_process_busy_before_the_attach_narrows_at_its_first_judgement() {
@@ -490,43 +355,6 @@ mod tests {
         assert_eq!(narrowing(ms(1), ms(500)), NARROW_AFTER);
         // Too short a span to tell.
         assert_eq!(narrowing(ms(20), ms(20)), NARROW_AFTER);
-    }
-
-    #[test]
-    fn a_window_stands_for_what_its_thread_allocated_since_the_last() {
-        let mut windows = Windows::new(&WindowTiming::default(), vec![3, 7]);
-        // Thread 7 first seen on the slow path at 1,000 bytes, its first
-        // window from 41,000 to 42,000: 41,000 bytes in all for 1,000 seen.
-        let scales = windows.weigh(1, &[(7, record(1, 41_000, 42_000, 1_000))]);
-        assert_eq!(scales[&7], 41.0);
-        // The next window from 100,000 to 102,000: 60,000 bytes since the
-        // last one ended, for 2,000 seen.
-        let scales = windows.weigh(2, &[(7, record(2, 100_000, 102_000, 1_000))]);
-        assert_eq!(scales[&7], 30.0);
-        // A thread with no call in this window (its record an older one's)
-        // gets no weight, and its end is kept for its next window.
-        let scales = windows.weigh(3, &[(7, record(2, 100_000, 102_000, 1_000))]);
-        assert!(scales.is_empty());
-        let scales = windows.weigh(4, &[(7, record(4, 200_000, 201_000, 1_000))]);
-        assert_eq!(scales[&7], 99.0);
-    }
-
-    #[test]
-    fn a_thread_born_since_the_windows_began_stands_for_all_it_allocated() {
-        let mut windows = Windows::new(&WindowTiming::default(), vec![3, 7]);
-        let scales = windows.weigh(1, &[(9, record(1, 5_000, 6_000, 0))]);
-        assert_eq!(scales[&9], 6.0);
-        // Where the threads could not be read, none is taken for new.
-        let mut windows = Windows::new(&WindowTiming::default(), Vec::new());
-        let scales = windows.weigh(1, &[(9, record(1, 5_000, 6_000, 0))]);
-        assert_eq!(scales[&9], 1.0);
-    }
-
-    #[test]
-    fn a_thread_never_seen_on_the_slow_path_stands_for_its_window_alone() {
-        let mut windows = Windows::new(&WindowTiming::default(), vec![3, 7]);
-        let scales = windows.weigh(1, &[(3, record(1, 5_000, 6_000, 0))]);
-        assert_eq!(scales[&3], 1.0);
     }
 
     #[test]
@@ -548,18 +376,11 @@ mod tests {
     #[test]
     fn their_cost_is_held_to_a_share_of_what_the_process_uses() {
         let mut windows = Windows::new(&WindowTiming::default(), vec![3, 7]);
-        let start = windows.cpu.2;
-        let at = |ms: u64| start + Duration::from_millis(ms);
-        windows.own_cpu_since(10.0, 0.0, at(1000));
-        // 0.5 s of CPU in 2 s, 0.1 s of it the windows' traps.
-        windows.own_cpu_since(10.5, 0.1, at(3000));
-        assert!((windows.own_cpu - 0.2).abs() < 1e-9, "{}", windows.own_cpu);
-        assert!((windows.allowed(super::super::timing::WINDOWS_COST) - 0.002).abs() < 1e-9);
-        // Too soon after: left for a longer span.
-        windows.own_cpu_since(10.51, 0.1, at(3100));
-        assert_eq!(windows.cpu.0, 10.5);
-        // Traps estimated above what it used: a quarter of that, not 0.
-        windows.own_cpu_since(10.9, 1.1, at(5000));
-        assert!((windows.own_cpu - 0.05).abs() < 1e-9, "{}", windows.own_cpu);
+        windows.cost.own_cpu = 0.2;
+        let cost = super::super::timing::WINDOWS_COST;
+        assert!((windows.allowed(cost) - 0.002).abs() < 1e-9);
+        // Narrowed by the budget: nothing beyond their least.
+        windows.narrowed = Some((std::time::SystemTime::now(), "over budget".into()));
+        assert_eq!(windows.allowed(cost), 0.0);
     }
 }

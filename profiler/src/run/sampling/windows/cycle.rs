@@ -59,7 +59,7 @@ impl Session<'_> {
         let Some(windows) = self.sampling.windows_mut(pid) else {
             return;
         };
-        windows.recent_cost = cost;
+        windows.cost.recent = cost;
         let duty = windows.next_duty(&timing, cost);
         windows.over = if duty < 1.0 { windows.over + 1 } else { 0 };
         if windows.over >= windows.narrow_after() {
@@ -67,7 +67,7 @@ impl Session<'_> {
             let after = windows
                 .open
                 .map_or(Duration::ZERO, |(_, since)| since.elapsed());
-            windows.at_last_close = windows.priced;
+            windows.cost.continuous_closed();
             // Closed while it stays open: what the ring still holds of it
             // is applied as it comes, as before.
             self.close_window(pid, Some(ring));
@@ -76,7 +76,7 @@ impl Session<'_> {
             }
             self.schedule_next(pid);
             let own = self.sampling.windows(pid);
-            let own = own.map_or(0.0, |w| w.own_cpu);
+            let own = own.map_or(0.0, |w| w.cost.own_cpu);
             self.say(SamplingNotice::WindowsRarer {
                 pid,
                 duty,
@@ -99,12 +99,7 @@ impl Session<'_> {
         };
         let wanted = windows.next_duty(&timing, cost);
         windows.settle_duty(wanted, Instant::now());
-        let (priced, now) = windows.priced;
-        let (before, then) = std::mem::replace(&mut windows.at_last_close, (priced, now));
-        let cycle = now.duration_since(then).as_secs_f64();
-        if cycle > 0.0 {
-            windows.recent_cost = (priced - before).max(0.0) / cycle;
-        }
+        windows.cost.cycle_closed();
         if windows.duty >= 1.0 {
             self.open_window(pid);
             self.say(SamplingNotice::EveryCallAgain { pid, cost });

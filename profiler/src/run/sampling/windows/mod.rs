@@ -19,9 +19,11 @@
 //! end of this one, over the bytes it allocated within this one. The
 //! window's events are held until it closes and those weights are known.
 mod account;
+mod cost;
 mod cycle;
 mod split;
 mod tails;
+mod thread_bytes;
 mod timing;
 
 use std::time::Instant;
@@ -173,9 +175,9 @@ impl Session<'_> {
             return 0.0;
         };
         if let Some(cpu) = cpu {
-            windows.own_cpu_since(cpu, priced, now);
+            windows.cost.own_cpu_since(cpu, priced, now);
         }
-        windows.cost_since(priced, now)
+        windows.cost.since(priced, now)
     }
 
     /// What narrowing `pid`'s windows to their least would save, as a
@@ -186,7 +188,7 @@ impl Session<'_> {
         if windows.copies.is_empty() || windows.narrowed.is_some() {
             return None;
         }
-        Some(windows.recent_cost * (1.0 - MIN_DUTY / windows.duty.max(MIN_DUTY)))
+        Some(windows.cost.recent * (1.0 - MIN_DUTY / windows.duty.max(MIN_DUTY)))
     }
 
     /// Lowers what `pid`'s windows may cost to nothing (the budget's first

@@ -8,7 +8,7 @@
 //! job's work, or all of a worker's that ran between two windows.
 use std::collections::{HashMap, HashSet};
 
-use super::Windows;
+use super::{Windows, thread_bytes::SinceLastWindow};
 use crate::{
     collect::{ProcessHeap, Sample},
     kernel::ThreadWindow,
@@ -89,18 +89,14 @@ impl Windows {
     /// its counter read at `allocated` now, in the shape of that window's
     /// samples; its next window's bytes start here.
     pub(super) fn settle(&mut self, heap: &mut ProcessHeap, tid: u32, allocated: u64) {
-        let allocated = self.windowed_bytes(tid, allocated);
-        let Some(end) = self.ends.get(&tid).copied() else {
-            if self.born_since(tid) {
-                self.tails.unsampled += allocated;
+        let tail = match self.bytes.since_last_window(tid, allocated) {
+            SinceLastWindow::Window(0) => return,
+            SinceLastWindow::Window(tail) => tail,
+            SinceLastWindow::NoWindow(all) => {
+                self.tails.unsampled += all;
+                return;
             }
-            return;
         };
-        self.ends.insert(tid, allocated);
-        let tail = allocated.saturating_sub(end);
-        if tail == 0 {
-            return;
-        }
         let Some(kept) = self.tails.kept.get(&tid).filter(|k| !k.samples.is_empty()) else {
             self.tails.unsampled += tail;
             return;
@@ -149,13 +145,11 @@ impl Windows {
         }
         if !live.is_empty() {
             let live: HashSet<&u32> = live.iter().collect();
-            let gone: Vec<u32> = (self.ends.keys())
+            let gone: Vec<u32> = (self.bytes.threads())
                 .filter(|tid| !live.contains(tid))
-                .copied()
                 .collect();
             for tid in gone {
-                self.ends.remove(&tid);
-                self.others.remove(&tid);
+                self.bytes.forget(tid);
                 self.tails.forget(tid);
             }
         }
@@ -344,10 +338,10 @@ mod tests {
         windows.weigh(2, &records);
         let listed = windows.follow(&[8, 9], &records);
         assert_eq!(listed, vec![(9, 0x9000), (8, 0x8000)]);
-        assert!(!windows.ends.contains_key(&7));
+        assert!(!windows.bytes.threads().any(|tid| tid == 7));
         // Where the threads could not be read, none is taken for gone.
         let listed = windows.follow(&[], &records);
         assert!(listed.is_empty());
-        assert!(windows.ends.contains_key(&8));
+        assert!(windows.bytes.threads().any(|tid| tid == 8));
     }
 }
