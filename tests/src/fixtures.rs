@@ -373,6 +373,12 @@ pub fn malloc_loop_fixture() -> PathBuf {
     })
 }
 
+/// The same malloc/free loop on glibc's malloc (built without an
+/// allocator): every call traps, glibc having no windows.
+pub fn glibc_loop_fixture() -> PathBuf {
+    build_once("glibc_loop", |out| compile("cc", out, "malloc_loop.c", &[]))
+}
+
 /// Two processes passing a byte over pipes, no allocator call (glibc's
 /// mapped, never called).
 pub fn ping_pong_fixture() -> PathBuf {

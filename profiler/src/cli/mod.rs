@@ -108,7 +108,9 @@ pub struct Cli {
     /// windows narrowed where they make a good part of the cost (and is
     /// judged again), else loses its free probes (its profile then counts
     /// allocations only, and says since when), and if still above it 10 s
-    /// later is written out and detached; memprobe says so each time.
+    /// later is written out and its allocators' probes detached: it is
+    /// still followed to the end (its memory account and mappings in each
+    /// snapshot, its heap as it was); memprobe says so each time.
     /// `none` for no limit. Not with --all's system-wide probes
     /// (`--sampling entry`).
     #[arg(long, value_name = "PCT", default_value = "10", value_parser = parse_overhead,

@@ -74,7 +74,15 @@ pub fn leaks_of<W: Write>(
         .iter()
         .map(|f| read_heap(f))
         .collect::<Result<Vec<_>, OfflineError>>()?;
-    let sites = rank_sites(&snapshots, options);
+    // In-use figures are followed until a snapshot says what was tracked
+    // instead (its `# tracking:` note: frees dropped for the budget,
+    // `--track allocations`), where all that was allocated counts as in
+    // use: sites are ranked over the snapshots before it.
+    let followed = snapshots
+        .iter()
+        .take_while(|s| s.notes.tracking.is_none())
+        .count();
+    let sites = rank_sites(&snapshots[..followed], options);
     let maps = snapshots
         .last()
         .map(|s| s.mapped_libraries.as_str())
@@ -84,8 +92,24 @@ pub fn leaks_of<W: Write>(
         None => binaries.namer(maps),
     };
     let mut out = out;
-    write_leak_report(&sites, most, |f| namer.site(f, SITE_DEPTH), &mut out)
+    let unfollowed = snapshots.len() - followed;
+    if unfollowed > 0 {
+        writeln!(
+            out,
+            "frees not followed in the last {unfollowed} of {} snapshots (their `# tracking:` \
+             note): {}",
+            snapshots.len(),
+            match followed {
+                0 | 1 => "no site ranked".to_owned(),
+                n => format!("sites ranked over the first {n}"),
+            }
+        )
         .map_err(OfflineError::Output)?;
+    }
+    if followed >= 2 {
+        write_leak_report(&sites, most, |f| namer.site(f, SITE_DEPTH), &mut out)
+            .map_err(OfflineError::Output)?;
+    }
     let Some((parts, sites)) = resident::resident_growth(&snapshots) else {
         return Ok(());
     };

@@ -203,7 +203,7 @@ impl Session<'_> {
     /// A sampled pointer returned to a process whose frees are no longer
     /// probed: the kernel's set forgets it (no free will take it out).
     fn forget_if_untracked(&mut self, pid: u32, probe: u32, ptr: u64) {
-        let frees_dropped = self.budget.frees_dropped(pid).is_some();
+        let frees_dropped = self.budget.frees_dropped(pid);
         if frees_dropped && let Some(probe) = self.probes.attached.get(probe as usize) {
             self.probes.forget_sampled(pid, probe.instance, ptr);
         }

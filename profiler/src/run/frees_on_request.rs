@@ -145,7 +145,7 @@ impl Session<'_> {
     ) -> bool {
         let until = Instant::now() + wanted;
         if !self.options.collector.allocations_only
-            || self.budget.frees_dropped(pid).is_some()
+            || self.budget.frees_dropped(pid)
             || self.tracked.get(&pid).is_none_or(|t| t.exited)
         {
             return false;

@@ -52,7 +52,7 @@ pub struct ProcessSummary {
 impl ProcessSummary {
     pub(super) fn of(t: Tracked, snapshots: ProcessSnapshots, budget: &Budget) -> Self {
         let removed_snapshots = snapshots.removed();
-        let tracking = budget.frees_dropped(t.pid).map(|dropped| dropped.note());
+        let tracking = budget.tracking_note(t.pid);
         let frees_tracked = !t.heap.allocations_only() || tracking.is_some();
         Self {
             pid: t.pid,

@@ -2,7 +2,7 @@
 //! costs it measures on this host at start, agrees with what a target
 //! actually gains; and `--max-overhead` steps a process that stays above
 //! it down, narrowing its windows, dropping its frees and then detaching
-//! it, writing its profile at each step.
+//! its allocators' probes, writing its profile at each step.
 use std::{
     process::{Command, Stdio},
     time::{Duration, Instant},
@@ -33,9 +33,10 @@ fn tracking_note(heap: &std::path::Path) -> String {
 /// `--max-overhead` steps down before it detaches: a loop whose every
 /// malloc and free traps (`--sampling entry`) first loses its free probes
 /// (a profile written then), and, its mallocs alone still over budget,
-/// is written out and detached; the other process is still profiled.
+/// is written out and its allocators' probes detached; the other process
+/// is still profiled.
 #[test]
-fn a_process_over_its_budget_loses_its_frees_then_is_detached() {
+fn a_process_over_its_budget_loses_its_frees_then_its_allocators_probes() {
     let _guard = exclusive();
     let out = output_dir("over_budget");
     // About a million calls a second: far above 5% of a CPU.
@@ -67,7 +68,7 @@ fn a_process_over_its_budget_loses_its_frees_then_is_detached() {
     memprobe.wait_for_stderr(&dropped, Duration::from_secs(30), "frees not dropped");
     let first_step = started.elapsed();
     assert!(first_step >= Duration::from_secs(9), "{first_step:?}");
-    let said = format!("pid {busy_pid}: detached, over budget");
+    let said = format!("pid {busy_pid}: allocators' probes detached, over budget");
     memprobe.wait_for_stderr(&said, Duration::from_secs(40), "not detached");
     // Not before another 10 s over budget at the new cost.
     assert!(
@@ -100,14 +101,23 @@ fn a_process_over_its_budget_loses_its_frees_then_is_detached() {
     assert!(reason.contains("above --max-overhead 5%"), "{reason}");
     assert!(reason.contains("more allowed for the caches"), "{reason}");
     assert_eq!(tracking_note(&first), "", "{stderr}");
-    // The last one says since when it counts allocations only, and why.
-    let last = out.join(format!("memprobe.{busy_pid}.1.heap"));
-    let tracking = tracking_note(&last);
+    // The second says since when it counts allocations only, and why.
+    let second = out.join(format!("memprobe.{busy_pid}.1.heap"));
+    let tracking = tracking_note(&second);
     assert!(
         tracking.starts_with("allocations only since 20"),
         "{tracking}"
     );
     assert!(tracking.contains("above --max-overhead 5%"), "{tracking}");
+    assert!(!tracking.contains("no allocation calls"), "{tracking}");
+    // The last, at the end of the run, since when no allocation call is
+    // probed, and why.
+    let last = out.join(format!("memprobe.{busy_pid}.2.heap"));
+    let tracking = tracking_note(&last);
+    let (_, detached) = tracking
+        .split_once("; no allocation calls since 20")
+        .unwrap_or_else(|| panic!("{tracking}"));
+    assert!(detached.contains("above --max-overhead 5%"), "{tracking}");
     assert!(
         stderr.contains("probes detached over --max-overhead"),
         "{stderr}"
@@ -199,6 +209,76 @@ fn a_busy_process_at_defaults_is_profiled_to_the_end_of_its_duration() {
     let tracking = tracking_note(last);
     assert!(tracking.starts_with("allocations only since"), "{tracking}");
     assert!(tracking.contains("above --max-overhead 10%"), "{tracking}");
+}
+
+/// A busy glibc process at the defaults (glibc has no windows: its every
+/// malloc and free traps) is followed to the end of `--duration`: over the
+/// 10% budget it loses its frees, then its allocators' probes, each step
+/// said in its profiles, and its memory account goes on in every snapshot
+/// to the last. `memprobe leaks` ranks its sites over the snapshots taken
+/// while its frees were followed alone: in the later ones all that was
+/// allocated counts as in use, which would read as leaks everywhere.
+#[test]
+fn a_busy_glibc_process_at_defaults_is_followed_to_the_end_of_its_duration() {
+    let _guard = exclusive();
+    let out = output_dir("glibc_to_the_end");
+    let mut busy = Command::new(glibc_loop_fixture())
+        .args(["0", "60"])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = busy.id().to_string();
+    let started = Instant::now();
+    let mut memprobe = Memprobe::start(&[
+        "--pid",
+        &pid,
+        "--duration",
+        "35s",
+        "--interval",
+        "5s",
+        "--format",
+        "heap",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    memprobe.wait_attached();
+    let (status, stderr) = memprobe.wait();
+    let _ = busy.kill();
+    let _ = busy.wait();
+    assert!(status.success(), "{stderr}");
+    assert!(started.elapsed() >= Duration::from_secs(35), "{stderr}");
+    let (_, after_frees) = stderr
+        .split_once(&format!("pid {pid}: frees no longer tracked, over budget"))
+        .unwrap_or_else(|| panic!("frees not dropped: {stderr}"));
+    assert!(
+        after_frees.contains(&format!(
+            "pid {pid}: allocators' probes detached, over budget"
+        )),
+        "{stderr}"
+    );
+    let heaps = heap_files(&out);
+    let last = heaps.last().expect("a profile");
+    let notes = heap_notes(last);
+    assert_eq!(notes.get("reason").map(String::as_str), Some("end of run"));
+    let tracking = tracking_note(last);
+    assert!(
+        tracking.starts_with("allocations only since 20"),
+        "{tracking}"
+    );
+    assert!(
+        tracking.contains("; no allocation calls since 20"),
+        "{tracking}"
+    );
+    // Its memory is still read at the end.
+    let text = std::fs::read_to_string(last).unwrap();
+    assert!(text.contains("# memory: resident: "), "{text}");
+    let (status, report) = memprobe_stdout(&["leaks", out.to_str().unwrap()]);
+    assert!(status.success(), "{report}");
+    assert!(
+        report.contains("snapshots (their `# tracking:` note): sites ranked over the first"),
+        "{report}"
+    );
+    assert!(!report.contains("likely leak"), "{report}");
 }
 
 /// The budget's first step: a busy program with no free probed (`--track

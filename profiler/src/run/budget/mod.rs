@@ -16,7 +16,12 @@
 //!    On a busy jemalloc process frees are nearly all the cost (its
 //!    allocations are sampled in windows, every free traps).
 //! 3. Still over for another [`SUSTAINED`], or with no frees to drop: its
-//!    profile is written and its probes detached.
+//!    profile is written and its allocators' probes detached. It is still
+//!    followed to the end of the run, at no cost of its own: its memory
+//!    account (read from `/proc`) and the memory it maps (a probe at
+//!    `mmap`, a rare call: glibc's big requests among them) in each
+//!    snapshot, its heap as it was at the step. A user who asked for
+//!    `--duration 10m` gets ten minutes, whatever the allocator.
 //!
 //! The cost is its probe hits times the per-hit costs measured on this
 //! host (and, where probes are perf events on its main thread, that
@@ -43,22 +48,28 @@ const NARROWING_WORTH: f64 = 1.0 / 3.0;
 pub(in crate::run) enum Step {
     NarrowWindows,
     DropFrees,
-    Detach,
+    DetachAllocators,
 }
 
-/// The budget's frees step, taken for one process.
+/// One of the budget's steps, taken for one process: when, and what its
+/// probes cost then, against what budget.
 #[derive(Clone, Debug)]
-pub(in crate::run) struct FreesDropped {
-    pub at: std::time::SystemTime,
-    /// What its probes cost then, against what budget.
-    pub why: String,
+struct Taken {
+    at: std::time::SystemTime,
+    why: String,
 }
 
-impl FreesDropped {
-    /// The profile's `# tracking:` note.
-    pub fn note(&self) -> String {
+impl Taken {
+    fn now(why: String) -> Self {
+        Self {
+            at: std::time::SystemTime::now(),
+            why,
+        }
+    }
+
+    fn since(&self) -> String {
         format!(
-            "allocations only since {} ({}): what was allocated since counts as in use",
+            "since {} ({})",
             humantime::format_rfc3339_seconds(self.at),
             self.why
         )
@@ -73,9 +84,10 @@ pub(in crate::run) struct Budget {
     /// system-wide probes cannot be detached from one process).
     limit: Option<f64>,
     windows: HashMap<u32, BudgetWindow>,
-    frees_dropped: HashMap<u32, FreesDropped>,
-    /// Probes detached from a process over budget.
-    detached: HashMap<u32, usize>,
+    frees_dropped: HashMap<u32, Taken>,
+    /// Allocators' probes detached from a process over budget: when and
+    /// why, and how many.
+    detached: HashMap<u32, (Taken, usize)>,
 }
 
 impl Budget {
@@ -110,14 +122,14 @@ impl Budget {
     /// that would save (`narrowing_saves`, a share of a CPU) a good part
     /// of its probes' cost (judged again afterwards, at the new cost); else
     /// its frees dropped where it has any probed (`frees_probed`); else
-    /// its probes detached. A busy process whose frees cost most goes
-    /// past the windows at once.
+    /// its allocators' probes detached. A busy process whose frees cost
+    /// most goes past the windows at once.
     pub fn step(&self, pid: u32, narrowing_saves: Option<f64>, frees_probed: bool) -> Step {
         let cost = self.windows.get(&pid).map_or(0.0, |w| w.cost);
         match narrowing_saves {
             Some(saves) if saves >= cost * NARROWING_WORTH => Step::NarrowWindows,
             _ if frees_probed && !self.frees_dropped.contains_key(&pid) => Step::DropFrees,
-            _ => Step::Detach,
+            _ => Step::DetachAllocators,
         }
     }
 
@@ -128,22 +140,42 @@ impl Budget {
 
     pub fn note_frees_dropped(&mut self, pid: u32, why: String) {
         self.start_over(pid);
-        let at = std::time::SystemTime::now();
-        self.frees_dropped.insert(pid, FreesDropped { at, why });
+        self.frees_dropped.insert(pid, Taken::now(why));
     }
 
-    pub fn note_detached(&mut self, pid: u32, probes: usize) {
-        self.detached.insert(pid, probes);
+    pub fn note_detached(&mut self, pid: u32, why: String, probes: usize) {
+        self.start_over(pid);
+        self.detached.insert(pid, (Taken::now(why), probes));
     }
 
-    /// Since when `pid`'s frees are no longer probed, and why.
-    pub fn frees_dropped(&self, pid: u32) -> Option<&FreesDropped> {
-        self.frees_dropped.get(&pid)
+    /// Whether `pid`'s frees are no longer probed.
+    pub fn frees_dropped(&self, pid: u32) -> bool {
+        self.frees_dropped.contains_key(&pid)
     }
 
     /// How many probes were detached from `pid` for its cost.
     pub fn detached(&self, pid: u32) -> Option<usize> {
-        self.detached.get(&pid).copied()
+        self.detached.get(&pid).map(|(_, probes)| *probes)
+    }
+
+    /// What the steps taken for `pid` left tracked, and since when (the
+    /// profile's `# tracking:` note); `None` where none was taken.
+    pub fn tracking_note(&self, pid: u32) -> Option<String> {
+        let frees = self.frees_dropped.get(&pid).map(|taken| {
+            format!(
+                "allocations only {}: what was allocated since counts as in use",
+                taken.since()
+            )
+        });
+        let detached = self.detached.get(&pid).map(|(taken, _)| {
+            format!(
+                "no allocation calls {}: the heap as it was then, its memory account and \
+                 mappings to the end",
+                taken.since()
+            )
+        });
+        let notes: Vec<String> = frees.into_iter().chain(detached).collect();
+        (!notes.is_empty()).then(|| notes.join("; "))
     }
 }
 
@@ -169,10 +201,23 @@ mod tests {
         assert_eq!(budget.step(7, Some(0.2), true), Step::NarrowWindows);
         // Less, or nothing to narrow: the frees, then the probes.
         assert_eq!(budget.step(7, Some(0.1), true), Step::DropFrees);
-        assert_eq!(budget.step(7, None, false), Step::Detach);
+        assert_eq!(budget.step(7, None, false), Step::DetachAllocators);
+        assert_eq!(budget.tracking_note(7), None);
         budget.note_frees_dropped(7, "over".into());
-        assert_eq!(budget.step(7, None, true), Step::Detach);
-        assert!(budget.frees_dropped(7).unwrap().note().contains("(over)"));
+        assert_eq!(budget.step(7, None, true), Step::DetachAllocators);
+        let note = budget.tracking_note(7).unwrap();
+        assert!(note.starts_with("allocations only since 20"), "{note}");
+        assert!(note.contains("(over): what was allocated"), "{note}");
+        // Each step taken is said, in order.
+        budget.note_detached(7, "still over".into(), 3);
+        let note = budget.tracking_note(7).unwrap();
+        let (frees, detached) = note.split_once("; no allocation calls since ").unwrap();
+        assert!(frees.contains("(over)"), "{note}");
+        assert!(
+            detached.contains("(still over): the heap as it was then"),
+            "{note}"
+        );
+        assert_eq!(budget.detached(7), Some(3));
         // No budget: never over.
         let mut none = Budget::new(None);
         let spent = Spent {

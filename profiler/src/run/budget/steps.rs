@@ -1,7 +1,7 @@
 //! The budget's answer each tick (a step for each process over it), and
 //! its steps taken on the run's probes and snapshots: windows narrowed,
-//! frees dropped (after a last exact snapshot), probes detached (after a
-//! last snapshot).
+//! frees dropped (after a last exact snapshot), allocators' probes
+//! detached (after a snapshot; the process still followed).
 use std::time::Instant;
 
 use crate::run::{
@@ -50,7 +50,7 @@ impl Session<'_> {
         match step {
             Step::NarrowWindows => self.narrow_windows_for_budget(pid, reason),
             Step::DropFrees if self.probes.drop_frees(pid) > 0 => self.drop_frees(pid, reason),
-            Step::DropFrees | Step::Detach => self.detach_over_budget(pid, reason),
+            Step::DropFrees | Step::DetachAllocators => self.detach_allocators(pid, reason),
         }
     }
 
@@ -83,15 +83,20 @@ impl Session<'_> {
         self.budget.note_frees_dropped(pid, reason);
     }
 
-    fn detach_over_budget(&mut self, pid: u32, over: OverBudget) {
+    /// `pid`'s allocators' probes were detached: its profile written as it
+    /// was, and the process still followed to the end of the run (its
+    /// mappings, its memory account), at no cost of its own; no allocator
+    /// it loads from now on is probed.
+    fn detach_allocators(&mut self, pid: u32, over: OverBudget) {
+        let reason = over.to_string();
         self.snapshot(
             pid,
-            &over.to_string(),
-            SnapshotKind::Last,
+            &reason,
+            SnapshotKind::Requested,
             Announce::Detached(over.brief()),
         );
         let detached = self.probes.detach_process(pid);
-        self.probes.unwatch_mappings(pid);
+        self.sampling.forget(pid);
         self.probes.forget_fast_paths(pid);
         self.probes.forget_exit_counters(pid);
         self.probes.forget_python(pid);
@@ -102,10 +107,7 @@ impl Session<'_> {
         // count at once, not one tick later.
         let forced = self.costs.price(&self.probes);
         self.say_forced_returns(&forced);
-        if let Some(t) = self.tracked.get_mut(&pid) {
-            t.exited = true;
-        }
-        self.budget.note_detached(pid, detached);
+        self.budget.note_detached(pid, reason, detached);
     }
 }
 

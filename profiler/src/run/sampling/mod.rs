@@ -39,6 +39,12 @@ impl SamplingState {
         self.processes.entry(pid).or_default()
     }
 
+    /// Forgets how `pid` was sampled (its allocators are no longer
+    /// probed).
+    pub fn forget(&mut self, pid: u32) {
+        self.processes.remove(&pid);
+    }
+
     pub fn windows(&self, pid: u32) -> Option<&Windows> {
         self.of(pid)?.windows.as_ref()
     }

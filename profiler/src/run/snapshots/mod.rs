@@ -200,7 +200,8 @@ impl Snapshots {
                 first.display()
             ),
             Announce::Detached(reason) => format!(
-                "memprobe: pid {}: detached, {reason}; wrote its profile {}",
+                "memprobe: pid {}: allocators' probes detached, {reason}; wrote its profile {} \
+                 (its memory followed to the end)",
                 done.pid,
                 first.display()
             ),

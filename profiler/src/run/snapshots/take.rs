@@ -162,10 +162,12 @@ impl Session<'_> {
             windowed.chain(s.notes.iter().cloned()).collect()
         });
         notes.malloc_sampling = (!sampling.is_empty()).then(|| sampling.join("; "));
-        notes.tracking = if self.options.collector.allocations_only {
-            Some(self.frees_on_request.note(pid))
-        } else {
-            self.budget.frees_dropped(pid).map(|dropped| dropped.note())
+        let on_request =
+            (self.options.collector.allocations_only).then(|| self.frees_on_request.note(pid));
+        let steps = self.budget.tracking_note(pid);
+        notes.tracking = match (on_request, steps) {
+            (Some(on_request), Some(steps)) => Some(format!("{on_request}; {steps}")),
+            (on_request, steps) => on_request.or(steps),
         };
         notes.skipped_snapshots = (skipped > 0).then_some(skipped);
     }

@@ -56,6 +56,11 @@ impl Session<'_> {
 
     /// Attaches pid-scoped probes to each found copy not yet probed.
     pub(in crate::run) fn attach_found(&mut self, pid: u32, found: Vec<Found>) -> Result<usize> {
+        // Its allocators' probes were detached over budget: one it loads
+        // since would cost it the same.
+        if self.budget.detached(pid).is_some() {
+            return Ok(0);
+        }
         let mut attached = 0;
         for f in found {
             let known = self
