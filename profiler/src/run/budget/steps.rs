@@ -24,7 +24,8 @@ impl Session<'_> {
         let spent: Vec<(u32, Spent)> = self
             .tracked
             .values()
-            .filter(|t| !t.exited)
+            // One whose allocators' probes are detached has none priced.
+            .filter(|t| !t.exited && self.budget.detached(t.pid).is_none())
             .filter_map(|t| {
                 let spent = Spent {
                     added: added.get(&t.pid).map_or(0.0, |&(_, seconds)| seconds),
