@@ -3,7 +3,7 @@
 //! starting with `memprobe: ` and clearing the progress line first.
 use std::fmt;
 
-use crate::run::{Session, sampling::windows::MIN_DUTY};
+use crate::run::Session;
 
 /// Something a part of the run has to tell the user.
 #[derive(Debug, Clone, PartialEq)]
@@ -129,7 +129,12 @@ pub(in crate::run) enum SamplingNotice {
 #[derive(Debug, Clone, PartialEq)]
 pub(in crate::run) enum CostNotice {
     /// The budget's first step.
-    WindowsNarrowed { pid: u32, reason: String },
+    WindowsNarrowed {
+        pid: u32,
+        /// Their least share of the time, which they open from now on.
+        duty: f64,
+        reason: String,
+    },
     /// The budget's second step.
     FreesDropped { pid: u32, reason: String },
     /// A uprobe session made for another process traps at these
@@ -361,10 +366,10 @@ fn own_profiler_switched(
 impl fmt::Display for CostNotice {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::WindowsNarrowed { pid, reason } => write!(
+            Self::WindowsNarrowed { pid, duty, reason } => write!(
                 f,
                 "pid {pid}: malloc windows narrowed to {:.1}% of the time, {reason}",
-                MIN_DUTY * 100.0
+                duty * 100.0
             ),
             Self::FreesDropped { pid, reason } => {
                 write!(f, "pid {pid}: frees no longer tracked, {reason}")
@@ -439,6 +444,7 @@ mod tests {
         let lines = [
             CostNotice::WindowsNarrowed {
                 pid,
+                duty: crate::run::sampling::windows::WindowTiming::default().least_duty(),
                 reason: reason.clone(),
             },
             CostNotice::FreesDropped { pid, reason },

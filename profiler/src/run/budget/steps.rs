@@ -60,6 +60,7 @@ impl Session<'_> {
         self.budget.start_over(pid);
         self.say(CostNotice::WindowsNarrowed {
             pid,
+            duty: self.options.windows.least_duty(),
             reason: reason.brief(),
         });
     }

@@ -11,11 +11,8 @@ use std::{
 use profiler_common::FastPathConfig;
 
 use super::{
-    cost::WindowCost,
-    split::ThreadCounter,
-    tails::Tails,
-    thread_bytes::ThreadBytes,
-    timing::{MIN_DUTY, WindowTiming},
+    cost::WindowCost, split::ThreadCounter, tails::Tails, thread_bytes::ThreadBytes,
+    timing::WindowTiming,
 };
 use crate::{
     collect::{HeapEvent, Sample},
@@ -82,7 +79,7 @@ pub(in crate::run) struct Windows {
     /// The share of time windows are open now (1: the open one stays open).
     pub(super) duty: f64,
     /// When and why the budget narrowed them to their least (they may then
-    /// cost nothing beyond [`MIN_DUTY`]).
+    /// cost nothing beyond their least share of time).
     pub(super) narrowed: Option<(std::time::SystemTime, String)>,
     /// What they cost, and what the process uses itself: what their cost
     /// is held to a share of.
@@ -306,7 +303,7 @@ impl Windows {
     /// of a CPU while open: `timing`'s, and their least once narrowed.
     pub(super) fn next_duty(&self, timing: &WindowTiming, open_cost: f64) -> f64 {
         match (self.narrowed.is_some(), timing.every) {
-            (true, Some(_)) => MIN_DUTY,
+            (true, Some(_)) => timing.least_duty(),
             _ => timing.duty(open_cost, self.allowed(timing.cost)),
         }
     }

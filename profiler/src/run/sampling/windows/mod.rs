@@ -29,7 +29,7 @@ mod timing;
 use std::time::Instant;
 
 pub(in crate::run) use account::{WindowedCopy, Windows};
-pub use timing::{MIN_DUTY, WindowTiming};
+pub use timing::WindowTiming;
 
 use crate::{
     kernel::Scope,
@@ -181,19 +181,20 @@ impl Session<'_> {
     }
 
     /// What narrowing `pid`'s windows to their least would save, as a
-    /// share of a CPU (their recent cost, less what [`MIN_DUTY`] keeps);
-    /// `None` where they are at their least already.
+    /// share of a CPU (their recent cost, less what their least share of
+    /// time keeps); `None` where they are at their least already.
     pub(in crate::run) fn narrowing_saves(&self, pid: u32) -> Option<f64> {
         let windows = self.sampling.windows(pid)?;
         if windows.copies.is_empty() || windows.narrowed.is_some() {
             return None;
         }
-        Some(windows.cost.recent * (1.0 - MIN_DUTY / windows.duty.max(MIN_DUTY)))
+        let least = self.options.windows.least_duty();
+        Some(windows.cost.recent * (1.0 - least / windows.duty.max(least)))
     }
 
     /// Lowers what `pid`'s windows may cost to nothing (the budget's first
-    /// step), for `why`: from their next judgement they open [`MIN_DUTY`]
-    /// of the time (fixed ones too).
+    /// step), for `why`: from their next judgement they open their least
+    /// share of the time (fixed ones too).
     pub(in crate::run) fn narrow_windows(&mut self, pid: u32, why: &str) {
         if let Some(windows) = self.sampling.windows_mut(pid) {
             windows.narrowed = Some((std::time::SystemTime::now(), why.to_owned()));
@@ -235,7 +236,7 @@ pub(in crate::run) fn windows_note(
         let narrowed = w.narrowed.as_ref().map_or(String::new(), |(at, why)| {
             format!(
                 ", narrowed to {:.1}% since {} ({why})",
-                MIN_DUTY * 100.0,
+                timing.least_duty() * 100.0,
                 humantime::format_rfc3339_seconds(*at)
             )
         });

@@ -37,7 +37,8 @@ pub const WINDOWS_COST: f64 = 0.01;
 pub const ALWAYS_OPEN_BELOW: f64 = 0.001;
 
 /// The least share of time in windows, whatever they cost: 100 ms every
-/// 20 s, so that a profile still gets some windows in a minute.
+/// 20 s, so that a profile still gets some windows in a minute (less
+/// where they were asked to cost less: see [`WindowTiming::least_duty`]).
 pub const MIN_DUTY: f64 = 0.005;
 
 impl WindowTiming {
@@ -52,7 +53,17 @@ impl WindowTiming {
         if open_cost <= allowed.max(ALWAYS_OPEN_BELOW) {
             return 1.0;
         }
-        (allowed / open_cost).clamp(MIN_DUTY, 1.0)
+        (allowed / open_cost).clamp(self.least_duty(), 1.0)
+    }
+
+    /// The least share of time in windows: [`MIN_DUTY`], or the share of
+    /// CPU they were asked to cost where that is less (`--windows 0.3%`,
+    /// the shipped agent's: 100 ms every 33 s). A window costs a process
+    /// at most its share of time (every call traps while it is open), so
+    /// the windows never cost more than was asked, even to give a profile
+    /// more of them.
+    pub fn least_duty(&self) -> f64 {
+        MIN_DUTY.min(self.cost)
     }
 
     /// The wait before the next window at `duty`, for windows whose
@@ -65,7 +76,7 @@ impl WindowTiming {
     /// samples weigh most of the run).
     pub(super) fn gap(&self, duty: f64, trapping: Duration) -> Duration {
         let length = self.length.max(trapping).as_secs_f64();
-        let mean = (length / duty.max(MIN_DUTY) - length).max(0.0);
+        let mean = (length / duty.max(self.least_duty()) - length).max(0.0);
         Duration::from_secs_f64(mean * rand::random_range(0.5..1.5))
     }
 }
@@ -139,5 +150,19 @@ mod tests {
         // they cost next to nothing.
         assert_eq!(timing.duty(0.02, 0.0), MIN_DUTY);
         assert_eq!(timing.duty(0.0005, 0.0), 1.0);
+    }
+
+    #[test]
+    fn windows_asked_to_cost_less_than_their_least_share_open_less() {
+        let agent = WindowTiming {
+            cost: 0.003,
+            ..WindowTiming::default()
+        };
+        assert_eq!(agent.least_duty(), 0.003);
+        assert_eq!(agent.duty(30.0, 0.003), 0.003);
+        // 100 ms every 33 s on average.
+        let gap = agent.gap(agent.least_duty(), agent.length).as_secs_f64();
+        assert!((16.5..50.0).contains(&gap), "{gap}");
+        assert_eq!(WindowTiming::default().least_duty(), MIN_DUTY);
     }
 }
