@@ -134,6 +134,42 @@ fn a_process_over_its_budget_loses_its_frees_then_its_allocators_probes() {
     assert_eq!(tracking_note(&idle_heaps[0]), "", "{stderr}");
 }
 
+/// Runs `busy` (a malloc/free loop, `env` set) under memprobe at the
+/// defaults for `duration` with `flags` added, writing to `out`: memprobe
+/// must exit zero, no sooner than `duration`. Its stderr, and the loop's
+/// pid.
+fn run_to_the_end(
+    busy: std::path::PathBuf,
+    env: &[(&str, &str)],
+    duration: &str,
+    flags: &[&str],
+    out: &std::path::Path,
+) -> (String, String) {
+    let mut busy = Command::new(busy)
+        .args(["0", "60"])
+        .envs(env.iter().copied())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = busy.id().to_string();
+    let started = Instant::now();
+    let mut args = vec!["--pid", &pid, "--duration", duration, "--format", "heap"];
+    args.extend_from_slice(flags);
+    args.extend(["-o", out.to_str().unwrap()]);
+    let mut memprobe = Memprobe::start(&args);
+    memprobe.wait_attached();
+    let (status, stderr) = memprobe.wait();
+    let _ = busy.kill();
+    let _ = busy.wait();
+    assert!(status.success(), "{stderr}");
+    let seconds: u64 = duration.trim_end_matches('s').parse().unwrap();
+    assert!(
+        started.elapsed() >= Duration::from_secs(seconds),
+        "{stderr}"
+    );
+    (stderr, pid)
+}
+
 /// A busy jemalloc process at the defaults (malloc in windows, a 10%
 /// budget) is profiled to the end of `--duration`: its frees, nearly all
 /// of what its probes cost, are dropped, and its profile says so; its
@@ -145,31 +181,8 @@ fn a_process_over_its_budget_loses_its_frees_then_its_allocators_probes() {
 fn a_busy_process_at_defaults_is_profiled_to_the_end_of_its_duration() {
     let _guard = exclusive();
     let out = output_dir("busy_to_the_end");
-    let mut busy = Command::new(malloc_loop_fixture())
-        .args(["0", "60"])
-        .env("FIXTURE_PAUSE_US", "2000")
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    let pid = busy.id().to_string();
-    let started = Instant::now();
-    let mut memprobe = Memprobe::start(&[
-        "--pid",
-        &pid,
-        "--duration",
-        "45s",
-        "--format",
-        "heap",
-        "--verbose",
-        "-o",
-        out.to_str().unwrap(),
-    ]);
-    memprobe.wait_attached();
-    let (status, stderr) = memprobe.wait();
-    let _ = busy.kill();
-    let _ = busy.wait();
-    assert!(status.success(), "{stderr}");
-    assert!(started.elapsed() >= Duration::from_secs(45), "{stderr}");
+    let pause = [("FIXTURE_PAUSE_US", "2000")];
+    let (stderr, _) = run_to_the_end(malloc_loop_fixture(), &pause, "45s", &["--verbose"], &out);
     assert!(
         stderr.contains("frees no longer tracked, over budget"),
         "{stderr}"
@@ -222,31 +235,8 @@ fn a_busy_process_at_defaults_is_profiled_to_the_end_of_its_duration() {
 fn a_busy_glibc_process_at_defaults_is_followed_to_the_end_of_its_duration() {
     let _guard = exclusive();
     let out = output_dir("glibc_to_the_end");
-    let mut busy = Command::new(glibc_loop_fixture())
-        .args(["0", "60"])
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    let pid = busy.id().to_string();
-    let started = Instant::now();
-    let mut memprobe = Memprobe::start(&[
-        "--pid",
-        &pid,
-        "--duration",
-        "35s",
-        "--interval",
-        "5s",
-        "--format",
-        "heap",
-        "-o",
-        out.to_str().unwrap(),
-    ]);
-    memprobe.wait_attached();
-    let (status, stderr) = memprobe.wait();
-    let _ = busy.kill();
-    let _ = busy.wait();
-    assert!(status.success(), "{stderr}");
-    assert!(started.elapsed() >= Duration::from_secs(35), "{stderr}");
+    let flags = ["--interval", "5s"];
+    let (stderr, pid) = run_to_the_end(glibc_loop_fixture(), &[], "35s", &flags, &out);
     let (_, after_frees) = stderr
         .split_once(&format!("pid {pid}: frees no longer tracked, over budget"))
         .unwrap_or_else(|| panic!("frees not dropped: {stderr}"));
