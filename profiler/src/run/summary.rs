@@ -34,7 +34,8 @@ pub struct ProcessSummary {
     pub exited: bool,
     /// Probes detached for costing more than `--max-overhead`.
     pub detached: Option<usize>,
-    /// Its `# tracking:` note, once its frees were dropped for the budget.
+    /// Its `# tracking:` note, once the budget dropped its frees or
+    /// detached its allocators' probes.
     pub tracking: Option<String>,
     /// `--interval` snapshots skipped while earlier ones were still to be
     /// written.
@@ -53,7 +54,9 @@ impl ProcessSummary {
     pub(super) fn of(t: Tracked, snapshots: ProcessSnapshots, budget: &Budget) -> Self {
         let removed_snapshots = snapshots.removed();
         let tracking = budget.tracking_note(t.pid);
-        let frees_tracked = !t.heap.allocations_only() || tracking.is_some();
+        // In use means something where frees were followed, if only until
+        // the budget dropped them (not under `--track allocations`).
+        let frees_tracked = !t.heap.allocations_only() || budget.frees_dropped(t.pid);
         Self {
             pid: t.pid,
             container_pid: t.container_pid,
