@@ -271,6 +271,38 @@ fn a_busy_glibc_process_at_defaults_is_followed_to_the_end_of_its_duration() {
     assert!(!report.contains("likely leak"), "{report}");
 }
 
+/// A busy glibc process profiled for its allocations alone (`--track
+/// allocations`: no free probed, so nothing to drop) has its allocators'
+/// probes detached at the budget's first step, and is followed to the end;
+/// its summary gives what it allocated, never bytes "in use", which no
+/// free followed could tell.
+#[test]
+fn a_process_tracked_for_allocations_alone_is_summed_up_by_what_it_allocated() {
+    let _guard = exclusive();
+    let out = output_dir("allocations_alone_to_the_end");
+    let flags = ["--track", "allocations"];
+    let (stderr, pid) = run_to_the_end(glibc_loop_fixture(), &[], "20s", &flags, &out);
+    assert!(
+        stderr.contains(&format!(
+            "pid {pid}: allocators' probes detached, over budget"
+        )),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("frees no longer tracked"), "{stderr}");
+    let summed = stderr
+        .lines()
+        .find(|l| l.starts_with(&format!("memprobe: pid {pid} (")))
+        .unwrap_or_else(|| panic!("no summary line: {stderr}"));
+    assert!(
+        summed.contains("probes detached over --max-overhead"),
+        "{summed}"
+    );
+    assert!(summed.contains(" allocated, "), "{summed}");
+    assert!(!summed.contains(" in use"), "{summed}");
+    let tracking = format!("memprobe: pid {pid}: tracking no allocation calls since 20");
+    assert!(stderr.contains(&tracking), "{stderr}");
+}
+
 /// The budget's first step: a busy program with no free probed (`--track
 /// allocations`) whose windows (fixed here at half the time) cost it more
 /// than a 20% budget has them narrowed, which is enough: it is not
