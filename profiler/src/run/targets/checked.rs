@@ -104,6 +104,12 @@ impl Session<'_> {
                 self.probes.watch_mapping_files(pid, &paths);
                 // Only now may the command run: every probe is in place.
                 let (pid, exit) = child.release();
+                // Its own maps from the start (its program and loader at
+                // least): a command that exits before memprobe's next look
+                // still has its frames named.
+                if let Some(t) = self.tracked.get_mut(&pid) {
+                    t.set_maps(read_maps(pid).ok());
+                }
                 Ok(Some(LaunchedCommand {
                     pid,
                     exit: Some(exit),

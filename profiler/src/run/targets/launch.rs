@@ -33,12 +33,18 @@ pub struct Launched {
     gate: File,
     /// The child's exit status, once it has exited and been reaped.
     pub exit: oneshot::Receiver<std::io::Result<ExitStatus>>,
+    /// Told once the child has exec'd (dropped unsent if it could not).
+    execd: std::sync::mpsc::Receiver<()>,
 }
 
 impl Launched {
-    /// Lets the child `exec` the command.
+    /// Lets the child `exec` the command, and returns once it has (or
+    /// failed to): until then its maps are memprobe's own, which a read
+    /// would keep for a command that exits before its next read (a
+    /// profile then named no frame).
     pub fn release(mut self) -> (u32, oneshot::Receiver<std::io::Result<ExitStatus>>) {
         let _ = self.gate.write_all(b"x");
+        let _ = self.execd.recv();
         (self.pid, self.exit)
     }
 }
@@ -91,11 +97,16 @@ pub fn spawn_gated(command: &[OsString]) -> Result<Launched> {
         });
     }
     let (exit_tx, exit) = oneshot::channel();
+    let (execd_tx, execd) = std::sync::mpsc::channel();
     // `spawn` returns only once the child has exec'd, so it runs on a thread
     // of its own while this one attaches; the thread then reaps the child.
     std::thread::spawn(move || {
         let spawned = cmd.spawn();
         drop((pid_write, gate_read));
+        if spawned.is_ok() {
+            let _ = execd_tx.send(());
+        }
+        drop(execd_tx);
         let status = spawned.and_then(|mut child| child.wait());
         let _ = exit_tx.send(status);
     });
@@ -107,6 +118,7 @@ pub fn spawn_gated(command: &[OsString]) -> Result<Launched> {
         pid: i32::from_ne_bytes(pid) as u32,
         gate: File::from(gate_write),
         exit,
+        execd,
     })
 }
 
@@ -231,5 +243,23 @@ mod tests {
                 .iter()
                 .any(|f| f.path.to_string_lossy().contains("libc.so"))
         );
+    }
+
+    /// Once released, the child is the command: a look at its maps then
+    /// never finds memprobe's own (the kernels suite's launch check once
+    /// named no frame: the first tick read the fork's maps, and the
+    /// command exited before any later look).
+    #[test]
+    fn a_released_child_has_execd() {
+        let sleep = resolve_program(&OsString::from("sleep")).unwrap();
+        let command = [sleep.clone().into_os_string(), OsString::from("5")];
+        for _ in 0..5 {
+            let child = spawn_gated(&command).unwrap();
+            let (pid, _) = child.release();
+            let exe = std::fs::read_link(format!("/proc/{pid}/exe"));
+            // SAFETY: signalling the child this test started.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            assert_eq!(exe.unwrap(), sleep.canonicalize().unwrap());
+        }
     }
 }
