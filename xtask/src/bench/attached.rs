@@ -98,7 +98,7 @@ fn with_idle_twin(binary: &Path, measure: impl FnOnce(&str) -> Result<f64>) -> R
 
 /// The timed loop's nanoseconds per pair, best of three, with a floor's
 /// probes (`attach`ed to its pid) on it.
-fn floor_ns<P: CountsHits>(
+pub(super) fn floor_ns<P: CountsHits>(
     timed_loop: impl Fn() -> Command,
     floor: &str,
     attach: impl Fn(u32) -> Result<P>,

@@ -16,6 +16,7 @@ use crate::{run_command, workspace_root};
 mod agent;
 mod attached;
 mod floor;
+mod glibc;
 mod loops;
 mod mappings;
 mod one_trap;
@@ -192,6 +193,9 @@ pub enum Part {
     Mappings,
     /// The host agent (`--all --track allocations`) beside busy loops.
     Agent,
+    /// A malloc/free loop on glibc's malloc, attached while it runs: the
+    /// one-trap floor, defaults and `--track allocations`.
+    Glibc,
     /// A sampled allocation in a Python process against one in C.
     Python,
 }
@@ -221,6 +225,10 @@ pub fn bench(only: Option<Part>) -> Result<()> {
     if runs(Part::Agent) {
         let costs = agent::agent_costs(&memprobe, &out, &profiles_dir)?;
         table.push_str(&agent::agent_table(&costs));
+    }
+    if runs(Part::Glibc) {
+        let costs = glibc::glibc_costs(&memprobe, &out, &profiles_dir)?;
+        table.push_str(&glibc::glibc_table(&costs));
     }
     if runs(Part::Python) {
         let costs = python::python_costs(&memprobe, &out, &profiles_dir)?;
