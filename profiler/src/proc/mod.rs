@@ -257,6 +257,32 @@ fn context_switches(status: &str) -> Option<u64> {
     Some(count("voluntary_ctxt_switches:")? + count("nonvoluntary_ctxt_switches:")?)
 }
 
+/// What says whether a process's maps may have changed since a look: its
+/// start time (a pid used again is another process) and its virtual size
+/// (a library mapped or unmapped changes it). Read from `stat`, which
+/// walks none of its mappings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MapsStamp {
+    started: u64,
+    virtual_bytes: u64,
+}
+
+/// `pid`'s [`MapsStamp`] now; `None` once it is gone.
+pub fn maps_stamp(pid: u32) -> Option<MapsStamp> {
+    parse_maps_stamp(&std::fs::read_to_string(proc_path(pid, "stat")).ok()?)
+}
+
+/// starttime and vsize from a `stat` line: fields 22 and 23, counted
+/// after the command's closing parenthesis.
+fn parse_maps_stamp(stat: &str) -> Option<MapsStamp> {
+    let (_, rest) = stat.rsplit_once(')')?;
+    let mut fields = rest.split_whitespace().skip(19);
+    Some(MapsStamp {
+        started: fields.next()?.parse().ok()?,
+        virtual_bytes: fields.next()?.parse().ok()?,
+    })
+}
+
 /// Every pid in /proc.
 pub fn all_pids() -> Vec<u32> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
@@ -270,6 +296,17 @@ pub fn all_pids() -> Vec<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_maps_stamp_is_read_past_a_command_with_spaces_and_parentheses() {
+        let stat = "42 (a (b) c) S 1 42 42 0 -1 4194560 100 0 0 0 7 3 0 0 20 0 1 0 \
+                    123456 987654321 500 18446744073709551615";
+        let stamp = parse_maps_stamp(stat).unwrap();
+        assert_eq!(stamp.started, 123456);
+        assert_eq!(stamp.virtual_bytes, 987654321);
+        let own = maps_stamp(std::process::id()).unwrap();
+        assert!(own.virtual_bytes > 0, "{own:?}");
+    }
 
     #[test]
     fn cpu_ticks_are_read_past_a_command_with_spaces_and_parentheses() {

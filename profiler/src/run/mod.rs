@@ -53,7 +53,7 @@ use crate::{
         sampling::SamplingState,
         scope::RunScope,
         snapshots::{Snapshots, writer::SnapshotWriter},
-        targets::checked::check_targets,
+        targets::{checked::check_targets, looks::LastLooks},
     },
     serve::Endpoints,
 };
@@ -68,6 +68,8 @@ struct Session<'a> {
     tracked: BTreeMap<u32, Tracked>,
     /// Files probed system-wide (`--all`).
     system_wide: HashSet<(FileId, AllocatorKind)>,
+    /// `--all`: each process's maps as of its last look.
+    looks: LastLooks,
     next_instance: u16,
     output: OutputDir,
     /// Snapshots: the writer, and what each process's left.
@@ -160,6 +162,7 @@ impl<'a> Session<'a> {
             cache,
             tracked: BTreeMap::new(),
             system_wide: HashSet::new(),
+            looks: LastLooks::default(),
             next_instance: 0,
             exits,
             started: Instant::now(),

@@ -227,6 +227,44 @@ fn two_pids_in_one_run() {
     }
 }
 
+/// `--all` reads a process's maps again only once its virtual size (or
+/// start time) changed since its last look, and watches no `mmap`: a
+/// library it loads later is still probed at the next look, a second on.
+#[test]
+fn all_picks_up_a_library_loaded_by_a_process_it_follows() {
+    let _guard = exclusive();
+    let library = static_jemalloc_library();
+    let out = output_dir("all_dlopen");
+    let mut command = Command::new(dlopen_host_fixture());
+    command
+        .arg(&library)
+        .env(STATIC_TLS_TUNABLE.0, STATIC_TLS_TUNABLE.1);
+    let mut fixture = Fixture::start_command(command);
+    let pid = fixture.pid;
+    let mut memprobe = Memprobe::start(&[
+        "--all",
+        "--verbose",
+        "--sample-interval",
+        "4096",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    memprobe.wait_attached();
+    // Looked at by several scans first, its maps unchanged.
+    std::thread::sleep(Duration::from_millis(2500));
+    fixture.send_and_expect("load", "loaded");
+    let needle = format!("pid {pid}: mallocx at {}+", library.display());
+    memprobe.wait_for_stderr(&needle, Duration::from_secs(3), "not probed in time");
+    fixture.run_workload();
+    memprobe.signal(libc::SIGINT);
+    let (status, stderr) = memprobe.wait();
+    assert!(status.success(), "{stderr}");
+    assert!(fixture.finish().success());
+    let heap = out.join(format!("memprobe.{pid}.0.heap"));
+    assert!(heap.exists(), "no profile for pid {pid}: {stderr}");
+    assert_library_keeps_blocks(&library, &heap);
+}
+
 #[test]
 fn all_picks_up_a_process_started_during_the_run() {
     let _guard = exclusive();

@@ -4,6 +4,7 @@ pub(in crate::run) mod allocator_calls;
 pub(in crate::run) mod checked;
 mod found;
 pub(in crate::run) mod launch;
+pub(in crate::run) mod looks;
 mod verbose;
 
 use std::path::Path;
@@ -173,12 +174,18 @@ impl Session<'_> {
     /// jemalloc file in use.
     pub(in crate::run) fn scan_all(&mut self) -> Result<()> {
         let own = std::process::id();
-        for pid in all_pids().into_iter().filter(|&p| p != own) {
+        let pids = all_pids();
+        self.looks.keep_only(&pids);
+        for pid in pids.into_iter().filter(|&p| p != own) {
+            let Some(stamp) = self.looks.changed(pid) else {
+                continue;
+            };
             let Ok(maps) = read_maps(pid) else {
                 continue;
             };
             let found = self.cache.find(pid, &parse_maps(&maps));
             if found.is_empty() {
+                self.looks.looked(pid, stamp);
                 continue;
             }
             if self.options.sampling == Sampling::Windows {
@@ -192,9 +199,14 @@ impl Session<'_> {
                 if attached.is_err() && read_maps(pid).is_err() {
                     continue;
                 }
+                // One that could not be probed is looked at again.
+                if attached.is_ok() {
+                    self.looks.looked(pid, stamp);
+                }
                 self.survive_late_failure(attached)?;
                 continue;
             }
+            self.looks.looked(pid, stamp);
             for f in &found {
                 if self.system_wide.insert(f.key()) {
                     let result =
