@@ -14,6 +14,7 @@ use anyhow::{Context, Result, bail};
 use crate::{run_command, workspace_root};
 
 mod agent;
+mod agent_scan;
 mod attached;
 mod floor;
 mod glibc;
@@ -193,6 +194,9 @@ pub enum Part {
     Mappings,
     /// The host agent (`--all --track allocations`) beside busy loops.
     Agent,
+    /// The host agent's own CPU beside many idle processes with many
+    /// mappings.
+    AgentScan,
     /// A malloc/free loop on glibc's malloc, attached while it runs: the
     /// one-trap floor, defaults and `--track allocations`.
     Glibc,
@@ -225,6 +229,10 @@ pub fn bench(only: Option<Part>) -> Result<()> {
     if runs(Part::Agent) {
         let costs = agent::agent_costs(&memprobe, &out, &profiles_dir)?;
         table.push_str(&agent::agent_table(&costs));
+    }
+    if runs(Part::AgentScan) {
+        let costs = agent_scan::scan_costs(&memprobe, &out, &profiles_dir)?;
+        table.push_str(&agent_scan::scan_table(&costs));
     }
     if runs(Part::Glibc) {
         let costs = glibc::glibc_costs(&memprobe, &out, &profiles_dir)?;
