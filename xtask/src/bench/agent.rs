@@ -155,6 +155,24 @@ fn wait(span: Duration) -> (Instant, Instant) {
     (from, Instant::now())
 }
 
+/// The host agent as deploy/ ships it, its windows at `windows`.
+pub(super) fn start_agent(memprobe: &Path, windows: &str, profiles_dir: &str) -> Result<Child> {
+    let args = [
+        "--all",
+        "--allocator",
+        "jemalloc",
+        "--track",
+        "allocations",
+        "--windows",
+        windows,
+        "--format",
+        "heap",
+        "-o",
+        profiles_dir,
+    ];
+    Ok(start_memprobe(memprobe, &args)?.0)
+}
+
 pub(super) fn agent_costs(memprobe: &Path, out: &Path, profiles_dir: &str) -> Result<AgentCosts> {
     eprintln!("bench: the host agent, {LOOPS} busy jemalloc loops");
     let malloc_loop = build_loop(out, "malloc_loop", &["-ljemalloc"])?;
@@ -188,20 +206,7 @@ fn take_turns(memprobe: &Path, profiles_dir: &str, ticks: &Ticks) -> Result<Agen
     let mut before = wait(BARE);
     for _ in 0..ROUNDS {
         for (k, windows) in WINDOWS.into_iter().enumerate() {
-            let args = [
-                "--all",
-                "--allocator",
-                "jemalloc",
-                "--track",
-                "allocations",
-                "--windows",
-                windows,
-                "--format",
-                "heap",
-                "-o",
-                profiles_dir,
-            ];
-            let (mut agent, _) = start_memprobe(memprobe, &args)?;
+            let mut agent = start_agent(memprobe, windows, profiles_dir)?;
             thread::sleep(WARMUP);
             let cpu = || usage(agent.id()).map_or(0.0, |(cpu, _)| cpu);
             let cpu_before = cpu();

@@ -13,7 +13,7 @@ use std::{
 
 use anyhow::Result;
 
-use super::{build_fixture, start_memprobe, stop, usage};
+use super::{agent::start_agent, build_fixture, stop, usage};
 
 /// The idle processes started for the crowded span.
 const CROWD: usize = 150;
@@ -53,20 +53,7 @@ pub(super) fn scan_costs(memprobe: &Path, out: &Path, profiles_dir: &str) -> Res
 
 /// The agent's CPU seconds over a timed span, once it has settled.
 fn agent_cpu(memprobe: &Path, profiles_dir: &str) -> Result<f64> {
-    let args = [
-        "--all",
-        "--allocator",
-        "jemalloc",
-        "--track",
-        "allocations",
-        "--windows",
-        "0.3%",
-        "--format",
-        "heap",
-        "-o",
-        profiles_dir,
-    ];
-    let (mut agent, _) = start_memprobe(memprobe, &args)?;
+    let mut agent = start_agent(memprobe, "0.3%", profiles_dir)?;
     thread::sleep(WARMUP);
     let cpu = || usage(agent.id()).map_or(0.0, |(cpu, _)| cpu);
     let before = cpu();

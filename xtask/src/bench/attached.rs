@@ -52,13 +52,7 @@ pub(super) fn attached_loops(
     let one_trap = floor_ns(timed_loop, "one-trap floor", |pid| {
         OneTrap::attach(pid, &places[1])
     })?;
-    let attached = Attached {
-        memprobe,
-        profiles_dir,
-        flags: &["--sampling", "entry"],
-        warmup: None,
-        said_first: None,
-    };
+    let attached = Attached::new(memprobe, profiles_dir, &["--sampling", "entry"]);
     let entry = attached.ns(timed_loop)?;
     let entry_shared = with_idle_twin(malloc_loop, |twin| {
         Attached {
@@ -126,7 +120,18 @@ pub(super) struct Attached<'a> {
     pub(super) said_first: Option<&'a str>,
 }
 
-impl Attached<'_> {
+impl<'a> Attached<'a> {
+    /// memprobe with `flags`, no warm-up and nothing it must say first.
+    pub(super) fn new(memprobe: &'a Path, profiles_dir: &'a str, flags: &'a [&'a str]) -> Self {
+        Self {
+            memprobe,
+            profiles_dir,
+            flags,
+            warmup: None,
+            said_first: None,
+        }
+    }
+
     /// The loop's nanoseconds per pair, best of three. A run whose loop
     /// began its timing before memprobe said it attached (a slow start)
     /// timed the loop partly unprobed: it is run again,

@@ -41,19 +41,9 @@ pub(super) fn glibc_costs(memprobe: &Path, out: &Path, profiles_dir: &str) -> Re
     let one_trap = floor_ns(timed_loop, "one-trap floor", |pid| {
         OneTrap::attach(pid, &places[1])
     })?;
-    let attached = Attached {
-        memprobe,
-        profiles_dir,
-        flags: &[],
-        warmup: None,
-        said_first: None,
-    };
-    let defaults = attached.ns(timed_loop)?;
-    let allocations = Attached {
-        flags: &["--track", "allocations"],
-        ..attached
-    }
-    .ns(timed_loop)?;
+    let defaults = Attached::new(memprobe, profiles_dir, &[]).ns(timed_loop)?;
+    let allocations_only = ["--track", "allocations"];
+    let allocations = Attached::new(memprobe, profiles_dir, &allocations_only).ns(timed_loop)?;
     Ok(GlibcCosts {
         none,
         one_trap,

@@ -36,11 +36,9 @@ pub(super) fn own_profiler(memprobe: &Path, profiles_dir: &str) -> Result<OwnPro
     let prof_none = alone("prof:true")?;
     let attached = |conf: &'static str, warmup, said_first| {
         let attached = Attached {
-            memprobe,
-            profiles_dir,
-            flags: &["-v"],
             warmup: Some(warmup),
             said_first,
+            ..Attached::new(memprobe, profiles_dir, &["-v"])
         };
         attached.ns(|| command(conf))
     };
