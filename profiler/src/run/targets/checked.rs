@@ -9,7 +9,7 @@ use crate::{
     discover::{Allocator, AllocatorCache, Found, allocators_in_file},
     error::{Error, Result},
     kernel::Scope,
-    proc::{command_name, parse_maps, read_maps},
+    proc::{FileId, command_name, parse_maps, read_maps},
     run::{
         Session, SessionOptions, Targets,
         targets::launch::{self, PredictedFile},
@@ -104,11 +104,13 @@ impl Session<'_> {
                 self.probes.watch_mapping_files(pid, &paths);
                 // Only now may the command run: every probe is in place.
                 let (pid, exit) = child.release();
-                // Its own maps from the start (its program and loader at
-                // least): a command that exits before memprobe's next look
-                // still has its frames named.
+                // Its own maps from the start, once its loader mapped its
+                // libraries: a command that exits before memprobe's next
+                // look still has its frames named.
+                let expected: Vec<FileId> = predicted.iter().map(|(f, _)| f.file).collect();
+                let maps = launch::maps_once_loaded(pid, &expected);
                 if let Some(t) = self.tracked.get_mut(&pid) {
-                    t.set_maps(read_maps(pid).ok());
+                    t.set_maps(maps);
                 }
                 Ok(Some(LaunchedCommand {
                     pid,

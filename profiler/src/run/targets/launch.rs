@@ -23,7 +23,7 @@ use tokio::sync::oneshot;
 
 use crate::{
     error::{Error, Result},
-    proc::FileId,
+    proc::{FileId, parse_maps, read_maps},
 };
 
 /// A forked child waiting to `exec`.
@@ -47,6 +47,31 @@ impl Launched {
         let _ = self.execd.recv();
         (self.pid, self.exit)
     }
+}
+
+/// How long a launched command's loader is given to map the files it was
+/// predicted to: a few milliseconds as a rule.
+const LOADER_WAIT: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// `pid`'s maps once every file in `expected` is mapped, read every
+/// millisecond until then; as they are after [`LOADER_WAIT`] (a predicted
+/// file that is not loaded), or the last read if it exits. Right after its
+/// `exec` they hold its program and loader alone: a command that exits
+/// before memprobe's next look would have its libraries' frames unnamed.
+pub fn maps_once_loaded(pid: u32, expected: &[FileId]) -> Option<String> {
+    let until = std::time::Instant::now() + LOADER_WAIT;
+    let mut last = None;
+    while let Ok(maps) = read_maps(pid) {
+        let mapped: std::collections::HashSet<FileId> =
+            parse_maps(&maps).iter().map(|m| m.file).collect();
+        let loaded = expected.iter().all(|f| mapped.contains(f));
+        last = Some(maps);
+        if loaded || std::time::Instant::now() >= until {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    last
 }
 
 /// The command's name as `ps` would show it: its program's file name.
@@ -249,6 +274,27 @@ mod tests {
     /// never finds memprobe's own (the kernels suite's launch check once
     /// named no frame: the first tick read the fork's maps, and the
     /// command exited before any later look).
+    /// Its maps are read once its loader has mapped its libraries, not
+    /// just after its `exec`, when they hold its program and loader alone.
+    #[test]
+    fn a_launched_commands_maps_hold_its_libraries() {
+        let sleep = resolve_program(&OsString::from("sleep")).unwrap();
+        let expected: Vec<FileId> = predict_files(&sleep)
+            .unwrap()
+            .iter()
+            .map(|f| f.file)
+            .collect();
+        let command = [sleep.clone().into_os_string(), OsString::from("5")];
+        for _ in 0..5 {
+            let (pid, _) = spawn_gated(&command).unwrap().release();
+            let maps = maps_once_loaded(pid, &expected);
+            // SAFETY: signalling the child this test started.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            let maps = maps.unwrap();
+            assert!(maps.contains("libc.so"), "{maps}");
+        }
+    }
+
     #[test]
     fn a_released_child_has_execd() {
         let sleep = resolve_program(&OsString::from("sleep")).unwrap();
