@@ -231,17 +231,19 @@ pub fn has_ended(pid: u32) -> bool {
     let Ok(stat) = std::fs::read_to_string(proc_path(pid, "stat")) else {
         return true;
     };
-    let state = stat
-        .rsplit_once(')')
-        .and_then(|(_, rest)| rest.split_whitespace().next());
+    let state = stat_fields(&stat).and_then(|mut fields| fields.next());
     matches!(state, None | Some("Z" | "X"))
 }
 
-/// utime + stime from a `stat` line: fields 14 and 15, counted after the
-/// command's closing parenthesis (a command may hold spaces and ')').
+/// A `stat` line's fields from the third (the state) on: those after the
+/// command's closing parenthesis, since a command may hold spaces and ')'.
+fn stat_fields(stat: &str) -> Option<std::str::SplitWhitespace<'_>> {
+    Some(stat.rsplit_once(')')?.1.split_whitespace())
+}
+
+/// utime + stime from a `stat` line: fields 14 and 15.
 fn cpu_ticks(stat: &str) -> Option<u64> {
-    let (_, rest) = stat.rsplit_once(')')?;
-    let mut fields = rest.split_whitespace().skip(11);
+    let mut fields = stat_fields(stat)?.skip(11);
     let utime: u64 = fields.next()?.parse().ok()?;
     let stime: u64 = fields.next()?.parse().ok()?;
     Some(utime + stime)
@@ -272,11 +274,9 @@ pub fn maps_stamp(pid: u32) -> Option<MapsStamp> {
     parse_maps_stamp(&std::fs::read_to_string(proc_path(pid, "stat")).ok()?)
 }
 
-/// starttime and vsize from a `stat` line: fields 22 and 23, counted
-/// after the command's closing parenthesis.
+/// starttime and vsize from a `stat` line: fields 22 and 23.
 fn parse_maps_stamp(stat: &str) -> Option<MapsStamp> {
-    let (_, rest) = stat.rsplit_once(')')?;
-    let mut fields = rest.split_whitespace().skip(19);
+    let mut fields = stat_fields(stat)?.skip(19);
     Some(MapsStamp {
         started: fields.next()?.parse().ok()?,
         virtual_bytes: fields.next()?.parse().ok()?,
