@@ -270,10 +270,6 @@ mod tests {
         );
     }
 
-    /// Once released, the child is the command: a look at its maps then
-    /// never finds memprobe's own (the kernels suite's launch check once
-    /// named no frame: the first tick read the fork's maps, and the
-    /// command exited before any later look).
     /// Its maps are read once its loader has mapped its libraries, not
     /// just after its `exec`, when they hold its program and loader alone.
     #[test]
@@ -295,6 +291,10 @@ mod tests {
         }
     }
 
+    /// Once released, the child is the command: a look at its maps then
+    /// never finds memprobe's own (the kernels suite's launch check once
+    /// named no frame: the first tick read the fork's maps, and the
+    /// command exited before any later look).
     #[test]
     fn a_released_child_has_execd() {
         let sleep = resolve_program(&OsString::from("sleep")).unwrap();
