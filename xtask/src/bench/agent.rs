@@ -28,9 +28,10 @@ use anyhow::{Context, Result};
 
 use super::{build_loop, median, start_memprobe, stop, usage};
 
-/// What the agent's windows may cost (`--windows`): what deploy/ ships,
-/// and the default.
-const WINDOWS: [&str; 2] = ["0.3%", "1%"];
+/// What deploy/ ships the agent's windows to cost (`--windows`).
+pub(super) const SHIPPED_WINDOWS: &str = "0.3%";
+/// What the agent's windows may cost: what deploy/ ships, and the default.
+const WINDOWS: [&str; 2] = [SHIPPED_WINDOWS, "1%"];
 
 /// Loops running at once: one per CPU of this machine kind.
 const LOOPS: usize = 2;
@@ -155,6 +156,15 @@ fn wait(span: Duration) -> (Instant, Instant) {
     (from, Instant::now())
 }
 
+/// The agent's CPU seconds over `span` from now, and when it began and
+/// ended.
+pub(super) fn cpu_over(agent: &Child, span: Duration) -> (f64, (Instant, Instant)) {
+    let cpu = || usage(agent.id()).map_or(0.0, |(cpu, _)| cpu);
+    let before = cpu();
+    let timed = wait(span);
+    ((cpu() - before).max(0.0), timed)
+}
+
 /// The host agent as deploy/ ships it, its windows at `windows`.
 pub(super) fn start_agent(memprobe: &Path, windows: &str, profiles_dir: &str) -> Result<Child> {
     let args = [
@@ -208,10 +218,7 @@ fn take_turns(memprobe: &Path, profiles_dir: &str, ticks: &Ticks) -> Result<Agen
         for (k, windows) in WINDOWS.into_iter().enumerate() {
             let mut agent = start_agent(memprobe, windows, profiles_dir)?;
             thread::sleep(WARMUP);
-            let cpu = || usage(agent.id()).map_or(0.0, |(cpu, _)| cpu);
-            let cpu_before = cpu();
-            let timed = wait(TIMED);
-            let agent_cpu = (cpu() - cpu_before).max(0.0);
+            let (agent_cpu, timed) = cpu_over(&agent, TIMED);
             stop(&mut agent);
             thread::sleep(SETTLE);
             let after = wait(BARE);

@@ -13,7 +13,10 @@ use std::{
 
 use anyhow::Result;
 
-use super::{agent::start_agent, build_fixture, stop, usage};
+use super::{
+    agent::{SHIPPED_WINDOWS, cpu_over, start_agent},
+    build_fixture, stop,
+};
 
 /// The idle processes started for the crowded span.
 const CROWD: usize = 150;
@@ -53,12 +56,9 @@ pub(super) fn scan_costs(memprobe: &Path, out: &Path, profiles_dir: &str) -> Res
 
 /// The agent's CPU seconds over a timed span, once it has settled.
 fn agent_cpu(memprobe: &Path, profiles_dir: &str) -> Result<f64> {
-    let mut agent = start_agent(memprobe, "0.3%", profiles_dir)?;
+    let mut agent = start_agent(memprobe, SHIPPED_WINDOWS, profiles_dir)?;
     thread::sleep(WARMUP);
-    let cpu = || usage(agent.id()).map_or(0.0, |(cpu, _)| cpu);
-    let before = cpu();
-    thread::sleep(TIMED);
-    let used = (cpu() - before).max(0.0);
+    let (used, _) = cpu_over(&agent, TIMED);
     stop(&mut agent);
     Ok(used)
 }
