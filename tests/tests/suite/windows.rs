@@ -403,6 +403,45 @@ fn middle_sized_requests_are_left_to_the_windows() {
     }
 }
 
+/// A thread that runs and ends while its process has every call probed
+/// (here within a second of the attach, before the window that stays open
+/// is judged dear three times) has its bytes in its own samples: none
+/// counted again as a tail after a short window, nor said to be in no
+/// sample. Before, a thread born since the attach had all it allocated
+/// said to be "in no sample", and one a short window had weighed before had
+/// what it allocated since counted twice (a unit test holds that case).
+#[test]
+fn a_thread_that_ends_while_every_call_is_probed_has_no_tail() {
+    let _guard = shared();
+    let out = output_dir("windows_every_call_thread");
+    let env = [
+        ("FIXTURE_SECONDS", "0.5"),
+        ("FIXTURE_MIDDLE", "1"),
+        ("FIXTURE_IN_THREAD", "1"),
+        ("FIXTURE_REPORT_PAIRS", "1"),
+    ];
+    let mut fixture = Fixture::start(&aliasing_fixture(), &env);
+    let memprobe = Memprobe::attach(&fixture, &out, &["--max-overhead", "none", "-v"]);
+    let reported = fixture.run_workload_reporting();
+    let pairs: f64 = reported
+        .iter()
+        .find_map(|l| l.strip_prefix("pairs ")?.parse().ok())
+        .unwrap_or_else(|| panic!("{reported:?}"));
+    // Its end noted, then taken at a drain.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let stderr = memprobe.stop();
+    assert!(fixture.finish().success());
+    assert!(!stderr.contains("malloc in windows "), "{stderr}");
+    let heaps = heap_files(&out);
+    assert_eq!(heaps.len(), 1, "{stderr}");
+    let note = malloc_sampling_note(&heaps[0]);
+    assert!(!note.contains("after a thread's last window"), "{note}");
+    let allocated = jeprof_rows(&aliasing_fixture(), &heaps[0], "--alloc_space");
+    let (b6k, b20k) = (flat(&allocated, "cycle_48"), flat(&allocated, "cycle_16"));
+    assert_within("6,000 B allocated", b6k, pairs * 6144.0, 0.10);
+    assert_within("20,000 B allocated", b20k, pairs * 20480.0, 0.10);
+}
+
 /// Without uprobe sessions (before 6.13) a window's `malloc` has a
 /// uretprobe, which replaces its caller's return address with the kernel's
 /// trampoline before the slow path samples a big request inside it: the

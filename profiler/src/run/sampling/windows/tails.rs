@@ -114,9 +114,16 @@ impl Windows {
     /// Thread `tid` ends, its counter at `allocated`: settled now, or
     /// once the open window's samples are weighed. (Forgotten once gone
     /// from the process: read again as the process calls `_exit`, its
-    /// bytes start where this left them.)
+    /// bytes start where this left them.) In a window that stays open
+    /// every call is probed, and the thread's samples there stand for
+    /// themselves: what it allocated since its last short window is in
+    /// them already, not a tail.
     fn thread_exited(&mut self, heap: &mut ProcessHeap, tid: u32, allocated: u64) {
-        if self.open.is_some() && !self.continuous() {
+        if self.continuous() {
+            let _ = self.bytes.since_last_window(tid, allocated);
+            return;
+        }
+        if self.open.is_some() {
             if self.tails.exits.len() < MAX_EXITS {
                 self.tails.exits.push((tid, allocated));
             }
@@ -315,6 +322,22 @@ mod tests {
         // Read again at `_exit`: nothing more.
         windows.thread_exited(&mut heap, 7, 50_000);
         assert!((heap.alloc_bytes() - one()).abs() < 1e-6);
+    }
+
+    #[test]
+    fn an_exit_in_a_window_that_stays_open_has_no_tail() {
+        let (mut windows, mut heap) = after_one_window();
+        // Every call probed again: its 20,000 bytes since are its samples'.
+        windows.duty = 1.0;
+        windows.open = Some((2, Instant::now()));
+        windows.thread_exited(&mut heap, 7, 60_000);
+        assert_eq!(heap.alloc_bytes(), 0.0);
+        assert_eq!((windows.tails.counted, windows.tails.unsampled), (0, 0));
+        // Nor are they counted at the process's `_exit`, once short
+        // windows are back.
+        windows.open = None;
+        windows.thread_exited(&mut heap, 7, 60_000);
+        assert_eq!(heap.alloc_bytes(), 0.0);
     }
 
     #[test]
