@@ -7,7 +7,7 @@ pub(in crate::run) mod launch;
 pub(in crate::run) mod looks;
 mod verbose;
 
-use std::path::Path;
+use std::{path::Path, time::Instant};
 
 use crate::{
     discover::{Allocator, AllocatorKind, Found},
@@ -175,9 +175,10 @@ impl Session<'_> {
     pub(in crate::run) fn scan_all(&mut self) -> Result<()> {
         let own = std::process::id();
         let pids = all_pids();
+        let now = Instant::now();
         self.looks.keep_only(&pids);
         for pid in pids.into_iter().filter(|&p| p != own) {
-            let Some(stamp) = self.looks.changed(pid) else {
+            let Some(stamp) = self.looks.changed(pid, now) else {
                 continue;
             };
             let Ok(maps) = read_maps(pid) else {
@@ -185,7 +186,7 @@ impl Session<'_> {
             };
             let found = self.cache.find(pid, &parse_maps(&maps));
             if found.is_empty() {
-                self.looks.looked(pid, stamp);
+                self.looks.looked(pid, stamp, now);
                 continue;
             }
             if self.options.sampling == Sampling::Windows {
@@ -201,12 +202,12 @@ impl Session<'_> {
                 }
                 // One that could not be probed is looked at again.
                 if attached.is_ok() {
-                    self.looks.looked(pid, stamp);
+                    self.looks.looked(pid, stamp, now);
                 }
                 self.survive_late_failure(attached)?;
                 continue;
             }
-            self.looks.looked(pid, stamp);
+            self.looks.looked(pid, stamp, now);
             for f in &found {
                 if self.system_wide.insert(f.key()) {
                     let result =
