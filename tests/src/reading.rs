@@ -255,3 +255,10 @@ pub fn assert_within(what: &str, actual: f64, expected: f64, fraction: f64) {
         fraction * 100.0
     );
 }
+
+/// The number that follows `marker` in `text`.
+pub fn number_after(text: &str, marker: &str) -> f64 {
+    text.split_once(marker)
+        .and_then(|(_, rest)| rest.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no number after {marker:?} in {text}"))
+}

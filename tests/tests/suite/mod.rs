@@ -1,4 +1,5 @@
 mod allocators;
+mod budget;
 mod docs;
 mod endpoint_access;
 mod endpoints;

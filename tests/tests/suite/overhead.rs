@@ -1,6 +1,7 @@
 //! Probe placement and cost: every chosen place checked by an independent
-//! decoder (objdump), the same profile whichever placement, and the cost
-//! report counting the calls that really happened.
+//! decoder (objdump), jemalloc's inlined fast path recognised, the same
+//! profile whichever placement, and the cost report counting the calls
+//! that really happened.
 use std::{collections::HashSet, process::Command};
 
 use tests::*;
@@ -450,4 +451,40 @@ fn a_run_loads_only_the_programs_it_links() {
         "{} programs loaded and never linked: {unlinked:?}\n{stderr}",
         unlinked.len()
     );
+}
+
+/// jemalloc 5.3's inlined fast path is recognised by decoding (what
+/// sampling on its slow path needs): in Debian's shared library (TLS
+/// offset in a GOT slot) and in a static tikv-jemallocator build (TLS
+/// offset an immediate), said in `--verbose`.
+#[test]
+fn jemallocs_fast_path_is_recognised_in_shared_and_static_builds() {
+    let _guard = shared();
+    for (binary, tls) in [
+        (
+            sites_fixture(),
+            "the TLS offset in the GOT slot at file offset 0x",
+        ),
+        (rust_fixture(), "TLS at fs-0x"),
+    ] {
+        let out = output_dir("fast_path");
+        let out = out.to_str().unwrap();
+        let mut fixture = Fixture::start(&binary, &[]);
+        let pid = fixture.pid.to_string();
+        let args = ["--pid", &pid, "--duration", "1s", "-v", "-o", out];
+        let (status, stderr) = run_memprobe(&args, &[]);
+        fixture.run_workload();
+        assert!(fixture.finish().success());
+        assert!(status.success(), "{stderr}");
+        let line = stderr
+            .lines()
+            .find(|l| l.contains("jemalloc 5.3 malloc fast path recognised"))
+            .unwrap_or_else(|| panic!("{stderr}"));
+        assert!(line.contains("above 4096 bytes"), "{line}");
+        assert!(
+            line.contains("thread counters at TLS +0x338 and +0x340"),
+            "{line}"
+        );
+        assert!(line.contains(tls), "{line}");
+    }
 }
