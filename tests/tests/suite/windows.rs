@@ -23,6 +23,15 @@ fn window_samples(note: &str) -> (f64, u64) {
     parsed.unwrap_or_else(|| panic!("no window samples in {note}"))
 }
 
+/// The count the fixture reported as `what` ("pairs 1234").
+fn reported_count(reported: &[String], what: &str) -> f64 {
+    let prefix = format!("{what} ");
+    reported
+        .iter()
+        .find_map(|l| l.strip_prefix(&prefix)?.parse().ok())
+        .unwrap_or_else(|| panic!("no {what} in {reported:?}"))
+}
+
 /// How a profiled run of the cycle ends.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum RunEnd {
@@ -71,10 +80,7 @@ fn profile_the_cycle(
     args.extend_from_slice(flags);
     let memprobe = Memprobe::attach(&fixture, out, &args);
     let reported = fixture.run_workload_reporting();
-    let pairs: f64 = reported
-        .iter()
-        .find_map(|l| l.strip_prefix("pairs ")?.parse().ok())
-        .unwrap_or_else(|| panic!("{reported:?}"));
+    let pairs = reported_count(&reported, "pairs");
     let stderr = if end == RunEnd::Exits {
         assert!(fixture.finish().success());
         let (status, stderr) = memprobe.wait();
@@ -266,10 +272,7 @@ fn a_thread_idle_at_the_attach_has_its_bytes_counted_from_then() {
     ];
     let memprobe = Memprobe::attach(&fixture, &out, &flags);
     let reported = fixture.run_workload_reporting();
-    let late: f64 = reported
-        .iter()
-        .find_map(|l| l.strip_prefix("late ")?.parse().ok())
-        .unwrap_or_else(|| panic!("{reported:?}"));
+    let late = reported_count(&reported, "late");
     let stderr = memprobe.stop();
     assert!(fixture.finish().success());
     let heaps = heap_files(&out);
@@ -423,10 +426,7 @@ fn a_thread_that_ends_while_every_call_is_probed_has_no_tail() {
     let mut fixture = Fixture::start(&aliasing_fixture(), &env);
     let memprobe = Memprobe::attach(&fixture, &out, &["--max-overhead", "none", "-v"]);
     let reported = fixture.run_workload_reporting();
-    let pairs: f64 = reported
-        .iter()
-        .find_map(|l| l.strip_prefix("pairs ")?.parse().ok())
-        .unwrap_or_else(|| panic!("{reported:?}"));
+    let pairs = reported_count(&reported, "pairs");
     // Its end noted, then taken at a drain.
     std::thread::sleep(std::time::Duration::from_millis(500));
     let stderr = memprobe.stop();
@@ -528,13 +528,7 @@ fn every_process_sampled_in_windows_as_an_agent_would() {
     }
     let pairs: Vec<f64> = fixtures
         .iter_mut()
-        .map(|fixture| {
-            fixture
-                .finish_workload()
-                .iter()
-                .find_map(|l| l.strip_prefix("pairs ")?.parse().ok())
-                .expect("pairs")
-        })
+        .map(|fixture| reported_count(&fixture.finish_workload(), "pairs"))
         .collect();
     let all_calls = 2.0 * pairs.iter().sum::<f64>();
     let stderr = memprobe.stop();
