@@ -17,9 +17,10 @@ pub(super) struct WindowCost {
     /// and the gap before it; the last second, for one that stays open).
     pub recent: f64,
     /// The process's CPU seconds and its windows' cost (seconds) when last
-    /// read, and its own CPU use (a share of a CPU, its windows' traps not
-    /// counted) between the last two readings.
-    cpu: (f64, f64, Instant),
+    /// read (none yet: an idle program's CPU reads 0 s, so 0 marks no
+    /// reading), and its own CPU use (a share of a CPU, its windows' traps
+    /// not counted) between the last two readings.
+    cpu: Option<(f64, f64, Instant)>,
     pub own_cpu: f64,
 }
 
@@ -29,7 +30,7 @@ impl WindowCost {
             priced: (0.0, now),
             at_last_close: (0.0, now),
             recent: 0.0,
-            cpu: (0.0, 0.0, now),
+            cpu: None,
             own_cpu: 0.0,
         }
     }
@@ -53,15 +54,15 @@ impl WindowCost {
     /// the traps' cost above the time they took must not make it look
     /// idle.)
     pub fn own_cpu_since(&mut self, cpu: f64, priced: f64, now: Instant) {
-        let (before, priced_before, then) = self.cpu;
+        let Some((before, priced_before, then)) = self.cpu else {
+            self.cpu = Some((cpu, priced, now));
+            return;
+        };
         let elapsed = now.duration_since(then).as_secs_f64();
-        if before > 0.0 && elapsed < MIN_SPAN {
+        if elapsed < MIN_SPAN {
             return;
         }
-        self.cpu = (cpu, priced, now);
-        if before == 0.0 {
-            return;
-        }
+        self.cpu = Some((cpu, priced, now));
         let used = (cpu - before).max(0.0);
         let windowed = (priced - priced_before).max(0.0);
         self.own_cpu = (used - windowed).max(used / 4.0) / elapsed;
@@ -94,16 +95,19 @@ mod tests {
 
     #[test]
     fn the_process_own_use_leaves_the_windows_traps_out() {
-        let mut cost = WindowCost::new(Instant::now());
-        let start = cost.cpu.2;
+        let start = Instant::now();
+        let mut cost = WindowCost::new(start);
         let at = |ms: u64| start + Duration::from_millis(ms);
+        // An idle program's first reading: 0 s so far.
+        cost.own_cpu_since(0.0, 0.0, at(0));
         cost.own_cpu_since(10.0, 0.0, at(1000));
+        assert!((cost.own_cpu - 10.0).abs() < 1e-9, "{}", cost.own_cpu);
         // 0.5 s of CPU in 2 s, 0.1 s of it the windows' traps.
         cost.own_cpu_since(10.5, 0.1, at(3000));
         assert!((cost.own_cpu - 0.2).abs() < 1e-9, "{}", cost.own_cpu);
         // Too soon after: left for a longer span.
         cost.own_cpu_since(10.51, 0.1, at(3100));
-        assert_eq!(cost.cpu.0, 10.5);
+        assert_eq!(cost.cpu.map(|(cpu, ..)| cpu), Some(10.5));
         // Traps estimated above what it used: a quarter of that, not 0.
         cost.own_cpu_since(10.9, 1.1, at(5000));
         assert!((cost.own_cpu - 0.05).abs() < 1e-9, "{}", cost.own_cpu);
