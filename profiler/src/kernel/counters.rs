@@ -68,6 +68,21 @@ impl KernelProbes {
         hits
     }
 
+    /// Hits of attached entry point `index`, summed over CPUs: one read,
+    /// where a process's own few are wanted (its windows are judged once a
+    /// second, and an agent watches many processes).
+    pub fn hits_of(&self, index: usize) -> Option<u64> {
+        let map = self.ebpf.map(maps::PROBE_HITS)?;
+        let counters = PerCpuArray::<_, u64>::try_from(map).ok()?;
+        let values = counters.get(&u32::try_from(index).ok()?, 0).ok()?;
+        Some(values.iter().sum())
+    }
+
+    /// Sampled calls of attached entry point `index`, and their time.
+    pub fn samples_of(&self, index: usize) -> ProbeSamples {
+        self.samples.get(index).copied().unwrap_or_default()
+    }
+
     /// Hits of the calibration's probes (the last counter slot), since the
     /// counters were last reset.
     pub fn calibration_hits(&self) -> u64 {

@@ -150,17 +150,18 @@ impl Session<'_> {
         let Some(windows) = self.sampling.windows(pid) else {
             return 0.0;
         };
-        let hits = self.probes.probe_hits();
-        let samples = self.probes.probe_samples();
         let model = &self.costs.model;
         windows
             .copies
             .iter()
             .flat_map(|c| c.slots.iter())
-            .filter_map(|&i| Some((hits.get(i)?, samples.get(i)?, self.probes.attached.get(i)?)))
-            .map(|(&n, &sampled, probe)| {
+            .filter_map(|&i| Some((self.probes.attached.get(i)?, i)))
+            .filter_map(|(probe, i)| Some((probe, self.probes.hits_of(i)?, i)))
+            .map(|(probe, n, i)| {
                 let hits = model.per_hit(probe, false).as_secs_f64() * n as f64;
-                hits + model.sampled(probe, sampled).as_secs_f64()
+                hits + model
+                    .sampled(probe, self.probes.samples_of(i))
+                    .as_secs_f64()
             })
             .sum()
     }
