@@ -60,8 +60,9 @@ pub(in crate::run) struct Windows {
     pub(super) copies: Vec<WindowedCopy>,
     /// The window open now (its number), and since when.
     pub(super) open: Option<(u64, Instant)>,
-    /// Judgements in a row that found it over its cost.
-    pub(super) over: u32,
+    /// Whether the window that stays open was found dear at its last
+    /// judgement: the next comes after a window's length, and closes it.
+    pub(super) dear: bool,
     /// Whether the process was busy before the attach (see
     /// [`Self::busy_before`]).
     busy_at_attach: bool,
@@ -103,26 +104,27 @@ pub(in crate::run) struct Windows {
 /// Events held in one window at most: past this the window closes early.
 const MAX_HELD: usize = 1 << 16;
 
-/// How often a window that stays open is judged against its cost.
+/// How often a window that stays open is judged against its cost: found
+/// dear, it is judged again a window's length later and closes if still
+/// dear. A burst shorter than that is seen at every call; one longer goes
+/// on in windows, and what it allocates before its thread's next one, or
+/// its end, is counted in the shape of its samples since the last
+/// judgement that found it cheap (see `tails`). (Three judgements a second
+/// apart kept a server whose load began after the attach at every call
+/// for three seconds: its first minute cost more than the rest.)
 const CHECK_EVERY: Duration = Duration::from_secs(1);
-
-/// Judgements in a row over its cost before a window that stays open
-/// closes: an allocation burst shorter than that is seen at every call
-/// (in windows, what a burst allocates between two is seen only through
-/// the next window of the same thread, and it may have none).
-const NARROW_AFTER: u32 = 3;
 
 /// The share of a CPU a process used between being found and its first
 /// window (about half a second of reading its files) that makes it busy
 /// before the attach: a server under load, whose work is no burst that
-/// began with memprobe, so its first window closes at its first
-/// judgement over its cost. An idle process (a fixture waiting for its
+/// began with memprobe, so its first window is judged after a window's
+/// length, not a second. An idle process (a fixture waiting for its
 /// command, a launched program) uses next to nothing there.
 const BUSY_BEFORE: f64 = 0.1;
 
 /// The least span between being found and the first window over which
-/// that share is read; a shorter one leaves the first window three
-/// judgements.
+/// that share is read; a shorter one leaves the first window judged after
+/// a second.
 const BUSY_SPAN: Duration = Duration::from_millis(100);
 
 /// How long short windows must find calls cheap before every call is
@@ -137,7 +139,7 @@ impl Windows {
         Self {
             copies: Vec::new(),
             open: None,
-            over: 0,
+            dear: false,
             busy_at_attach: false,
             cheap_since: None,
             // The first one at once: threads busy at the attach are seen
@@ -171,33 +173,16 @@ impl Windows {
         }
     }
 
-    /// Whether the window open now is the one opened at the attach of a
-    /// process busy before it: judged sooner, and closed at its first
-    /// judgement over its cost.
-    fn first_of_a_busy_process(&self) -> bool {
-        self.busy_at_attach && self.opened == 1
-    }
-
     /// How long a window that stays open runs before its next judgement:
-    /// the first of a process busy before the attach, a short window's
-    /// length (a second at every call cost such a server some 2% of its
-    /// first minute); any other, [`CHECK_EVERY`].
+    /// one found dear at its last, or the one opened at the attach of a
+    /// process busy before it, a short window's length (a second at every
+    /// call cost such a server some 2% of its first minute); any other,
+    /// [`CHECK_EVERY`].
     fn judged_every(&self, timing: &WindowTiming) -> Duration {
-        if self.first_of_a_busy_process() {
+        if self.dear || (self.busy_at_attach && self.opened == 1) {
             timing.length
         } else {
             CHECK_EVERY
-        }
-    }
-
-    /// Judgements in a row over its cost that close a window that stays
-    /// open: one for the window opened at the attach of a process busy
-    /// before it, else [`NARROW_AFTER`].
-    pub(super) fn narrow_after(&self) -> u32 {
-        if self.first_of_a_busy_process() {
-            1
-        } else {
-            NARROW_AFTER
         }
     }
 
@@ -262,9 +247,19 @@ impl Windows {
         (self.bytes).count_other(sample.tid, bytes as u64, self.open.is_some());
     }
 
-    /// Holds `event` while a window is open; gives it back otherwise.
+    /// Holds `event` while a short window is open; gives it back
+    /// otherwise (a window that stays open notes its samples for the
+    /// tails, should it close).
     pub fn hold(&mut self, event: HeapEvent) -> Option<HeapEvent> {
-        if self.open.is_none() || self.continuous() {
+        if self.open.is_none() {
+            return Some(event);
+        }
+        if self.continuous() {
+            if let HeapEvent::Sampled(sample) = &event
+                && sample.scale.is_some()
+            {
+                self.tails.note_recent(sample);
+            }
             return Some(event);
         }
         self.held.push(event);
@@ -338,20 +333,27 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_a_process_busy_before_the_attach_narrows_at_its_first_judgement() {
+    fn only_a_process_busy_before_the_attach_is_judged_after_a_window() {
         let ms = Duration::from_millis;
-        let narrowing = |used, span| {
-            let mut windows = Windows::new(&WindowTiming::default(), Vec::new());
+        let timing = WindowTiming::default();
+        let judged = |used, span, opened| {
+            let mut windows = Windows::new(&timing, Vec::new());
             windows.busy_before(used, span);
-            windows.opened = 1;
-            windows.narrow_after()
+            windows.opened = opened;
+            windows.judged_every(&timing)
         };
         // A server at half a CPU over the half second memprobe read it.
-        assert_eq!(narrowing(ms(250), ms(500)), 1);
+        assert_eq!(judged(ms(250), ms(500), 1), timing.length);
+        // Its windows that stay open later: a second.
+        assert_eq!(judged(ms(250), ms(500), 2), CHECK_EVERY);
         // A fixture waiting for its command.
-        assert_eq!(narrowing(ms(1), ms(500)), NARROW_AFTER);
+        assert_eq!(judged(ms(1), ms(500), 1), CHECK_EVERY);
         // Too short a span to tell.
-        assert_eq!(narrowing(ms(20), ms(20)), NARROW_AFTER);
+        assert_eq!(judged(ms(20), ms(20), 1), CHECK_EVERY);
+        // Found dear: once more, soon.
+        let mut windows = Windows::new(&timing, Vec::new());
+        windows.dear = true;
+        assert_eq!(windows.judged_every(&timing), timing.length);
     }
 
     #[test]

@@ -52,7 +52,9 @@ impl Session<'_> {
     }
 
     /// A window that stays open, judged once a second: while its calls
-    /// stay cheap it stays open; once dearer, it closes and windows follow.
+    /// stay cheap it stays open. Found dear, it is judged again after a
+    /// window's length, and closes if still dear (windows follow): a burst
+    /// that ended within the second is no reason to close it.
     fn judge_continuous(&mut self, pid: u32, ring: &mut RingBuf<MapData>) {
         let cost = self.read_costs(pid, Instant::now());
         let timing = self.options.windows;
@@ -61,30 +63,35 @@ impl Session<'_> {
         };
         windows.cost.recent = cost;
         let duty = windows.next_duty(&timing, cost);
-        windows.over = if duty < 1.0 { windows.over + 1 } else { 0 };
-        if windows.over >= windows.narrow_after() {
-            windows.over = 0;
-            let after = windows
-                .open
-                .map_or(Duration::ZERO, |(_, since)| since.elapsed());
-            windows.cost.continuous_closed();
-            // Closed while it stays open: what the ring still holds of it
-            // is applied as it comes, as before.
-            self.close_window(pid, Some(ring));
-            if let Some(w) = self.sampling.windows_mut(pid) {
-                w.duty = duty;
-            }
-            self.schedule_next(pid);
-            let own = self.sampling.windows(pid);
-            let own = own.map_or(0.0, |w| w.cost.own_cpu);
-            self.say(SamplingNotice::WindowsRarer {
-                pid,
-                duty,
-                cost,
-                own,
-                after,
-            });
+        let was_dear = std::mem::replace(&mut windows.dear, duty < 1.0);
+        if duty >= 1.0 {
+            windows.tails.forget_recent();
+            return;
         }
+        if !was_dear {
+            return;
+        }
+        windows.dear = false;
+        let after = windows
+            .open
+            .map_or(Duration::ZERO, |(_, since)| since.elapsed());
+        windows.cost.continuous_closed();
+        // Closed while it stays open: what the ring still holds of it is
+        // applied as it comes, as before.
+        self.close_window(pid, Some(ring));
+        if let Some(w) = self.sampling.windows_mut(pid) {
+            w.duty = duty;
+        }
+        self.schedule_next(pid);
+        let own = self.sampling.windows(pid);
+        let own = own.map_or(0.0, |w| w.cost.own_cpu);
+        self.say(SamplingNotice::WindowsRarer {
+            pid,
+            duty,
+            cost,
+            own,
+            after,
+        });
     }
 
     /// After a window closed, its probes out at `closed`: what it cost
@@ -137,6 +144,7 @@ impl Session<'_> {
         }
         windows.opened = number;
         windows.open = Some((number, opening));
+        windows.dear = false;
         self.sampling.of_mut(pid).windows = Some(windows);
     }
 
@@ -220,6 +228,7 @@ impl Session<'_> {
         let Some(windows) = self.sampling.windows_mut(pid) else {
             return closing;
         };
+        let continuous = windows.continuous();
         let Some((number, opened)) = windows.open.take() else {
             return closing;
         };
@@ -238,6 +247,11 @@ impl Session<'_> {
             .filter_map(|tid| Some((tid, self.probes.thread_window(pid, tid)?)))
             .collect();
         apply_held(windows, number, &records, &mut t.heap);
+        if continuous {
+            windows
+                .tails
+                .keep_recent(|sample| t.heap.estimated_bytes(sample));
+        }
         windows.settle_exits(&mut t.heap);
         self.follow_tails(pid, &live, &records);
         closing

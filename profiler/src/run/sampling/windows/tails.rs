@@ -5,7 +5,11 @@
 //! `/proc/PID/mem`), in the shape of the samples of its last window. A
 //! window's samples stand for the bytes since the one before, so without
 //! this the bytes after the last one would be in none: the end of a batch
-//! job's work, or all of a worker's that ran between two windows.
+//! job's work, or all of a worker's that ran between two windows. Where a
+//! window that stayed open (every call probed) closed for its cost, a
+//! thread's last window is its samples since that window's last
+//! judgement: a burst that goes on after it is counted in the shape it had
+//! as it began.
 use std::collections::{HashMap, HashSet};
 
 use super::{Windows, thread_bytes::SinceLastWindow};
@@ -27,6 +31,10 @@ const MAX_EXITS: usize = 4096;
 pub(super) struct Tails {
     kept: HashMap<u32, Kept>,
     kept_samples: usize,
+    /// Per thread, the samples of the window that stays open since it was
+    /// last judged: its last window's, should it close at the next.
+    recent: HashMap<u32, Vec<Sample>>,
+    recent_samples: usize,
     /// Where each thread keeps its counter, as the kernel last found it.
     addresses: HashMap<u32, u64>,
     /// Exits told while a window was open (thread, counter), settled once
@@ -69,6 +77,39 @@ impl Tails {
             kept.samples.push(sample.clone());
             self.kept_samples += 1;
         }
+    }
+
+    /// A sample of the window that stays open.
+    pub fn note_recent(&mut self, sample: &Sample) {
+        if self.kept_samples + self.recent_samples >= MAX_KEPT {
+            return;
+        }
+        self.recent
+            .entry(sample.tid)
+            .or_default()
+            .push(sample.clone());
+        self.recent_samples += 1;
+    }
+
+    /// The window that stays open was judged and stays open: its samples
+    /// so far are not what it would end on.
+    pub fn forget_recent(&mut self) {
+        self.recent.clear();
+        self.recent_samples = 0;
+    }
+
+    /// The window that stayed open closed: each thread's samples since its
+    /// last judgement become its last window, which stands for the bytes
+    /// they were counted as (`bytes` of each: every call was probed).
+    pub fn keep_recent(&mut self, bytes: impl Fn(&Sample) -> f64) {
+        for (tid, samples) in std::mem::take(&mut self.recent) {
+            let within = samples.iter().map(&bytes).sum::<f64>().round() as u64;
+            self.kept_samples += samples.len();
+            if let Some(old) = self.kept.insert(tid, Kept { within, samples }) {
+                self.kept_samples -= old.samples.len();
+            }
+        }
+        self.recent_samples = 0;
     }
 
     /// Thread `tid` keeps its counter at `at`.
@@ -224,7 +265,7 @@ mod tests {
 
     use super::*;
     use crate::{
-        collect::{CollectorOptions, sampling::sample_weight},
+        collect::{CollectorOptions, HeapEvent::Sampled, sampling::sample_weight},
         discover::AllocatorKind,
         run::sampling::windows::WindowTiming,
     };
@@ -338,6 +379,40 @@ mod tests {
         windows.open = None;
         windows.thread_exited(&mut heap, 7, 60_000);
         assert_eq!(heap.alloc_bytes(), 0.0);
+    }
+
+    #[test]
+    fn a_burst_past_a_window_that_stayed_open_counts_in_its_last_judgements_shape() {
+        let mut windows = Windows::new(&WindowTiming::default(), vec![7]);
+        let mut heap = ProcessHeap::new(1, 4096, CollectorOptions::default());
+        windows.open = Some((1, Instant::now()));
+        let at = |site| {
+            Sampled(Sample {
+                frames: vec![site],
+                ..windowed(7)
+            })
+        };
+        // Idle at first, at every call: one sample, then a judgement.
+        assert!(windows.hold(at(0x10)).is_some());
+        windows.tails.forget_recent();
+        // A burst at another site, then its window closes for its cost.
+        assert!(windows.hold(at(0x20)).is_some());
+        assert!(windows.hold(at(0x20)).is_some());
+        windows.weigh(1, &[(7, record(1, 0, 40_000, 0x7000))]);
+        windows
+            .tails
+            .keep_recent(|sample| heap.estimated_bytes(sample));
+        windows.open = None;
+        // The burst goes on for 20,000 bytes, and the thread ends.
+        windows.thread_exited(&mut heap, 7, 60_000);
+        let sites = heap.allocated_by_site();
+        // Within rounding: the window stands for whole bytes.
+        assert!((sites[&0x20] - 20_000.0).abs() < 1.0, "{sites:?}");
+        assert!(!sites.contains_key(&0x10), "{sites:?}");
+        assert_eq!(
+            (windows.tails.counted, windows.tails.unsampled),
+            (20_000, 0)
+        );
     }
 
     #[test]
