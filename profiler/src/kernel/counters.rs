@@ -53,19 +53,9 @@ impl KernelProbes {
     /// Hits of each attached entry point, summed over CPUs, in the order of
     /// [`attached`](Self::attached).
     pub fn probe_hits(&self) -> Vec<u64> {
-        let mut hits = vec![0; self.attached.len()];
-        let Some(map) = self.ebpf.map(maps::PROBE_HITS) else {
-            return hits;
-        };
-        let Ok(counters) = PerCpuArray::<_, u64>::try_from(map) else {
-            return hits;
-        };
-        for (index, slot) in hits.iter_mut().enumerate() {
-            if let Ok(values) = counters.get(&(index as u32), 0) {
-                *slot = values.iter().sum();
-            }
-        }
-        hits
+        (0..self.attached.len())
+            .map(|index| self.hits_of(index).unwrap_or(0))
+            .collect()
     }
 
     /// Hits of attached entry point `index`, summed over CPUs: one read,
@@ -86,15 +76,8 @@ impl KernelProbes {
     /// Hits of the calibration's probes (the last counter slot), since the
     /// counters were last reset.
     pub fn calibration_hits(&self) -> u64 {
-        let Some(map) = self.ebpf.map(maps::PROBE_HITS) else {
-            return 0;
-        };
-        let Ok(counters) = PerCpuArray::<_, u64>::try_from(map) else {
-            return 0;
-        };
-        counters
-            .get(&(profiler_common::MAX_COUNTED_PROBES - 1), 0)
-            .map_or(0, |values| values.iter().sum())
+        let slot = profiler_common::MAX_COUNTED_PROBES - 1;
+        self.hits_of(slot as usize).unwrap_or(0)
     }
 
     /// Zeroes the kernel counters and the hit counts: what calibration

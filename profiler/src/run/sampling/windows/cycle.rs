@@ -71,7 +71,6 @@ impl Session<'_> {
         if !was_dear {
             return;
         }
-        windows.dear = false;
         let after = windows
             .open
             .map_or(Duration::ZERO, |(_, since)| since.elapsed());

@@ -155,8 +155,7 @@ impl Session<'_> {
             .copies
             .iter()
             .flat_map(|c| c.slots.iter())
-            .filter_map(|&i| Some((self.probes.attached.get(i)?, i)))
-            .filter_map(|(probe, i)| Some((probe, self.probes.hits_of(i)?, i)))
+            .filter_map(|&i| Some((self.probes.attached.get(i)?, self.probes.hits_of(i)?, i)))
             .map(|(probe, n, i)| {
                 let hits = model.per_hit(probe, false).as_secs_f64() * n as f64;
                 hits + model
