@@ -264,7 +264,7 @@ pub(super) fn attached_table(none: f64, r: &AttachedLoops) -> String {
         r.entry_shared,
     ));
     table.push_str(&row(
-        "memprobe at defaults, timed once its windows narrowed (malloc traps in windows only, and on jemalloc's slow path above 4 KiB)",
+        "memprobe at defaults, timed once its windows narrowed (malloc traps in windows only, and for requests no thread cache holds, above 32 KiB)",
         r.windows,
     ));
     table

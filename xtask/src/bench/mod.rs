@@ -10,6 +10,7 @@ use std::{
 };
 
 use anyhow::{Context, Result, bail};
+use clap::ValueEnum;
 
 use crate::{run_command, workspace_root};
 
@@ -215,40 +216,41 @@ pub fn bench(only: Option<Part>) -> Result<()> {
     let profiles_dir = profiles.to_str().context("path")?.to_owned();
     let runs = |part| only.is_none_or(|only| only == part);
 
-    let mut table = String::new();
+    let started = Instant::now();
+    let mut results = Results::new(out.join("results.md"), only);
     let mut places = None;
     if runs(Part::Loops) {
         let loops = measure_loops(&memprobe, &out, &profiles_dir)?;
-        table.push_str(&loop_table(&loops));
+        results.add(&loop_table(&loops))?;
         places = Some(loops.attached.places);
     }
     if runs(Part::Mappings) {
         let costs = mappings::mapping_costs(&memprobe, &out, &profiles_dir)?;
-        table.push_str(&mappings::mapping_table(&costs));
+        results.add(&mappings::mapping_table(&costs))?;
     }
     if runs(Part::Agent) {
         let costs = agent::agent_costs(&memprobe, &out, &profiles_dir)?;
-        table.push_str(&agent::agent_table(&costs));
+        results.add(&agent::agent_table(&costs))?;
     }
     if runs(Part::AgentScan) {
         let costs = agent_scan::scan_costs(&memprobe, &out, &profiles_dir)?;
-        table.push_str(&agent_scan::scan_table(&costs));
+        results.add(&agent_scan::scan_table(&costs))?;
     }
     if runs(Part::Glibc) {
         let costs = glibc::glibc_costs(&memprobe, &out, &profiles_dir)?;
-        table.push_str(&glibc::glibc_table(&costs));
+        results.add(&glibc::glibc_table(&costs))?;
     }
     if runs(Part::Python) {
         let costs = python::python_costs(&memprobe, &out, &profiles_dir)?;
-        table.push_str(&python::python_table(&costs));
+        results.add(&python::python_table(&costs))?;
     }
     if runs(Part::Switches) {
         let result = switches::switches(&memprobe, &out, &profiles_dir)?;
-        table.push_str(&switches::switches_table(&result));
+        results.add(&switches::switches_table(&result))?;
     }
     if runs(Part::OwnProfiler) {
         let result = own_profiler::own_profiler(&memprobe, &profiles_dir)?;
-        table.push_str(&own_profiler::own_profiler_table(&result));
+        results.add(&own_profiler::own_profiler_table(&result))?;
     }
     let loads: &[Load] = match only {
         None | Some(Part::Redis) => &redis::LOADS,
@@ -273,17 +275,56 @@ pub fn bench(only: Option<Part>) -> Result<()> {
                 load.tests, load.value_bytes, load.pipeline
             );
             let redis = redis_bench(&memprobe, &profiles_dir, &places, load)?;
-            table.push_str(&redis_table(&redis));
+            results.add(&redis_table(&redis))?;
         }
     }
     if runs(Part::Offline) {
         eprintln!("bench: offline reports of a large program's profile");
-        table.push_str(&offline_bench(&memprobe, &out)?);
+        results.add(&offline_bench(&memprobe, &out)?)?;
     }
-    std::fs::write(out.join("results.md"), &table)?;
-    println!("{table}");
-    eprintln!("bench: results in {}", out.join("results.md").display());
+    let minutes = started.elapsed().as_secs() / 60;
+    results.add(&format!("The run took {minutes} minutes.\n"))?;
+    println!("{}", results.text);
+    eprintln!("bench: results in {}", results.path.display());
     Ok(())
+}
+
+/// The tables measured so far, written out after each part, so that a run
+/// cut short keeps what it measured.
+struct Results {
+    path: PathBuf,
+    text: String,
+}
+
+impl Results {
+    /// Headed with what was measured and when, for the docs that quote it.
+    fn new(path: PathBuf, only: Option<Part>) -> Self {
+        let said = |program: &str, args: &[&str]| {
+            Command::new(program)
+                .args(args)
+                .output()
+                .ok()
+                .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+                .unwrap_or_default()
+        };
+        let part = only
+            .and_then(|p| p.to_possible_value())
+            .map(|p| format!(" --only {}", p.get_name()))
+            .unwrap_or_default();
+        let text = format!(
+            "`cargo xtask bench{part}` at commit {}, begun {}, Linux {}.\n\n",
+            said("git", &["describe", "--always", "--dirty"]),
+            said("date", &["-u", "+%Y-%m-%d %H:%M UTC"]),
+            said("uname", &["-r"]),
+        );
+        Results { path, text }
+    }
+
+    fn add(&mut self, table: &str) -> Result<()> {
+        self.text.push_str(table);
+        std::fs::write(&self.path, &self.text)?;
+        Ok(())
+    }
 }
 
 /// CPU seconds and peak RSS in KiB of a process.
