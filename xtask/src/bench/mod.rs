@@ -283,7 +283,7 @@ pub fn bench(only: Option<Part>) -> Result<()> {
         results.add(&offline_bench(&memprobe, &out)?)?;
     }
     let minutes = started.elapsed().as_secs() / 60;
-    results.add(&format!("The run took {minutes} minutes.\n"))?;
+    results.add(&format!("\nThe run took {minutes} minutes.\n"))?;
     println!("{}", results.text);
     eprintln!("bench: results in {}", results.path.display());
     Ok(())
