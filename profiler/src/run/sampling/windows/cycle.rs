@@ -69,6 +69,7 @@ impl Session<'_> {
             return;
         }
         if !was_dear {
+            windows.tails.mark_dear();
             return;
         }
         let after = windows

@@ -7,9 +7,9 @@
 //! this the bytes after the last one would be in none: the end of a batch
 //! job's work, or all of a worker's that ran between two windows. Where a
 //! window that stayed open (every call probed) closed for its cost, a
-//! thread's last window is its samples since that window's last
-//! judgement: a burst that goes on after it is counted in the shape it had
-//! as it began.
+//! thread's last window is its latest samples there, those since the
+//! judgement that found it dear: a burst that goes on after it is counted
+//! in the shape it had as it closed.
 use std::collections::{HashMap, HashSet};
 
 use super::{Windows, thread_bytes::SinceLastWindow};
@@ -23,6 +23,10 @@ use crate::{
 /// `MAX_HELD` events): past this a thread's tail is in no sample.
 const MAX_KEPT: usize = 1 << 16;
 
+/// The fewest of a thread's latest samples, where it has them, that its
+/// tail is counted in the shape of once a window that stayed open closes.
+const LATEST_AT_LEAST: usize = 32;
+
 /// Exits held while a window is open at most.
 const MAX_EXITS: usize = 4096;
 
@@ -35,6 +39,9 @@ pub(super) struct Tails {
     /// last judged: its last window's, should it close at the next.
     recent: HashMap<u32, Vec<Sample>>,
     recent_samples: usize,
+    /// Per thread, how many of those came before the judgement that found
+    /// the window dear: the ones after are the shape it had as it closed.
+    dear_from: HashMap<u32, usize>,
     /// Where each thread keeps its counter, as the kernel last found it.
     addresses: HashMap<u32, u64>,
     /// Exits told while a window was open (thread, counter), settled once
@@ -96,13 +103,31 @@ impl Tails {
     pub fn forget_recent(&mut self) {
         self.recent.clear();
         self.recent_samples = 0;
+        self.dear_from.clear();
     }
 
-    /// The window that stayed open closed: each thread's samples since its
-    /// last judgement become its last window, which stands for the bytes
-    /// they were counted as (`bytes` of each: every call was probed).
+    /// The window that stays open was found dear: should the next
+    /// judgement close it, what each thread allocates after is most like
+    /// its samples from here on.
+    pub fn mark_dear(&mut self) {
+        self.dear_from = (self.recent.iter())
+            .map(|(&tid, samples)| (tid, samples.len()))
+            .collect();
+    }
+
+    /// The window that stayed open closed: each thread's latest samples
+    /// become its last window, which stands for the bytes they were
+    /// counted as (`bytes` of each: every call was probed). Its latest:
+    /// those since the judgement that found it dear, [`LATEST_AT_LEAST`]
+    /// at least where it has them. (All since the last judgement that
+    /// found it cheap counted the sites fixture's last phase, churn_512,
+    /// as much in the shape of its first, keep_4k: a program that changes
+    /// what it allocates goes on most like what it did last.)
     pub fn keep_recent(&mut self, bytes: impl Fn(&Sample) -> f64) {
-        for (tid, samples) in std::mem::take(&mut self.recent) {
+        let dear_from = std::mem::take(&mut self.dear_from);
+        for (tid, mut samples) in std::mem::take(&mut self.recent) {
+            let from = dear_from.get(&tid).copied().unwrap_or(0);
+            samples.drain(..from.min(samples.len().saturating_sub(LATEST_AT_LEAST)));
             let within = samples.iter().map(&bytes).sum::<f64>().round() as u64;
             self.kept_samples += samples.len();
             if let Some(old) = self.kept.insert(tid, Kept { within, samples }) {
@@ -413,6 +438,47 @@ mod tests {
             (windows.tails.counted, windows.tails.unsampled),
             (20_000, 0)
         );
+    }
+
+    /// A window that stays open holds `before` samples of thread 7 at
+    /// 0x20, is found dear, holds `after` at 0x30 and closes, weighed at
+    /// 40,000 bytes; the thread goes on for 20,000 more and ends. What
+    /// each site was counted.
+    fn burst_that_changes(before: usize, after: usize) -> HashMap<u64, f64> {
+        let mut windows = Windows::new(&WindowTiming::default(), vec![7]);
+        let mut heap = ProcessHeap::new(1, 4096, CollectorOptions::default());
+        windows.open = Some((1, Instant::now()));
+        let at = |site| {
+            Sampled(Sample {
+                frames: vec![site],
+                ..windowed(7)
+            })
+        };
+        for _ in 0..before {
+            assert!(windows.hold(at(0x20)).is_some());
+        }
+        windows.tails.mark_dear();
+        for _ in 0..after {
+            assert!(windows.hold(at(0x30)).is_some());
+        }
+        windows.weigh(1, &[(7, record(1, 0, 40_000, 0x7000))]);
+        windows
+            .tails
+            .keep_recent(|sample| heap.estimated_bytes(sample));
+        windows.open = None;
+        windows.thread_exited(&mut heap, 7, 60_000);
+        heap.allocated_by_site()
+    }
+
+    #[test]
+    fn a_burst_that_changes_goes_on_in_its_latest_shape() {
+        let sites = burst_that_changes(40, LATEST_AT_LEAST);
+        assert!((sites[&0x30] - 20_000.0).abs() < 1.0, "{sites:?}");
+        assert!(!sites.contains_key(&0x20), "{sites:?}");
+        // Too few since: the latest 32, 24 at the first site, 8 at the second.
+        let sites = burst_that_changes(40, 8);
+        assert!((sites[&0x20] - 15_000.0).abs() < 1.0, "{sites:?}");
+        assert!((sites[&0x30] - 5_000.0).abs() < 1.0, "{sites:?}");
     }
 
     #[test]
