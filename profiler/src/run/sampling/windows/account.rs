@@ -105,26 +105,33 @@ pub(in crate::run) struct Windows {
 const MAX_HELD: usize = 1 << 16;
 
 /// How often a window that stays open is judged against its cost: found
-/// dear, it is judged again a window's length later and closes if still
-/// dear. A burst shorter than that is seen at every call; one longer goes
-/// on in windows, and what it allocates before its thread's next one, or
-/// its end, is counted in the shape of its samples since the last
-/// judgement that found it cheap (see `tails`). (Three judgements a second
-/// apart kept a server whose load began after the attach at every call
-/// for three seconds: its first minute cost more than the rest.)
-const CHECK_EVERY: Duration = Duration::from_secs(1);
+/// dear, it is judged again [`CONFIRM_AFTER`] later and closes if still
+/// dear. A burst that lies between two judgements is seen at every call
+/// (the second finds it over): the sites fixture's takes some 0.2 s so.
+/// One longer goes on in windows, and what it allocates before its
+/// thread's next one, or its end, is counted in the shape of its latest
+/// samples (see `tails`). A load that begins after the attach is probed at
+/// every call until the judgement after it: a second between judgements
+/// cost an idle redis-server whose load began after the attach some
+/// 0.6 s at every call, 3 to 4 points of its first half minute.
+const CHECK_EVERY: Duration = Duration::from_millis(500);
+
+/// How soon a window that stays open, found dear, is judged again: long
+/// enough to tell a burst that ended just before the judgement (nothing
+/// traps since) from a load that goes on.
+const CONFIRM_AFTER: Duration = Duration::from_millis(50);
 
 /// The share of a CPU a process used between being found and its first
 /// window (about half a second of reading its files) that makes it busy
 /// before the attach: a server under load, whose work is no burst that
 /// began with memprobe, so its first window is judged after a window's
-/// length, not a second. An idle process (a fixture waiting for its
+/// length, against that use. An idle process (a fixture waiting for its
 /// command, a launched program) uses next to nothing there.
 const BUSY_BEFORE: f64 = 0.1;
 
 /// The least span between being found and the first window over which
-/// that share is read; a shorter one leaves the first window judged after
-/// a second.
+/// that share is read; a shorter one leaves the first window judged as
+/// any other.
 const BUSY_SPAN: Duration = Duration::from_millis(100);
 
 /// How long short windows must find calls cheap before every call is
@@ -174,12 +181,14 @@ impl Windows {
     }
 
     /// How long a window that stays open runs before its next judgement:
-    /// one found dear at its last, or the one opened at the attach of a
-    /// process busy before it, a short window's length (a second at every
-    /// call cost such a server some 2% of its first minute); any other,
-    /// [`CHECK_EVERY`].
+    /// one found dear at its last, [`CONFIRM_AFTER`]; the one opened at the
+    /// attach of a process busy before it, a short window's length (a
+    /// second at every call cost such a server some 2% of its first
+    /// minute); any other, [`CHECK_EVERY`].
     fn judged_every(&self, timing: &WindowTiming) -> Duration {
-        if self.dear || (self.busy_at_attach && self.opened == 1) {
+        if self.dear {
+            CONFIRM_AFTER
+        } else if self.busy_at_attach && self.opened == 1 {
             timing.length
         } else {
             CHECK_EVERY
@@ -353,7 +362,7 @@ mod tests {
         // Found dear: once more, soon.
         let mut windows = Windows::new(&timing, Vec::new());
         windows.dear = true;
-        assert_eq!(windows.judged_every(&timing), timing.length);
+        assert_eq!(windows.judged_every(&timing), CONFIRM_AFTER);
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! The windows' cycle: each opens when due, closes after its length with
-//! its samples weighed, and the one that stays open is judged once a
-//! second; the last opens at the end of the run, and what each thread
+//! its samples weighed, and the one that stays open is judged every
+//! 500 ms; the last opens at the end of the run, and what each thread
 //! allocated after its own last window is counted then.
 use std::time::{Duration, Instant};
 
@@ -51,10 +51,10 @@ impl Session<'_> {
         }
     }
 
-    /// A window that stays open, judged once a second: while its calls
-    /// stay cheap it stays open. Found dear, it is judged again after a
-    /// window's length, and closes if still dear (windows follow): a burst
-    /// that ended within the second is no reason to close it.
+    /// A window that stays open, judged every 500 ms: while its calls stay
+    /// cheap it stays open. Found dear, it is judged again 50 ms later, and
+    /// closes if still dear (windows follow): a burst that ended before the
+    /// judgement is no reason to close it.
     fn judge_continuous(&mut self, pid: u32, ring: &mut RingBuf<MapData>) {
         let cost = self.read_costs(pid, Instant::now());
         let timing = self.options.windows;
