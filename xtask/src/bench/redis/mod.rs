@@ -17,7 +17,7 @@ use std::{
     net::TcpStream,
     path::Path,
     process::{Child, Command, Stdio},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use anyhow::{Context, Result, bail};
@@ -167,6 +167,10 @@ enum Timed {
 /// Warm-up runs under load before the timed ones of [`Timed::Settled`].
 const WARMUP_RUNS: usize = 2;
 
+/// What rows timed from the attach span at least: rounds go on until then
+/// (a load's three rounds of LPUSH took some 35 s, its first half minute).
+const FIRST_MINUTE: Duration = Duration::from_secs(60);
+
 /// The sampling modes compared: (label, memprobe's flags, when timed).
 const MODES: [(&str, &[&str], Timed); 5] = [
     (
@@ -176,7 +180,7 @@ const MODES: [(&str, &[&str], Timed); 5] = [
     ),
     ("memprobe, default (malloc in windows)", &[], Timed::Settled),
     (
-        "memprobe, default, timed from its attach on (its first minute and more)",
+        "memprobe, default, timed from its attach on (its first minute)",
         &[],
         Timed::FromIdleAttach,
     ),
@@ -315,7 +319,7 @@ pub(super) fn redis_bench(
         }
         let twins = [twins[0], twins[1]];
         let mut unprofiled = Half::default();
-        in_turn(twins, &mut unprofiled)?;
+        in_turn(twins, &mut unprofiled, None)?;
         let mut rows = Vec::new();
         let measured = |rows: &mut Vec<Row>, label, halves| {
             let row = Row { label, halves };
@@ -394,7 +398,7 @@ fn floor_halves<P: CountsHits>(
 ) -> Result<[Half; 2]> {
     crossover(twins, |pair, half| {
         let probes = attach(pair[0].pid)?;
-        in_turn(pair, half)?;
+        in_turn(pair, half, None)?;
         if probes.hits()? == 0 {
             bail!("a floor's probes counted no hit in redis-server");
         }
@@ -404,9 +408,11 @@ fn floor_halves<P: CountsHits>(
 
 /// Rounds of runs of `pair[0]` (with) and `pair[1]` (without), each in
 /// the order with, without, without, with: a drift that is steady over a
-/// round cancels out.
-fn in_turn(pair: [Server; 2], half: &mut Half) -> Result<()> {
-    for _ in 0..pair[0].load.rounds {
+/// round cancels out. The load's rounds, and more until `until` if given.
+fn in_turn(pair: [Server; 2], half: &mut Half, until: Option<Instant>) -> Result<()> {
+    let mut rounds = 0;
+    while rounds < pair[0].load.rounds || until.is_some_and(|until| Instant::now() < until) {
+        rounds += 1;
         let mut round = Round::default();
         for profiled in [true, false, false, true] {
             if profiled {
@@ -486,6 +492,8 @@ fn attached_half(
         let _ = busy.wait();
     }
     let (mut probe, stderr) = started?;
+    // Timed from the attach: over its first minute at least.
+    let until = (timed != Timed::Settled).then(|| Instant::now() + FIRST_MINUTE);
     if timed == Timed::Settled {
         for _ in 0..WARMUP_RUNS {
             measure_run(pair[0])?;
@@ -499,11 +507,11 @@ fn attached_half(
     };
     if report {
         let start = added();
-        in_turn(pair, half)?;
+        in_turn(pair, half, until)?;
         let end = added();
         half.reported = start.zip(end).map(|(start, end)| end - start);
     } else {
-        in_turn(pair, half)?;
+        in_turn(pair, half, until)?;
     }
     half.own = usage(probe.id());
     stop(&mut probe);

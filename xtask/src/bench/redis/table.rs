@@ -7,7 +7,7 @@ use super::{Half, RedisResult, Round, Row, Runs};
 pub(in crate::bench) fn redis_table(redis: &RedisResult) -> String {
     let (with, without) = (redis.unprofiled.with(), redis.unprofiled.without());
     let mut table = format!(
-        "\n| redis-server 7 (libjemalloc), redis-benchmark {} of {}-byte values, 50 clients{}, random keys (a million, mostly set first), each run {}k of each; twin servers in turn, each once profiled and once the baseline | requests/s (vs without) | redis-server CPU s a run, with (without) | CPU per request vs without | redis-server's sleeps a run, with (without) | added CPU s over the {} measured runs: measured / memprobe's report | memprobe's own CPU s, peak RSS |\n|---|---|---|---|---|---|---|\n\
+        "\n| redis-server 7 (libjemalloc), redis-benchmark {} of {}-byte values, 50 clients{}, random keys (a million, mostly set first), each run {}k of each; twin servers in turn, each once profiled and once the baseline | requests/s (vs without) | redis-server CPU s a run, with (without) | CPU per request vs without | redis-server's sleeps a run, with (without) | added CPU s over the measured runs ({}; rows timed from the attach, as many as fill its first minute): measured / memprobe's report | memprobe's own CPU s, peak RSS |\n|---|---|---|---|---|---|---|\n\
          | without memprobe (twin B's CPU per request over twin A's, nothing attached: {:.2}x) | {:.0} | {:.2} | 1.00x | {:.0} | - | - |\n",
         redis.load.tests.to_uppercase().replace(',', "/"),
         redis.load.value_bytes,
