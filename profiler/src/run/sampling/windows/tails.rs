@@ -406,68 +406,63 @@ mod tests {
         assert_eq!(heap.alloc_bytes(), 0.0);
     }
 
-    #[test]
-    fn a_burst_past_a_window_that_stayed_open_counts_in_its_last_judgements_shape() {
+    /// What befalls a window that stays open: a sample of thread 7 at a
+    /// site, or a judgement.
+    enum Step {
+        At(u64),
+        Cheap,
+        Dear,
+    }
+
+    /// Thread 7's `steps` in a window that stays open, which then closes
+    /// weighed at 40,000 bytes; the thread goes on for 20,000 more and
+    /// ends. What each site was counted, and the bytes counted as tails
+    /// and in no sample.
+    fn burst_past_its_window(steps: &[Step]) -> (HashMap<u64, f64>, u64, u64) {
         let mut windows = Windows::new(&WindowTiming::default(), vec![7]);
         let mut heap = ProcessHeap::new(1, 4096, CollectorOptions::default());
         windows.open = Some((1, Instant::now()));
-        let at = |site| {
-            Sampled(Sample {
-                frames: vec![site],
-                ..windowed(7)
-            })
-        };
-        // Idle at first, at every call: one sample, then a judgement.
-        assert!(windows.hold(at(0x10)).is_some());
-        windows.tails.forget_recent();
-        // A burst at another site, then its window closes for its cost.
-        assert!(windows.hold(at(0x20)).is_some());
-        assert!(windows.hold(at(0x20)).is_some());
+        for step in steps {
+            match *step {
+                Step::At(site) => {
+                    let sample = Sample {
+                        frames: vec![site],
+                        ..windowed(7)
+                    };
+                    assert!(windows.hold(Sampled(sample)).is_some());
+                }
+                Step::Cheap => windows.tails.forget_recent(),
+                Step::Dear => windows.tails.mark_dear(),
+            }
+        }
         windows.weigh(1, &[(7, record(1, 0, 40_000, 0x7000))]);
         windows
             .tails
             .keep_recent(|sample| heap.estimated_bytes(sample));
         windows.open = None;
-        // The burst goes on for 20,000 bytes, and the thread ends.
         windows.thread_exited(&mut heap, 7, 60_000);
-        let sites = heap.allocated_by_site();
+        let tails = &windows.tails;
+        (heap.allocated_by_site(), tails.counted, tails.unsampled)
+    }
+
+    #[test]
+    fn a_burst_past_a_window_that_stayed_open_counts_in_its_shape() {
+        // Idle at first, at every call: one sample, then a judgement; a
+        // burst at another site, then its window closes for its cost.
+        let steps = [Step::At(0x10), Step::Cheap, Step::At(0x20), Step::At(0x20)];
+        let (sites, counted, unsampled) = burst_past_its_window(&steps);
         // Within rounding: the window stands for whole bytes.
         assert!((sites[&0x20] - 20_000.0).abs() < 1.0, "{sites:?}");
         assert!(!sites.contains_key(&0x10), "{sites:?}");
-        assert_eq!(
-            (windows.tails.counted, windows.tails.unsampled),
-            (20_000, 0)
-        );
+        assert_eq!((counted, unsampled), (20_000, 0));
     }
 
-    /// A window that stays open holds `before` samples of thread 7 at
-    /// 0x20, is found dear, holds `after` at 0x30 and closes, weighed at
-    /// 40,000 bytes; the thread goes on for 20,000 more and ends. What
-    /// each site was counted.
+    /// `before` samples at 0x20, found dear, then `after` at 0x30.
     fn burst_that_changes(before: usize, after: usize) -> HashMap<u64, f64> {
-        let mut windows = Windows::new(&WindowTiming::default(), vec![7]);
-        let mut heap = ProcessHeap::new(1, 4096, CollectorOptions::default());
-        windows.open = Some((1, Instant::now()));
-        let at = |site| {
-            Sampled(Sample {
-                frames: vec![site],
-                ..windowed(7)
-            })
-        };
-        for _ in 0..before {
-            assert!(windows.hold(at(0x20)).is_some());
-        }
-        windows.tails.mark_dear();
-        for _ in 0..after {
-            assert!(windows.hold(at(0x30)).is_some());
-        }
-        windows.weigh(1, &[(7, record(1, 0, 40_000, 0x7000))]);
-        windows
-            .tails
-            .keep_recent(|sample| heap.estimated_bytes(sample));
-        windows.open = None;
-        windows.thread_exited(&mut heap, 7, 60_000);
-        heap.allocated_by_site()
+        let mut steps: Vec<Step> = (0..before).map(|_| Step::At(0x20)).collect();
+        steps.push(Step::Dear);
+        steps.extend((0..after).map(|_| Step::At(0x30)));
+        burst_past_its_window(&steps).0
     }
 
     #[test]
