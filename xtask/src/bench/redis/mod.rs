@@ -107,6 +107,8 @@ struct Runs {
     /// runs: a slower server finds more requests waiting each time it
     /// wakes, and spends less on system calls per request.
     sleeps: u64,
+    /// The runs' 99th percentile request latencies in milliseconds, summed.
+    p99s_ms: f64,
 }
 
 impl Runs {
@@ -115,6 +117,7 @@ impl Runs {
         self.rates += run.rate;
         self.cpu += run.cpu;
         self.sleeps += run.sleeps;
+        self.p99s_ms += run.p99_ms;
     }
 
     fn merge(&mut self, other: &Runs) {
@@ -122,6 +125,7 @@ impl Runs {
         self.rates += other.rates;
         self.cpu += other.cpu;
         self.sleeps += other.sleeps;
+        self.p99s_ms += other.p99s_ms;
     }
 
     fn rate(&self) -> f64 {
@@ -137,6 +141,10 @@ impl Runs {
     fn sleeps_per_run(&self) -> f64 {
         self.sleeps as f64 / self.count.max(1) as f64
     }
+
+    fn p99_ms(&self) -> f64 {
+        self.p99s_ms / self.count.max(1) as f64
+    }
 }
 
 /// One redis-benchmark run.
@@ -147,6 +155,9 @@ struct Run {
     cpu: f64,
     /// Times its main thread slept.
     sleeps: u64,
+    /// Its tests' 99th percentile latency in milliseconds, averaged: a
+    /// window makes the requests it catches slower while it lasts.
+    p99_ms: f64,
 }
 
 /// When a row's timed runs start, against memprobe's attach.
@@ -450,11 +461,12 @@ fn fill(server: Server) -> Result<()> {
 fn measure_run(server: Server) -> Result<Run> {
     let cpu = || usage(server.pid).map_or(0.0, |(cpu, _)| cpu);
     let (cpu_before, sleeps_before) = (cpu(), sleeps(server.pid));
-    let rate = requests_per_second(server)?;
+    let (rate, p99_ms) = rate_and_p99(server)?;
     Ok(Run {
         rate,
         cpu: cpu() - cpu_before,
         sleeps: sleeps(server.pid).saturating_sub(sleeps_before),
+        p99_ms,
     })
 }
 
@@ -530,26 +542,40 @@ fn scraped_added_seconds(pid: u32) -> Option<f64> {
     line.rsplit(' ').next()?.parse().ok()
 }
 
-/// One redis-benchmark run's mean requests per second over its tests.
-fn requests_per_second(server: Server) -> Result<f64> {
+/// One redis-benchmark run's requests per second and 99th percentile
+/// latency in milliseconds, each the mean over its tests.
+fn rate_and_p99(server: Server) -> Result<(f64, f64)> {
     let output = load(server, server.load.requests()).output()?;
     let text = String::from_utf8_lossy(&output.stdout);
-    // "SET: 98765.43 requests per second, p50=..." per test.
-    let rates: Vec<f64> = text
-        .split(['\r', '\n'])
-        .filter_map(|line| {
-            line.split_once(": ")?
-                .1
-                .split_whitespace()
-                .next()?
-                .parse()
-                .ok()
+    parse_csv(&text).with_context(|| format!("no rate in redis-benchmark output: {text}"))
+}
+
+/// `--csv` output: a header naming the columns, then a line per test.
+fn parse_csv(text: &str) -> Option<(f64, f64)> {
+    let mut lines = text.lines().map(|line| {
+        line.split(',')
+            .map(|field| field.trim().trim_matches('"'))
+            .collect::<Vec<_>>()
+    });
+    let header = lines.next()?;
+    let column = |name: &str| header.iter().position(|field| *field == name);
+    let (rate, p99) = (column("rps")?, column("p99_latency_ms")?);
+    let tests: Vec<(f64, f64)> = lines
+        .filter_map(|fields| {
+            Some((
+                fields.get(rate)?.parse().ok()?,
+                fields.get(p99)?.parse().ok()?,
+            ))
         })
         .collect();
-    if rates.is_empty() {
-        bail!("no rate in redis-benchmark output: {text}");
+    if tests.is_empty() {
+        return None;
     }
-    Ok(rates.iter().sum::<f64>() / rates.len() as f64)
+    let count = tests.len() as f64;
+    Some((
+        tests.iter().map(|t| t.0).sum::<f64>() / count,
+        tests.iter().map(|t| t.1).sum::<f64>() / count,
+    ))
 }
 
 /// The server's load started in the background, one second ago, with
@@ -576,6 +602,22 @@ fn load(server: Server, requests: u32) -> Command {
         .args(["-d", &load.value_bytes.to_string()])
         .args(["-P", &load.pipeline.to_string()])
         // Random keys, as real clients' are.
-        .args(["-r", "1000000", "-q"]);
+        .args(["-r", "1000000", "-q", "--csv"]);
     command
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn csv_gives_the_mean_rate_and_p99_over_tests() {
+        let text = "\"test\",\"rps\",\"avg_latency_ms\",\"min_latency_ms\",\"p50_latency_ms\",\"p95_latency_ms\",\"p99_latency_ms\",\"max_latency_ms\"\n\
+                    \"SET\",\"50000.00\",\"0.629\",\"0.120\",\"0.615\",\"0.975\",\"1.159\",\"1.303\"\n\
+                    \"GET\",\"40000.00\",\"0.664\",\"0.184\",\"0.623\",\"1.063\",\"2.441\",\"2.671\"\n";
+        let (rate, p99) = parse_csv(text).unwrap();
+        assert_eq!(rate, 45000.0);
+        assert!((p99 - 1.8).abs() < 1e-9, "{p99}");
+        assert_eq!(parse_csv("SET: 5000 requests per second\n"), None);
+    }
 }

@@ -7,8 +7,8 @@ use super::{Half, RedisResult, Round, Row, Runs};
 pub(in crate::bench) fn redis_table(redis: &RedisResult) -> String {
     let (with, without) = (redis.unprofiled.with(), redis.unprofiled.without());
     let mut table = format!(
-        "\n| redis-server 7 (libjemalloc), redis-benchmark {} of {}-byte values, 50 clients{}, random keys (a million, mostly set first), each run {}k of each; twin servers in turn, each once profiled and once the baseline | requests/s (vs without) | redis-server CPU s a run, with (without) | CPU per request vs without | redis-server's sleeps a run, with (without) | added CPU s over the measured runs ({}; rows timed from the attach, as many as fill its first minute): measured / memprobe's report | memprobe's own CPU s, peak RSS |\n|---|---|---|---|---|---|---|\n\
-         | without memprobe (twin B's CPU per request over twin A's, nothing attached: {:.2}x) | {:.0} | {:.2} | 1.00x | {:.0} | - | - |\n",
+        "\n| redis-server 7 (libjemalloc), redis-benchmark {} of {}-byte values, 50 clients{}, random keys (a million, mostly set first), each run {}k of each; twin servers in turn, each once profiled and once the baseline | requests/s (vs without) | redis-server CPU s a run, with (without) | CPU per request vs without | redis-server's sleeps a run, with (without) | added CPU s over the measured runs ({}; rows timed from the attach, as many as fill its first minute): measured / memprobe's report | memprobe's own CPU s, peak RSS | p99 latency ms a run, with (without): ratio |\n|---|---|---|---|---|---|---|---|\n\
+         | without memprobe (twin B's CPU per request over twin A's, nothing attached: {:.2}x) | {:.0} | {:.2} | 1.00x | {:.0} | - | - | {:.3} |\n",
         redis.load.tests.to_uppercase().replace(',', "/"),
         redis.load.value_bytes,
         match redis.load.pipeline {
@@ -21,6 +21,7 @@ pub(in crate::bench) fn redis_table(redis: &RedisResult) -> String {
         (with.rate() + without.rate()) / 2.0,
         (with.cpu_per_run() + without.cpu_per_run()) / 2.0,
         (with.sleeps_per_run() + without.sleeps_per_run()) / 2.0,
+        (with.p99_ms() + without.p99_ms()) / 2.0,
     );
     for row in &redis.rows {
         table.push_str(&table_row(row));
@@ -32,24 +33,29 @@ pub(in crate::bench) fn redis_table(redis: &RedisResult) -> String {
 /// halves', so that the twins' own difference cancels.
 fn table_row(row: &Row) -> String {
     let [a, b] = &row.halves;
-    let rate = ((a.with().rate() / a.without().rate().max(1e-12))
-        * (b.with().rate() / b.without().rate().max(1e-12)))
-    .sqrt();
+    let ratio = |value: fn(&Runs) -> f64| {
+        ((value(&a.with()) / value(&a.without()).max(1e-12))
+            * (value(&b.with()) / value(&b.without()).max(1e-12)))
+        .sqrt()
+    };
     let cpu = cpu_per_request(row);
     let mean = |value: fn(&Runs) -> f64, runs: fn(&Half) -> Runs| {
         (value(&runs(a)) + value(&runs(b))) / 2.0
     };
     format!(
-        "| {} | {:.0} ({:.1}%) | {:.2} ({:.2}) | {cpu} | {:.0} ({:.0}) | {} | {} |\n",
+        "| {} | {:.0} ({:.1}%) | {:.2} ({:.2}) | {cpu} | {:.0} ({:.0}) | {} | {} | {:.3} ({:.3}): {:.2}x |\n",
         row.label,
         mean(Runs::rate, Half::with),
-        100.0 * rate,
+        100.0 * ratio(Runs::rate),
         mean(Runs::cpu_per_run, Half::with),
         mean(Runs::cpu_per_run, Half::without),
         mean(Runs::sleeps_per_run, Half::with),
         mean(Runs::sleeps_per_run, Half::without),
         added(row),
         own(row),
+        mean(Runs::p99_ms, Half::with),
+        mean(Runs::p99_ms, Half::without),
+        ratio(Runs::p99_ms),
     )
 }
 
