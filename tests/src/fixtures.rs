@@ -379,6 +379,15 @@ pub fn glibc_loop_fixture() -> PathBuf {
     build_once("glibc_loop", |out| compile("cc", out, "malloc_loop.c", &[]))
 }
 
+/// A process with no allocator mapped (no libc) for 300 ms, which then
+/// execs its arguments: one met before its program is loaded.
+pub fn exec_later_fixture() -> PathBuf {
+    build_once("exec_later", |out| {
+        let no_libc = ["-nostdlib", "-static", "-no-pie", "-fno-stack-protector"];
+        compile("cc", out, "exec_later.c", &no_libc)
+    })
+}
+
 /// Two processes passing a byte over pipes, no allocator call (glibc's
 /// mapped, never called).
 pub fn ping_pong_fixture() -> PathBuf {

@@ -89,12 +89,19 @@ impl Fixture {
     }
 
     /// Starts `command`, which must print "ready <pid>" first.
-    pub fn start_command(mut command: Command) -> Self {
+    pub fn start_command(command: Command) -> Self {
+        Self::start_command_with(command, |_| ())
+    }
+
+    /// As [`Self::start_command`], calling `at_spawn` with the pid of the
+    /// process spawned before it says it is ready.
+    pub fn start_command_with(mut command: Command, at_spawn: impl FnOnce(u32)) -> Self {
         let mut child = command
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
             .unwrap_or_else(|e| panic!("starting {command:?}: {e}"));
+        at_spawn(child.id());
         let stdin = child.stdin.take();
         let mut stdout = BufReader::new(child.stdout.take().unwrap());
         let mut line = String::new();

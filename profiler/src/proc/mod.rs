@@ -2,7 +2,7 @@
 mod error;
 pub mod resident;
 pub mod rootfs;
-use std::path::PathBuf;
+use std::{path::PathBuf, time::Duration};
 
 pub use error::ProcessError;
 
@@ -225,6 +225,19 @@ pub fn run_nanos(pid: u32) -> Option<u64> {
     Some(total)
 }
 
+/// How long ago `pid` started, to a clock tick (its `stat` start time
+/// against the system's uptime); `None` once it is gone.
+pub fn age(pid: u32) -> Option<Duration> {
+    let stat = std::fs::read_to_string(proc_path(pid, "stat")).ok()?;
+    let started = parse_maps_stamp(&stat)?.started;
+    let uptime = std::fs::read_to_string("/proc/uptime").ok()?;
+    let uptime: f64 = uptime.split_whitespace().next()?.parse().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    let since = uptime - started as f64 / ticks.max(1) as f64;
+    Some(Duration::from_secs_f64(since.max(0.0)))
+}
+
 /// Whether `pid` has ended: gone, or a zombie (state `Z` or `X` in
 /// `stat`), whose files and memory are no longer there to probe.
 pub fn has_ended(pid: u32) -> bool {
@@ -313,6 +326,20 @@ mod tests {
         let stat = "4242 (a b) c) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 37 0 0 20 0 3";
         assert_eq!(cpu_ticks(stat), Some(287));
         assert!(cpu_seconds(std::process::id()).is_some());
+    }
+
+    #[test]
+    fn a_process_s_age_counts_from_its_start() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
+        let young = age(child.id()).unwrap();
+        let _ = child.kill();
+        let _ = child.wait();
+        // A clock tick's rounding either way.
+        assert!(young < Duration::from_millis(500), "{young:?}");
+        assert_eq!(age(u32::MAX), None);
     }
 
     #[test]

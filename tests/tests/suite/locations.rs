@@ -30,6 +30,39 @@ fn static_jemalloc_in_the_executable() {
     assert_sites_kept(&binary, &heap, "");
 }
 
+/// A process met before its program is loaded (`./server & memprobe --pid
+/// $!`), here one that maps no allocator for 300 ms and then execs the
+/// static-jemalloc fixture: memprobe looks again while the process is
+/// young, instead of saying it has no allocator, and profiles it.
+#[test]
+fn a_process_met_before_its_program_is_loaded() {
+    let _guard = shared();
+    let binary = sites_static_fixture();
+    let out = output_dir("before_loaded");
+    let mut command = Command::new(exec_later_fixture());
+    command.arg(&binary);
+    let mut memprobe = None;
+    let mut fixture = Fixture::start_command_with(command, |pid| {
+        let pid = pid.to_string();
+        let args = [
+            "--pid",
+            &pid,
+            "-o",
+            out.to_str().unwrap(),
+            "--sample-interval",
+            "4096",
+        ];
+        memprobe = Some(Memprobe::start(&args));
+    });
+    let mut memprobe = memprobe.unwrap();
+    memprobe.wait_attached();
+    fixture.run_workload();
+    let stderr = memprobe.stop();
+    let heaps = heap_files(&out);
+    assert_eq!(heaps.len(), 1, "{heaps:?}\n{stderr}");
+    assert_sites_kept(&binary, &heaps[0], "");
+}
+
 #[test]
 fn rust_program_on_tikv_jemallocator() {
     let _guard = shared();

@@ -1,7 +1,7 @@
 //! The targets as named on the command line, checked before anything is
 //! loaded (a pid that does not exist, a command not found, a process with
 //! no allocator fails here, with nothing to undo), then attached to.
-use std::{process::ExitStatus, sync::Arc};
+use std::{process::ExitStatus, sync::Arc, time::Duration};
 
 use tokio::sync::oneshot;
 
@@ -9,7 +9,7 @@ use crate::{
     discover::{Allocator, AllocatorCache, Found, allocators_in_file},
     error::{Error, Result},
     kernel::Scope,
-    proc::{FileId, command_name, parse_maps, read_maps},
+    proc::{FileId, age, command_name, parse_maps, read_maps},
     run::{
         Session, SessionOptions, Targets,
         targets::launch::{self, PredictedFile},
@@ -45,8 +45,7 @@ pub(in crate::run) fn check_targets(
         Targets::Pids(pids) => {
             let mut initial = Vec::new();
             for &pid in pids.iter() {
-                let maps = read_maps(pid)?;
-                let found = cache.require(pid, &parse_maps(&maps), &command_name(pid))?;
+                let (maps, found) = find_once_loaded(cache, pid)?;
                 initial.push((pid, maps, found));
             }
             Checked::Pids(initial)
@@ -63,6 +62,26 @@ pub(in crate::run) fn check_targets(
         }
         Targets::All => Checked::All,
     })
+}
+
+/// How long after its start a process may still be inside `execve` or its
+/// loader, its files not all mapped (`./server & memprobe --pid $!`): one
+/// found without an allocator is looked at again until it is this old.
+const LOADING_GRACE: Duration = Duration::from_secs(1);
+
+/// `pid`'s maps and the allocator copies in them, once it has one or is
+/// past [`LOADING_GRACE`].
+fn find_once_loaded(cache: &mut AllocatorCache, pid: u32) -> Result<(String, Vec<Found>)> {
+    loop {
+        let maps = read_maps(pid)?;
+        match cache.require(pid, &parse_maps(&maps), &command_name(pid)) {
+            Ok(found) => return Ok((maps, found)),
+            Err(_) if age(pid).is_some_and(|age| age < LOADING_GRACE) => {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(error) => return Err(error.into()),
+        }
+    }
 }
 
 impl Session<'_> {
