@@ -175,7 +175,8 @@ enum Timed {
     FromBusyAttach,
 }
 
-/// Warm-up runs under load before the timed ones of [`Timed::Settled`].
+/// Warm-up runs of each twin under load before the timed ones of
+/// [`Timed::Settled`].
 const WARMUP_RUNS: usize = 2;
 
 /// What rows timed from the attach span at least: rounds go on until then
@@ -507,8 +508,12 @@ fn attached_half(
     // Timed from the attach: over its first minute at least.
     let until = (timed != Timed::Settled).then(|| Instant::now() + FIRST_MINUTE);
     if timed == Timed::Settled {
+        // Both twins, so that the baseline does not come to its first timed
+        // run from idling while the profiled twin comes from work.
         for _ in 0..WARMUP_RUNS {
-            measure_run(pair[0])?;
+            for server in pair {
+                measure_run(server)?;
+            }
         }
     }
     drop(stderr);
