@@ -16,7 +16,7 @@ use tests::*;
 /// no test's to run: the lines starting so are left out, and said.
 const RUN_ELSEWHERE: [(&str, &str); 7] = [
     ("cargo xtask test", "it is the suite itself (.ci/run)"),
-    ("cargo xtask bench", "an hour of measurements"),
+    ("cargo xtask bench", "two hours of measurements"),
     ("cargo xtask kernels", "run by cargo xtask test"),
     ("cargo xtask soak", "a ten-minute run"),
     (
