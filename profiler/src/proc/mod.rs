@@ -206,9 +206,14 @@ pub fn resident_bytes(pid: u32) -> Option<u64> {
 /// (probe traps included: they run in its threads), in seconds.
 pub fn cpu_seconds(pid: u32) -> Option<f64> {
     let stat = std::fs::read_to_string(proc_path(pid, "stat")).ok()?;
+    cpu_ticks(&stat).map(tick_seconds)
+}
+
+/// Clock ticks, the unit of `stat`'s times, in seconds.
+fn tick_seconds(ticks: u64) -> f64 {
     // SAFETY: sysconf has no preconditions.
-    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    cpu_ticks(&stat).map(|t| t as f64 / ticks.max(1) as f64)
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    ticks as f64 / per_second.max(1) as f64
 }
 
 /// The time `pid`'s threads have spent on a CPU so far, in nanoseconds
@@ -232,9 +237,7 @@ pub fn age(pid: u32) -> Option<Duration> {
     let started = parse_maps_stamp(&stat)?.started;
     let uptime = std::fs::read_to_string("/proc/uptime").ok()?;
     let uptime: f64 = uptime.split_whitespace().next()?.parse().ok()?;
-    // SAFETY: sysconf has no preconditions.
-    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    let since = uptime - started as f64 / ticks.max(1) as f64;
+    let since = uptime - tick_seconds(started);
     Some(Duration::from_secs_f64(since.max(0.0)))
 }
 
