@@ -230,6 +230,36 @@ pub fn run_nanos(pid: u32) -> Option<u64> {
     Some(total)
 }
 
+/// Each CPU's busy time so far, in clock ticks, by CPU number (`None`
+/// where /proc/stat cannot be read).
+pub fn cpu_busy_ticks() -> Option<Vec<(usize, u64)>> {
+    std::fs::read_to_string("/proc/stat")
+        .ok()
+        .map(|stat| parse_cpu_busy(&stat))
+}
+
+/// The `cpuN` lines of /proc/stat: user, nice, system, idle, iowait, irq,
+/// softirq, steal (then guest times, already within user and nice), busy
+/// being all but idle and iowait (stolen time is a CPU not to be had).
+fn parse_cpu_busy(stat: &str) -> Vec<(usize, u64)> {
+    const IDLE: usize = 3;
+    const IOWAIT: usize = 4;
+    stat.lines()
+        .filter_map(|line| {
+            let mut fields = line.split_whitespace();
+            let cpu = fields.next()?.strip_prefix("cpu")?.parse().ok()?;
+            let mut busy = 0;
+            for (index, field) in fields.take(8).enumerate() {
+                let ticks: u64 = field.parse().ok()?;
+                if index != IDLE && index != IOWAIT {
+                    busy += ticks;
+                }
+            }
+            Some((cpu, busy))
+        })
+        .collect()
+}
+
 /// How long ago `pid` started, to a clock tick (its `stat` start time
 /// against the system's uptime); `None` once it is gone.
 pub fn age(pid: u32) -> Option<Duration> {
@@ -329,6 +359,17 @@ mod tests {
         let stat = "4242 (a b) c) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 37 0 0 20 0 3";
         assert_eq!(cpu_ticks(stat), Some(287));
         assert!(cpu_seconds(std::process::id()).is_some());
+    }
+
+    #[test]
+    fn a_cpu_is_busy_but_for_idle_and_iowait() {
+        let stat = "cpu  10 1 5 100 7 2 3 4 0 0\n\
+                    cpu0 6 1 3 50 7 1 2 4 9 0\n\
+                    cpu1 4 0 2 50 0 1 1 0 0 0\n\
+                    intr 12345 0 1\n";
+        assert_eq!(parse_cpu_busy(stat), vec![(0, 17), (1, 8)]);
+        let cpus = cpu_busy_ticks().unwrap();
+        assert!(!cpus.is_empty(), "{cpus:?}");
     }
 
     #[test]

@@ -75,11 +75,11 @@ fn parse_request(line: &str) -> Option<(u64, u64, usize)> {
     Some((calls, stride, copy))
 }
 
-/// A request line `switch TRIPS MAIN`: TRIPS round trips over pipes
-/// between a timed thread and a partner that echoes, the timed thread being
-/// the main one (MAIN 1: where perf-event probes are bound) or another
-/// (MAIN 0).
-fn parse_switch_request(line: &str) -> Option<(u64, bool)> {
+/// A request line `switch TRIPS MAIN CPU`: TRIPS round trips over pipes
+/// between a timed thread and a partner that echoes, both kept to CPU, the
+/// timed thread being the main one (MAIN 1: where perf-event probes are
+/// bound) or another (MAIN 0).
+fn parse_switch_request(line: &str) -> Option<SwitchRequest> {
     let mut words = line.split_whitespace();
     if words.next()? != "switch" {
         return None;
@@ -90,7 +90,19 @@ fn parse_switch_request(line: &str) -> Option<(u64, bool)> {
         "0" => false,
         _ => return None,
     };
-    Some((trips, on_main))
+    let cpu = words.next()?.parse().ok()?;
+    Some(SwitchRequest {
+        trips,
+        on_main,
+        cpu,
+    })
+}
+
+#[derive(Debug, PartialEq)]
+struct SwitchRequest {
+    trips: u64,
+    on_main: bool,
+    cpu: i32,
 }
 
 /// Nanoseconds of CPU time per round trip (see [`parse_switch_request`]),
@@ -98,13 +110,17 @@ fn parse_switch_request(line: &str) -> Option<(u64, bool)> {
 /// thread out and back in once, and what the kernel does for its perf
 /// events on the way out is charged to the task switched in, its partner
 /// (timing the thread alone priced a switch at half, and at a different
-/// share each time). Both threads keep to the CPU the request came on, so
-/// each switch hands that CPU over (a wake-up on another CPU costs several
-/// times more, and where each one lands would swamp what is measured).
-fn ping_pong(trips: u64, on_main: bool) -> Option<f64> {
+/// share each time). Both threads keep to the one CPU asked for, so each
+/// switch hands that CPU over (a wake-up on another CPU costs several times
+/// more, and where each one lands would swamp what is measured).
+fn ping_pong(request: &SwitchRequest) -> Option<f64> {
     use std::io::Read;
-    // SAFETY: sched_getcpu takes nothing and only answers.
-    let cpu = one_cpu(unsafe { libc::sched_getcpu() })?;
+    let SwitchRequest {
+        trips,
+        on_main,
+        cpu,
+    } = *request;
+    let cpu = one_cpu(cpu)?;
     let (mut there_in, mut there_out) = std::io::pipe().ok()?;
     let (mut back_in, mut back_out) = std::io::pipe().ok()?;
     let echo = std::thread::spawn(move || {
@@ -157,10 +173,16 @@ fn one_cpu(cpu: i32) -> Option<libc::cpu_set_t> {
 
 /// The calling thread's CPUs.
 fn affinity() -> Option<libc::cpu_set_t> {
+    affinity_of(0)
+}
+
+/// The CPUs task `tid` may run on (0: the calling thread).
+fn affinity_of(tid: u32) -> Option<libc::cpu_set_t> {
     // SAFETY: a zeroed cpu_set_t, filled in by the kernel.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
     let size = std::mem::size_of::<libc::cpu_set_t>();
-    (unsafe { libc::sched_getaffinity(0, size, &mut set) } == 0).then_some(set)
+    let tid = libc::pid_t::try_from(tid).ok()?;
+    (unsafe { libc::sched_getaffinity(tid, size, &mut set) } == 0).then_some(set)
 }
 
 /// Keeps the calling thread to `set`.
@@ -183,8 +205,8 @@ pub fn serve_as_target() {
     let _ = out.flush();
     for line in std::io::stdin().lock().lines() {
         let line = line.unwrap_or_default();
-        if let Some((trips, on_main)) = parse_switch_request(&line) {
-            let Some(per_trip) = ping_pong(trips, on_main) else {
+        if let Some(request) = parse_switch_request(&line) {
+            let Some(per_trip) = ping_pong(&request) else {
                 break;
             };
             let _ = writeln!(out, "{per_trip}");
@@ -281,14 +303,39 @@ impl Target {
         self.ask(&format!("{calls} {stride} {copy}"))
     }
 
-    /// CPU nanoseconds per round trip of `trips` pipe round trips of the
-    /// copy's main thread (`on_main`) or of another of its threads.
+    /// CPU nanoseconds per round trip of `trips` pipe round trips, on
+    /// `cpu`, of the copy's main thread (`on_main`) or of another of its
+    /// threads.
     pub(super) fn time_switches(
         &mut self,
         trips: u64,
         on_main: bool,
+        cpu: usize,
     ) -> Result<f64, CalibrationError> {
-        self.ask(&format!("switch {trips} {}", u8::from(on_main)))
+        self.ask(&format!("switch {trips} {} {cpu}", u8::from(on_main)))
+    }
+
+    /// The CPU, of those the copy may run on, that was busy least over
+    /// `look`, for timing switches: each switch out is charged to the task
+    /// switched in, at times a third one's on a busy CPU (a CPU shared with
+    /// a busy target priced a switch 15% low). `None` if the CPUs' times
+    /// or the copy's CPUs cannot be read.
+    pub(super) fn quietest_cpu(&self, look: Duration) -> Option<usize> {
+        let allowed = affinity_of(self.child.id())?;
+        let before = crate::proc::cpu_busy_ticks()?;
+        std::thread::sleep(look);
+        let after = crate::proc::cpu_busy_ticks()?;
+        after
+            .iter()
+            .filter(|(cpu, _)| *cpu < libc::CPU_SETSIZE as usize)
+            // SAFETY: `cpu` is within the set's bounds.
+            .filter(|(cpu, _)| unsafe { libc::CPU_ISSET(*cpu, &allowed) })
+            .filter_map(|&(cpu, busy)| {
+                let (_, earlier) = before.iter().find(|(c, _)| *c == cpu)?;
+                Some((busy.saturating_sub(*earlier), cpu))
+            })
+            .min()
+            .map(|(_, cpu)| cpu)
     }
 
     fn ask(&mut self, request: &str) -> Result<f64, CalibrationError> {
@@ -336,16 +383,31 @@ mod tests {
         assert_eq!(parse_request("1000 0 7"), None);
         assert_eq!(parse_request("1000 0"), None);
         assert_eq!(parse_request(""), None);
-        assert_eq!(parse_switch_request("switch 1000 1"), Some((1_000, true)));
-        assert_eq!(parse_switch_request("switch 1000 0"), Some((1_000, false)));
-        assert_eq!(parse_switch_request("switch 1000 2"), None);
+        let request = |trips, on_main, cpu| SwitchRequest {
+            trips,
+            on_main,
+            cpu,
+        };
+        let parsed = parse_switch_request("switch 1000 1 3");
+        assert_eq!(parsed, Some(request(1_000, true, 3)));
+        let parsed = parse_switch_request("switch 1000 0 0");
+        assert_eq!(parsed, Some(request(1_000, false, 0)));
+        assert_eq!(parse_switch_request("switch 1000 2 0"), None);
+        assert_eq!(parse_switch_request("switch 1000 1"), None);
         assert_eq!(parse_switch_request("1000 0 1"), None);
     }
 
     #[test]
     fn a_ping_pong_takes_cpu_time_on_either_thread() {
+        // SAFETY: sched_getcpu takes nothing and only answers.
+        let cpu = unsafe { libc::sched_getcpu() };
         for on_main in [false, true] {
-            let per_trip = ping_pong(200, on_main).unwrap();
+            let per_trip = ping_pong(&SwitchRequest {
+                trips: 200,
+                on_main,
+                cpu,
+            })
+            .unwrap();
             assert!(per_trip > 0.0, "{per_trip}");
         }
     }

@@ -63,6 +63,9 @@ const AGAIN_ROUNDS: usize = 3;
 const FREE_STRIDE: u64 = 48;
 /// Pipe round trips per timing of a thread's context switches.
 const SWITCH_TRIPS: u64 = 3_000;
+/// How long the CPUs' busy times are looked at to choose where the
+/// switches are timed (/proc/stat counts clock ticks, 10 ms apart).
+const QUIET_LOOK: Duration = Duration::from_millis(50);
 
 /// One kind of probe hit timed: the programs attached (each at its offset
 /// in the target function), calls per round, and the pointers' stride.
@@ -213,7 +216,8 @@ impl<const ROUNDS: usize> Timings<ROUNDS> {
     fn take(target: &mut Target, events: usize) -> Result<Self, CalibrationError> {
         let baseline = target.time(BASELINE_CALLS, 0, BASELINE_COPY)?;
         let pointers_baseline = target.time(BASELINE_CALLS, FREE_STRIDE, BASELINE_COPY)?;
-        let (rounds, switches) = time_rounds(target, events > 0)?;
+        let switches_on = (events > 0).then(|| switch_cpu(target));
+        let (rounds, switches) = time_rounds(target, switches_on)?;
         Ok(Self {
             baseline,
             pointers_baseline,
@@ -294,14 +298,24 @@ fn detach_kinds(probes: &mut KernelProbes, attached: Vec<CalibrationProbes>) {
     }
 }
 
+/// Where the switches are timed: the copy's quietest CPU, else the one
+/// memprobe runs on.
+fn switch_cpu(target: &Target) -> usize {
+    target.quietest_cpu(QUIET_LOOK).unwrap_or_else(|| {
+        // SAFETY: sched_getcpu takes nothing and only answers.
+        usize::try_from(unsafe { libc::sched_getcpu() }).unwrap_or(0)
+    })
+}
+
 /// Nanoseconds per call of each kind (a row) in each round (a column),
-/// the kinds taking turns within a round; with `switches`, what a round
-/// trip of the main thread took in each round over one of another thread.
+/// the kinds taking turns within a round; with switches timed (on the CPU
+/// given), what a round trip of the main thread took in each round over
+/// one of another thread.
 type Rounds<const ROUNDS: usize> = ([[f64; ROUNDS]; KINDS.len()], [f64; ROUNDS]);
 
 fn time_rounds<const ROUNDS: usize>(
     target: &mut Target,
-    switches: bool,
+    switches_on: Option<usize>,
 ) -> Result<Rounds<ROUNDS>, CalibrationError> {
     let mut rounds = [[0.0; ROUNDS]; KINDS.len()];
     let mut added = [0.0; ROUNDS];
@@ -309,13 +323,13 @@ fn time_rounds<const ROUNDS: usize>(
         for (copy, (kind, times)) in KINDS.iter().zip(rounds.iter_mut()).enumerate() {
             times[round] = target.time(kind.calls, kind.stride, copy)?;
         }
-        if switches {
+        if let Some(cpu) = switches_on {
             // Other, main, main, other: a drift of the host's speed within
             // the round cancels out.
-            let other = target.time_switches(SWITCH_TRIPS, false)?;
-            let main = target.time_switches(SWITCH_TRIPS, true)?
-                + target.time_switches(SWITCH_TRIPS, true)?;
-            let other = other + target.time_switches(SWITCH_TRIPS, false)?;
+            let mut time = |on_main| target.time_switches(SWITCH_TRIPS, on_main, cpu);
+            let other = time(false)?;
+            let main = time(true)? + time(true)?;
+            let other = other + time(false)?;
             added[round] = ((main - other) / 2.0).max(0.0);
         }
     }
