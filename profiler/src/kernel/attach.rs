@@ -177,15 +177,19 @@ impl KernelProbes {
     }
 
     /// Per process, how many perf events its probes have put on its main
-    /// thread: aya's uprobes and uretprobes (where the kernel does not
-    /// filter uprobe_multi links by process) are perf events bound to the
-    /// task whose id is the pid, switched with it at every context switch.
+    /// thread, the allocators' and the mapping probes': aya's uprobes and
+    /// uretprobes (where the kernel does not filter uprobe_multi links by
+    /// process) are perf events bound to the task whose id is the pid,
+    /// switched with it at every context switch.
     pub fn task_events(&self) -> HashMap<u32, usize> {
         let mut events = HashMap::new();
         for (probe, links) in self.attached.iter().zip(&self.links) {
             if let (Scope::Process(pid), false) = (probe.scope, links.uprobes.is_empty()) {
                 *events.entry(pid).or_default() += links.uprobes.len();
             }
+        }
+        for (pid, count) in self.mappings.task_events() {
+            *events.entry(pid).or_default() += count;
         }
         events
     }

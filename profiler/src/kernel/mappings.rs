@@ -93,6 +93,16 @@ pub(super) struct MappingProbes {
 }
 
 impl MappingProbes {
+    /// Per process, the perf events its mapping probes put on its main
+    /// thread (those not in uprobe_multi links).
+    pub(super) fn task_events(&self) -> impl Iterator<Item = (u32, usize)> + '_ {
+        self.links.iter().filter_map(|(&pid, links)| {
+            let all = links.libc.iter().chain(&links.loader).flatten();
+            let perf = all.filter(|l| matches!(l, MappingLink::Perf(..))).count();
+            (perf > 0).then_some((pid, perf))
+        })
+    }
+
     /// The ids of the programs loaded for links, which are memprobe's own.
     pub fn program_ids(&self) -> Vec<u32> {
         self.multi
