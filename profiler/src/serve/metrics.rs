@@ -96,9 +96,10 @@ fn exposition(published: &Published, resident_bytes: Option<u64>) -> String {
     if !published.hit_costs.is_empty() {
         let _ = writeln!(
             text,
-            "# HELP memprobe_probe_hit_cost_seconds Time one probe hit adds, by kind (a context \
-             switch per perf event on the thread, for switch_per_perf_event), as last \
-             measured on this host.\n# TYPE memprobe_probe_hit_cost_seconds gauge"
+            "# HELP memprobe_probe_hit_cost_seconds Time one probe hit adds, by kind (for \
+             switch_of_thread_with_perf_events, a context switch of a thread carrying any; \
+             for switch_per_perf_event, the same more per event), as last measured on this \
+             host.\n# TYPE memprobe_probe_hit_cost_seconds gauge"
         );
         for (kind, seconds) in &published.hit_costs {
             let _ = writeln!(

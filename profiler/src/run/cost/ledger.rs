@@ -1,6 +1,9 @@
 //! The probes' hits and samples, priced as they come (each tick's at the
 //! costs of its time), per probe, per process and per task switch.
-use std::{collections::HashMap, time::Duration};
+use std::{
+    collections::HashMap,
+    time::{Duration, Instant},
+};
 
 use crate::{
     kernel::{AttachedProbe, KernelProbes, ProbeSamples, Scope},
@@ -38,11 +41,24 @@ pub struct CostLedger {
 /// A main thread's context switches while perf events were on it.
 #[derive(Clone, Copy, Debug, Default)]
 struct TaskSwitches {
-    /// Its count of switches when last read.
+    /// Its count of switches when last read, and when that was (none once
+    /// its process ended).
     read: u64,
+    at: Option<Instant>,
+    /// Switches a second between the last two readings, and their price.
+    rate: f64,
+    per_switch: Duration,
     /// Switches since the events were first seen on it.
     counted: u64,
     added: Duration,
+}
+
+impl TaskSwitches {
+    fn add(&mut self, switches: u64) {
+        let times = u32::try_from(switches).unwrap_or(u32::MAX);
+        self.added += self.per_switch.saturating_mul(times);
+        self.counted += switches;
+    }
 }
 
 impl CostLedger {
@@ -50,7 +66,8 @@ impl CostLedger {
     /// whose returns another process's probes began to force since then.
     pub fn update(&mut self, model: &CostModel, probes: &KernelProbes) -> Vec<usize> {
         let events = probes.task_events();
-        self.record_switches(model, &events, crate::proc::main_thread_switches);
+        let read_switches = crate::proc::main_thread_switches;
+        self.record_switches(model, &events, read_switches, Instant::now());
         self.record(
             model,
             &probes.attached,
@@ -60,31 +77,52 @@ impl CostLedger {
     }
 
     /// Prices the context switches of each main thread that carries
-    /// `events` perf events since the last update (`read_switches` counts
-    /// a process's); a thread's first reading only starts its count.
+    /// `events` perf events since the last update, read `now`
+    /// (`read_switches` counts a process's); a thread's first reading only
+    /// starts its count.
     fn record_switches(
         &mut self,
         model: &CostModel,
         events: &HashMap<u32, usize>,
         read_switches: impl Fn(u32) -> Option<u64>,
+        now: Instant,
     ) {
         for (&pid, &count) in events {
-            let Some(now) = read_switches(pid) else {
+            let per_switch =
+                model.switch_per_thread + model.switch_per_event.saturating_mul(count as u32);
+            let ended = |task: &TaskSwitches| task.at.is_none();
+            if self.switches.get(&pid).is_some_and(ended) {
+                continue;
+            }
+            let Some(read) = read_switches(pid) else {
                 continue;
             };
-            let Some(task) = self.switches.get_mut(&pid) else {
-                let first = TaskSwitches {
-                    read: now,
-                    ..Default::default()
+            let task = self.switches.entry(pid).or_default();
+            if let Some(at) = task.at {
+                let new = read.saturating_sub(task.read);
+                let seconds = now.saturating_duration_since(at).as_secs_f64();
+                task.rate = if seconds > 0.0 {
+                    new as f64 / seconds
+                } else {
+                    0.0
                 };
-                self.switches.insert(pid, first);
-                continue;
-            };
-            let new = now.saturating_sub(task.read);
-            let per_switch = model.switch_per_event.saturating_mul(count as u32);
-            task.added += per_switch.saturating_mul(new.min(u32::MAX as u64) as u32);
-            task.counted += new;
-            task.read = now;
+                task.add(new);
+            }
+            (task.read, task.at, task.per_switch) = (read, Some(now), per_switch);
+        }
+    }
+
+    /// Prices the switches of `pid`'s main thread between its last reading
+    /// and its end, `now`, which /proc can no longer count (up to a tick's,
+    /// a fifth of a five-second run): at the rate between its last two
+    /// readings.
+    pub fn process_ended(&mut self, pid: u32, now: Instant) {
+        let Some(task) = self.switches.get_mut(&pid) else {
+            return;
+        };
+        if let Some(at) = task.at.take() {
+            let seconds = now.saturating_duration_since(at).as_secs_f64();
+            task.add((task.rate * seconds) as u64);
         }
     }
 
@@ -261,6 +299,7 @@ mod tests {
         return_half: Duration::from_nanos(263),
         forced_return: Duration::from_nanos(201),
         endbr64: Duration::from_nanos(9_000),
+        switch_per_thread: Duration::from_nanos(600),
         switch_per_event: Duration::from_nanos(150),
         measured: true,
     };
@@ -295,8 +334,8 @@ mod tests {
         assert_eq!(
             model.to_string(),
             "per hit, measured on this host: 0.41 µs emulated (0.37 µs a free), 10.0 µs \
-             single-stepped, 0.26 µs return, 0.20 µs a forced return; 0.15 µs a context \
-             switch per perf event"
+             single-stepped, 0.26 µs return, 0.20 µs a forced return; a context switch \
+             0.60 µs and 0.15 µs per perf event"
         );
     }
 
@@ -370,31 +409,45 @@ mod tests {
         );
     }
 
-    /// A main thread's switches are priced per perf event on it, from its
-    /// first reading on, and count in its process's added time.
+    /// A main thread's switches are priced for the thread and per perf
+    /// event on it, from its first reading on, and count in its process's
+    /// added time; those after its last reading, at its end, at the rate
+    /// before.
     #[test]
-    fn context_switches_are_priced_per_perf_event() {
+    fn context_switches_are_priced_for_the_thread_and_per_perf_event() {
         let probes = [probe("free", true, ReturnHalf::None)];
         let mut ledger = CostLedger::default();
         let events = HashMap::from([(1, 4)]);
         let switches = std::cell::Cell::new(1_000);
         let read = |_| Some(switches.get());
-        ledger.record_switches(&MODEL, &events, read);
+        let start = Instant::now();
+        let at = |seconds| start + Duration::from_secs(seconds);
+        ledger.record_switches(&MODEL, &events, read, at(0));
         assert_eq!(ledger.switch_costs(), (0, Duration::ZERO));
         let before = ledger.clone();
         switches.set(1_500);
-        ledger.record_switches(&MODEL, &events, read);
+        ledger.record_switches(&MODEL, &events, read, at(1));
         ledger.record(&MODEL, &probes, (&[10], &[]), &[Some(false)]);
-        let added = Duration::from_nanos(500 * 4 * 150);
+        let per_switch = 600 + 4 * 150;
+        let added = Duration::from_nanos(500 * per_switch);
         assert_eq!(ledger.switch_costs(), (500, added));
         assert_eq!(ledger.since(&before).switch_costs(), (500, added));
         let process = ledger.per_process(&probes)[&1];
         assert_eq!(process.0, 10);
         let probe_time = Duration::from_nanos(371 * 10);
         assert!((process.1 - (added + probe_time).as_secs_f64()).abs() < 1e-12);
-        // A process gone keeps what it added.
-        ledger.record_switches(&MODEL, &events, |_| None);
+        // Gone: /proc no longer counts; its end, half a second on, adds
+        // 500 a second for that half second, once.
+        ledger.record_switches(&MODEL, &events, |_| None, at(2));
         assert_eq!(ledger.switch_costs(), (500, added));
+        let end = at(1) + Duration::from_millis(500);
+        ledger.process_ended(1, end);
+        ledger.process_ended(1, at(3));
+        let with_tail = Duration::from_nanos(750 * per_switch);
+        assert_eq!(ledger.switch_costs(), (750, with_tail));
+        // Its pid read again (the events not yet gone) adds nothing.
+        ledger.record_switches(&MODEL, &events, read, at(4));
+        assert_eq!(ledger.switch_costs(), (750, with_tail));
     }
 
     /// `/metrics` names a switch's price only where one was timed.
@@ -404,7 +457,9 @@ mod tests {
             model.measured_kinds().into_iter().map(|(k, _)| k).collect()
         };
         assert!(kinds(MODEL).contains(&"switch_per_perf_event"));
+        assert!(kinds(MODEL).contains(&"switch_of_thread_with_perf_events"));
         let untimed = CostModel {
+            switch_per_thread: Duration::ZERO,
             switch_per_event: Duration::ZERO,
             ..MODEL
         };

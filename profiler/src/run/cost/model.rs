@@ -28,11 +28,13 @@ pub struct CostModel {
     /// A probe on `endbr64`, where CET builds start each function: probes
     /// go past it where the placement rules allow (entry-only ones).
     pub endbr64: Duration,
-    /// A context switch of a thread, for each perf event on it: where the
-    /// kernel does not filter uprobe_multi links by process (before 6.10)
-    /// probes are perf events bound to the profiled process's main thread,
-    /// which the kernel switches with it every time it is switched, hit or
-    /// not.
+    /// A context switch of a thread carrying perf events, whatever their
+    /// number: where the kernel does not filter uprobe_multi links by
+    /// process (before 6.10) probes are perf events bound to the profiled
+    /// process's main thread, which the kernel switches with it every time
+    /// it is switched, hit or not.
+    pub switch_per_thread: Duration,
+    /// The same, more for each perf event on the thread.
     pub switch_per_event: Duration,
     /// Whether these were measured on this host.
     pub measured: bool,
@@ -47,7 +49,8 @@ impl Default for CostModel {
             return_half: Duration::from_nanos(310),
             forced_return: Duration::from_nanos(310),
             endbr64: Duration::from_nanos(10_000),
-            switch_per_event: Duration::from_nanos(500),
+            switch_per_thread: Duration::from_nanos(900),
+            switch_per_event: Duration::from_nanos(200),
             measured: false,
         }
     }
@@ -55,8 +58,9 @@ impl Default for CostModel {
 
 impl std::fmt::Display for CostModel {
     /// "per hit, measured here: 0.76 µs emulated (0.76 µs a free), 10.0 µs
-    /// single-stepped, 0.31 µs return, 0.31 µs a forced return; 0.50 µs a
-    /// context switch per perf event" (the last where one was timed).
+    /// single-stepped, 0.31 µs return, 0.31 µs a forced return; a context
+    /// switch 0.90 µs and 0.20 µs per perf event" (the last where one was
+    /// timed).
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let micros = |d: Duration| d.as_secs_f64() * 1e6;
         write!(
@@ -75,8 +79,14 @@ impl std::fmt::Display for CostModel {
             micros(self.forced_return),
         )?;
         if self.switch_timed() {
-            let switch = micros(self.switch_per_event);
-            write!(f, "; {switch:.2} µs a context switch per perf event")?;
+            let (thread, event) = (
+                micros(self.switch_per_thread),
+                micros(self.switch_per_event),
+            );
+            write!(
+                f,
+                "; a context switch {thread:.2} µs and {event:.2} µs per perf event"
+            )?;
         }
         Ok(())
     }
@@ -101,7 +111,12 @@ impl CostModel {
         .into_iter()
         .chain(
             self.switch_timed()
-                .then_some(("switch_per_perf_event", self.switch_per_event)),
+                .then_some([
+                    ("switch_of_thread_with_perf_events", self.switch_per_thread),
+                    ("switch_per_perf_event", self.switch_per_event),
+                ])
+                .into_iter()
+                .flatten(),
         )
         .map(|(kind, cost)| (kind, cost.as_secs_f64()))
         .collect()
@@ -110,7 +125,7 @@ impl CostModel {
     /// Whether a context switch was timed: only where the calibration's
     /// probes were perf events on a thread.
     fn switch_timed(&self) -> bool {
-        !self.switch_per_event.is_zero()
+        !(self.switch_per_thread.is_zero() && self.switch_per_event.is_zero())
     }
 
     /// Per-hit cost of `probe`. A probe kept at the entry for lack of an

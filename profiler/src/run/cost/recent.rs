@@ -59,6 +59,7 @@ impl RecentCosts {
             return_half: mean(|m| m.return_half),
             forced_return: mean(|m| m.forced_return),
             endbr64: mean(|m| m.endbr64),
+            switch_per_thread: mean(|m| m.switch_per_thread),
             switch_per_event: mean(|m| m.switch_per_event),
             measured: true,
         }

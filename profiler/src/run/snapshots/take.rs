@@ -27,6 +27,8 @@ impl Session<'_> {
             return Ok(());
         }
         t.exited = true;
+        // Its last switches, which /proc no longer counts.
+        (self.costs.ledger).process_ended(pid, std::time::Instant::now());
         // Its pid may come back as another program.
         t.stacks.reset_trust();
         self.probes.trust_frame_pointers(pid, false);

@@ -21,10 +21,11 @@
 //! several measurements (`super::recent`).
 //!
 //! Where the probes are perf events bound to the copy's main thread (no
-//! uprobe_multi links filtered by process, before 6.10), a pipe round trip
-//! of that thread is timed against one of another thread's, taking turns
-//! with the kinds: the difference, per perf event, is what the kernel's
-//! switching them with the thread adds to each of its context switches.
+//! uprobe_multi links filtered by process, before 6.10), pipe round trips
+//! of that thread and of a second copy's, with one event, are timed
+//! against another thread's, taking turns with the kinds: what the
+//! kernel's switching the events with the thread adds to each of its
+//! context switches, for the thread and per event ([`switches`]).
 //!
 //! A VM's trap costs drift by 10% within seconds, so each kind has its own
 //! copy of the function, probed throughout, and the kinds take turns in
@@ -45,9 +46,11 @@ use crate::{
 };
 
 mod copy;
+mod switches;
 
 pub use copy::serve_as_target;
 use copy::{BASELINE_COPY, COPY_BYTES, ENDBR64, NOP, RET, Target, target_location};
+use switches::{LoneCopy, SwitchRound};
 
 /// Calls timed per request, by what each one costs.
 const FAST_CALLS: u64 = 10_000;
@@ -61,11 +64,6 @@ const START_ROUNDS: usize = 7;
 const AGAIN_ROUNDS: usize = 3;
 /// Bytes between the pointers a free's timing passes: a small size class.
 const FREE_STRIDE: u64 = 48;
-/// Pipe round trips per timing of a thread's context switches.
-const SWITCH_TRIPS: u64 = 3_000;
-/// How long the CPUs' busy times are looked at to choose where the
-/// switches are timed (/proc/stat counts clock ticks, 10 ms apart).
-const QUIET_LOOK: Duration = Duration::from_millis(50);
 
 /// One kind of probe hit timed: the programs attached (each at its offset
 /// in the target function), calls per round, and the pointers' stride.
@@ -146,7 +144,9 @@ pub fn measure(probes: &mut KernelProbes) -> Result<CostModel, CalibrationError>
         (attached, forcing) = attach_kinds(probes, &executable, offset, pid)?;
     }
     let events = task_events(&attached);
-    let timings = first.and_then(|_| Timings::<START_ROUNDS>::take(&mut target, events));
+    let (attached, mut lone) = with_lone_copy(probes, (&executable, offset), attached, events)?;
+    let timings =
+        first.and_then(|_| Timings::<START_ROUNDS>::take(&mut target, lone.as_mut(), events));
     detach_kinds(probes, attached);
     Ok(timings?.model(forcing))
 }
@@ -172,9 +172,10 @@ impl Remeasurement {
         let pid = target.child.id();
         let (attached, forcing) = attach_kinds(probes, &executable, offset, pid)?;
         let events = task_events(&attached);
+        let (attached, mut lone) = with_lone_copy(probes, (&executable, offset), attached, events)?;
         let timing = std::thread::spawn(move || {
             target.wait_ready()?;
-            Timings::take(&mut target, events)
+            Timings::take(&mut target, lone.as_mut(), events)
         });
         Ok(Self {
             attached,
@@ -202,22 +203,32 @@ impl Remeasurement {
 
 /// Nanoseconds per call: of the unprobed copy with a null argument and
 /// with a free's pointers, and of each kind (a row) in each round (a
-/// column); with the perf events on the copy's main thread, each round's
-/// added nanoseconds per round trip of that thread.
+/// column); with `events` perf events on the copy's main thread (and the
+/// lone copy's), what each round's switches added.
 struct Timings<const ROUNDS: usize> {
     baseline: f64,
     pointers_baseline: f64,
     rounds: [[f64; ROUNDS]; KINDS.len()],
     events: usize,
-    switches: [f64; ROUNDS],
+    switches: Option<[SwitchRound; ROUNDS]>,
 }
 
 impl<const ROUNDS: usize> Timings<ROUNDS> {
-    fn take(target: &mut Target, events: usize) -> Result<Self, CalibrationError> {
+    fn take(
+        target: &mut Target,
+        lone: Option<&mut LoneCopy>,
+        events: usize,
+    ) -> Result<Self, CalibrationError> {
         let baseline = target.time(BASELINE_CALLS, 0, BASELINE_COPY)?;
         let pointers_baseline = target.time(BASELINE_CALLS, FREE_STRIDE, BASELINE_COPY)?;
-        let switches_on = (events > 0).then(|| switch_cpu(target));
-        let (rounds, switches) = time_rounds(target, switches_on)?;
+        let switches = match lone {
+            Some(lone) => {
+                lone.target.wait_ready()?;
+                Some((lone, switches::switch_cpu(target)))
+            }
+            None => None,
+        };
+        let (rounds, switches) = time_rounds(target, switches)?;
         Ok(Self {
             baseline,
             pointers_baseline,
@@ -247,12 +258,19 @@ impl<const ROUNDS: usize> Timings<ROUNDS> {
             return_half: nanos(over_emulated(WITH_RETURN)),
             forced_return: nanos(over_emulated(forced)),
             endbr64: nanos(added(ON_ENDBR64, self.baseline)),
-            switch_per_event: match self.events {
-                0 => Duration::ZERO,
-                events => nanos(median(self.switches) / events as f64),
-            },
+            switch_per_thread: self.switch_price(|(thread, _)| thread),
+            switch_per_event: self.switch_price(|(_, event)| event),
             measured: true,
         }
+    }
+
+    /// One part of a switch's price ([`switches::prices`]): none where no
+    /// switch was timed.
+    fn switch_price(&self, part: fn((f64, f64)) -> f64) -> Duration {
+        self.switches.map_or(Duration::ZERO, |rounds| {
+            let ns = part(switches::prices(&rounds, self.events));
+            Duration::from_nanos(ns.max(1.0) as u64)
+        })
     }
 }
 
@@ -287,6 +305,30 @@ fn attach_kinds(
     Ok((attached, forcing))
 }
 
+/// Where the kinds' probes, `attached`, put more than one perf event on
+/// the copy's main thread: the lone copy started, its probe joining them
+/// ([`switches`]). On failure, all of them detached.
+fn with_lone_copy(
+    probes: &mut KernelProbes,
+    (executable, offset): (&Path, u64),
+    mut attached: Vec<CalibrationProbes>,
+    events: usize,
+) -> Result<(Vec<CalibrationProbes>, Option<LoneCopy>), CalibrationError> {
+    if events <= 1 {
+        return Ok((attached, None));
+    }
+    match LoneCopy::start(probes, executable, offset) {
+        Ok((copy, probe)) => {
+            attached.push(probe);
+            Ok((attached, Some(copy)))
+        }
+        Err(error) => {
+            detach_kinds(probes, attached);
+            Err(error)
+        }
+    }
+}
+
 /// The perf events the kinds' probes put on the copy's main thread.
 fn task_events(attached: &[CalibrationProbes]) -> usize {
     attached.iter().map(CalibrationProbes::task_events).sum()
@@ -298,42 +340,26 @@ fn detach_kinds(probes: &mut KernelProbes, attached: Vec<CalibrationProbes>) {
     }
 }
 
-/// Where the switches are timed: the copy's quietest CPU, else the one
-/// memprobe runs on.
-fn switch_cpu(target: &Target) -> usize {
-    target.quietest_cpu(QUIET_LOOK).unwrap_or_else(|| {
-        // SAFETY: sched_getcpu takes nothing and only answers.
-        usize::try_from(unsafe { libc::sched_getcpu() }).unwrap_or(0)
-    })
-}
-
 /// Nanoseconds per call of each kind (a row) in each round (a column),
-/// the kinds taking turns within a round; with switches timed (on the CPU
-/// given), what a round trip of the main thread took in each round over
-/// one of another thread.
-type Rounds<const ROUNDS: usize> = ([[f64; ROUNDS]; KINDS.len()], [f64; ROUNDS]);
+/// the kinds taking turns within a round; with the lone copy (switches
+/// timed on the CPU given), what each round's switches added.
+type Rounds<const ROUNDS: usize> = ([[f64; ROUNDS]; KINDS.len()], Option<[SwitchRound; ROUNDS]>);
 
 fn time_rounds<const ROUNDS: usize>(
     target: &mut Target,
-    switches_on: Option<usize>,
+    mut switches: Option<(&mut LoneCopy, usize)>,
 ) -> Result<Rounds<ROUNDS>, CalibrationError> {
     let mut rounds = [[0.0; ROUNDS]; KINDS.len()];
-    let mut added = [0.0; ROUNDS];
+    let mut added = [SwitchRound::default(); ROUNDS];
     for round in 0..ROUNDS {
         for (copy, (kind, times)) in KINDS.iter().zip(rounds.iter_mut()).enumerate() {
             times[round] = target.time(kind.calls, kind.stride, copy)?;
         }
-        if let Some(cpu) = switches_on {
-            // Other, main, main, other: a drift of the host's speed within
-            // the round cancels out.
-            let mut time = |on_main| target.time_switches(SWITCH_TRIPS, on_main, cpu);
-            let other = time(false)?;
-            let main = time(true)? + time(true)?;
-            let other = other + time(false)?;
-            added[round] = ((main - other) / 2.0).max(0.0);
+        if let Some((lone, cpu)) = &mut switches {
+            added[round] = switches::time_round(target, lone, *cpu)?;
         }
     }
-    Ok((rounds, added))
+    Ok((rounds, switches.map(|_| added)))
 }
 
 /// The middle value (the upper of the two middle ones for an even count).
