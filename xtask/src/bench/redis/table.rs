@@ -43,7 +43,7 @@ fn table_row(row: &Row) -> String {
         (value(&runs(a)) + value(&runs(b))) / 2.0
     };
     format!(
-        "| {} | {:.0} ({:.1}%) | {:.2} ({:.2}) | {cpu} | {:.0} ({:.0}) | {} | {} | {:.3} ({:.3}): {:.2}x |\n",
+        "| {} | {:.0} ({:.1}%) | {:.2} ({:.2}) | {cpu} | {:.0} ({:.0}) | {} | {} | {:.3} ({:.3}): {} |\n",
         row.label,
         mean(Runs::rate, Half::with),
         100.0 * ratio(Runs::rate),
@@ -55,16 +55,28 @@ fn table_row(row: &Row) -> String {
         own(row),
         mean(Runs::p99_ms, Half::with),
         mean(Runs::p99_ms, Half::without),
-        ratio(Runs::p99_ms),
+        per_round_ratio(row, Runs::p99_ms),
     )
 }
 
-/// redis-server's CPU per request with against without: the mean of the
-/// rounds' ratios, with a 95% interval where there are enough rounds.
+/// redis-server's CPU per request with against without (see
+/// [`per_round_ratio`]).
 pub(super) fn cpu_per_request(row: &Row) -> String {
+    per_round_ratio(row, |runs| runs.cpu)
+}
+
+/// A figure of the runs with against without: the geometric mean of the
+/// rounds' ratios, with a 95% interval where there are enough rounds (for
+/// p99 latency, whose runs' values wander more than their CPU, the
+/// interval says whether a difference is there at all).
+fn per_round_ratio(row: &Row, value: fn(&Runs) -> f64) -> String {
     let [a, b] = &row.halves;
     let log_ratios = |h: &Half| -> Vec<f64> {
-        let ratio = |r: &Round| (r.with.cpu / r.without.cpu.max(1e-12)).max(1e-12).ln();
+        let ratio = |r: &Round| {
+            (value(&r.with) / value(&r.without).max(1e-12))
+                .max(1e-12)
+                .ln()
+        };
         h.rounds.iter().map(ratio).collect()
     };
     let (log_cpu, margin) = mean_and_margin([&log_ratios(a), &log_ratios(b)]);
