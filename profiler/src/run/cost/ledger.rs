@@ -98,6 +98,8 @@ impl CostLedger {
                 continue;
             };
             let task = self.switches.entry(pid).or_default();
+            // At the costs of now, as hits are.
+            task.per_switch = per_switch;
             if let Some(at) = task.at {
                 let new = read.saturating_sub(task.read);
                 let seconds = now.saturating_duration_since(at).as_secs_f64();
@@ -108,7 +110,7 @@ impl CostLedger {
                 };
                 task.add(new);
             }
-            (task.read, task.at, task.per_switch) = (read, Some(now), per_switch);
+            (task.read, task.at) = (read, Some(now));
         }
     }
 
