@@ -362,10 +362,11 @@ fn time_rounds<const ROUNDS: usize>(
     Ok((rounds, switches.map(|_| added)))
 }
 
-/// The middle value (the upper of the two middle ones for an even count).
+/// The middle value (the upper of the two middle ones for an even count;
+/// 0 of none).
 fn median<const N: usize>(mut values: [f64; N]) -> f64 {
     values.sort_by(f64::total_cmp);
-    values[N / 2]
+    values.get(N / 2).copied().unwrap_or(0.0)
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@
 //! the difference between the two is the events', the rest the thread's.
 use std::{path::Path, time::Duration};
 
-use super::{CalibrationError, EMULATED, KINDS, copy::COPY_BYTES, copy::Target};
+use super::{CalibrationError, EMULATED, KINDS, copy::COPY_BYTES, copy::Target, median};
 use crate::kernel::{CalibrationProbes, KernelProbes};
 
 /// Pipe round trips per timing of a thread's context switches.
@@ -86,24 +86,11 @@ pub(super) fn time_round(
 /// A switch's price for the thread and per event, from rounds timed with
 /// `events` events on the kinds' copy (more than one): each the median of
 /// its rounds' values.
-pub(super) fn prices(rounds: &[SwitchRound], events: usize) -> (f64, f64) {
+pub(super) fn prices<const N: usize>(rounds: &[SwitchRound; N], events: usize) -> (f64, f64) {
     let others = events.saturating_sub(1).max(1) as f64;
-    let per_event: Vec<f64> = rounds
-        .iter()
-        .map(|r| ((r.many - r.one) / others).max(0.0))
-        .collect();
-    let per_thread: Vec<f64> = rounds
-        .iter()
-        .zip(&per_event)
-        .map(|(r, event)| (r.one - event).max(0.0))
-        .collect();
+    let per_event = rounds.map(|r| ((r.many - r.one) / others).max(0.0));
+    let per_thread: [f64; N] = std::array::from_fn(|i| (rounds[i].one - per_event[i]).max(0.0));
     (median(per_thread), median(per_event))
-}
-
-/// The middle value (the upper of the two middle ones for an even count).
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values.get(values.len() / 2).copied().unwrap_or(0.0)
 }
 
 #[cfg(test)]
