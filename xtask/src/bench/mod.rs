@@ -189,6 +189,8 @@ pub enum Part {
     /// redis-server under pipelined SET/GET of 3-byte values alone: a
     /// server kept busy, where the traps' indirect costs show.
     RedisPipelined,
+    /// redis-server's request latency under SET/GET sent at a fixed rate.
+    RedisLatency,
     /// Offline reports of a large profile.
     Offline,
     /// An mmap/munmap loop: what tracing mappings costs.
@@ -261,14 +263,17 @@ pub fn bench(only: Option<Part>) -> Result<()> {
         Some(Part::RedisPipelined) => &redis::LOADS[4..5],
         Some(_) => &[],
     };
+    let latency = runs(Part::RedisLatency);
+    if places.is_none() && (!loads.is_empty() || latency) {
+        let malloc_loop = build_loop(&out, "malloc_loop", &["-ljemalloc"])?;
+        places = Some(floor::memprobe_places(
+            &memprobe,
+            &malloc_loop,
+            LIBJEMALLOC,
+        )?);
+    }
+    let places = places.unwrap_or_default();
     if !loads.is_empty() {
-        let places = match places {
-            Some(places) => places,
-            None => {
-                let malloc_loop = build_loop(&out, "malloc_loop", &["-ljemalloc"])?;
-                floor::memprobe_places(&memprobe, &malloc_loop, LIBJEMALLOC)?
-            }
-        };
         for &load in loads {
             eprintln!(
                 "bench: redis-server under redis-benchmark {}, {}-byte values, pipelining {}",
@@ -277,6 +282,11 @@ pub fn bench(only: Option<Part>) -> Result<()> {
             let redis = redis_bench(&memprobe, &profiles_dir, &places, load)?;
             results.add(&redis_table(&redis))?;
         }
+    }
+    if latency {
+        eprintln!("bench: redis-server's latency under SET/GET at a fixed rate");
+        let latency = redis::redis_latency(&memprobe, &profiles_dir, &places)?;
+        results.add(&redis::latency_table(&latency))?;
     }
     if runs(Part::Offline) {
         eprintln!("bench: offline reports of a large program's profile");

@@ -22,9 +22,14 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
+mod latency;
+mod open_loop;
 mod table;
+mod twins;
+pub(super) use latency::{latency_table, redis_latency};
 use table::cpu_per_request;
 pub(super) use table::redis_table;
+use twins::{Server, Twins, crossover};
 
 use super::{
     Usage,
@@ -299,14 +304,6 @@ pub(super) const LOADS: [Load; 5] = [
     },
 ];
 
-/// A redis-server under load.
-#[derive(Clone, Copy)]
-struct Server {
-    pid: u32,
-    port: &'static str,
-    load: Load,
-}
-
 /// Twin redis-servers started afresh, filled, and measured under `load`
 /// without memprobe, with the two-trap floor and with memprobe in each mode.
 pub(super) fn redis_bench(
@@ -315,91 +312,46 @@ pub(super) fn redis_bench(
     places: &[Place],
     load: Load,
 ) -> Result<RedisResult> {
-    let mut children = Vec::new();
-    let result = (|| {
-        let mut twins = Vec::new();
-        for port in ["6399", "6400"] {
-            let child = start_server(port)?;
-            let server = Server {
-                pid: child.id(),
-                port,
-                load,
-            };
-            children.push(child);
-            fill(server)?;
-            twins.push(server);
-        }
-        let twins = [twins[0], twins[1]];
-        let mut unprofiled = Half::default();
-        in_turn(twins, &mut unprofiled, None)?;
-        let mut rows = Vec::new();
-        let measured = |rows: &mut Vec<Row>, label, halves| {
-            let row = Row { label, halves };
-            eprintln!(
-                "bench:   {label}: CPU per request {}",
-                cpu_per_request(&row)
-            );
-            rows.push(row);
-        };
-        let halves = floor_halves(twins, |pid| Floor::attach(pid, places))?;
-        measured(&mut rows, FLOOR, halves);
-        let halves = floor_halves(twins, |pid| OneTrap::attach(pid, &places[1]))?;
-        measured(&mut rows, ONE_TRAP, halves);
-        for (label, flags, timed) in MODES {
-            let halves = crossover(twins, |pair, half| {
-                attached_half(memprobe, profiles_dir, pair, (flags, timed), true, half)
-            })?;
-            measured(&mut rows, label, halves);
-        }
-        for (label, timed) in AGAINST_FLOOR {
-            let halves = crossover(twins, |pair, half| {
-                let floor = OneTrap::attach(pair[1].pid, &places[1])?;
-                // Not its report: that includes the frees the floor pays.
-                attached_half(memprobe, profiles_dir, pair, (&[], timed), false, half)?;
-                if floor.hits()? == 0 {
-                    bail!("the floor beside memprobe counted no hit in redis-server");
-                }
-                Ok(())
-            })?;
-            measured(&mut rows, label, halves);
-        }
-        Ok(RedisResult {
-            load,
-            unprofiled,
-            rows,
-        })
-    })();
-    for mut child in children {
-        let _ = child.kill();
-        let _ = child.wait();
+    let running = Twins::start(load)?;
+    let twins = running.servers;
+    let mut unprofiled = Half::default();
+    in_turn(twins, &mut unprofiled, None)?;
+    let mut rows = Vec::new();
+    let measured = |rows: &mut Vec<Row>, label, halves| {
+        let row = Row { label, halves };
+        eprintln!(
+            "bench:   {label}: CPU per request {}",
+            cpu_per_request(&row)
+        );
+        rows.push(row);
+    };
+    let halves = floor_halves(twins, |pid| Floor::attach(pid, places))?;
+    measured(&mut rows, FLOOR, halves);
+    let halves = floor_halves(twins, |pid| OneTrap::attach(pid, &places[1]))?;
+    measured(&mut rows, ONE_TRAP, halves);
+    for (label, flags, timed) in MODES {
+        let halves = crossover(twins, |pair, half| {
+            attached_half(memprobe, profiles_dir, pair, (flags, timed), true, half)
+        })?;
+        measured(&mut rows, label, halves);
     }
-    result
-}
-
-/// redis-server on CPU 0 (redis-benchmark runs on the other: neither takes
-/// the other's time).
-fn start_server(port: &str) -> Result<Child> {
-    let child = Command::new("taskset")
-        .args(["-c", "0", "redis-server"])
-        .args(["--port", port, "--save", "", "--appendonly", "no"])
-        .args(["--bind", "127.0.0.1"])
-        .stdout(Stdio::null())
-        .spawn()
-        .context("starting redis-server")?;
-    std::thread::sleep(Duration::from_millis(500));
-    Ok(child)
-}
-
-/// Both halves of a crossover: `measure` with something attached to the
-/// first twin of the pair, then with the twins' roles swapped.
-fn crossover(
-    [a, b]: [Server; 2],
-    mut measure: impl FnMut([Server; 2], &mut Half) -> Result<()>,
-) -> Result<[Half; 2]> {
-    let mut halves = [Half::default(), Half::default()];
-    measure([a, b], &mut halves[0])?;
-    measure([b, a], &mut halves[1])?;
-    Ok(halves)
+    for (label, timed) in AGAINST_FLOOR {
+        let halves = crossover(twins, |pair, half| {
+            let floor = OneTrap::attach(pair[1].pid, &places[1])?;
+            // Not its report: that includes the frees the floor pays.
+            attached_half(memprobe, profiles_dir, pair, (&[], timed), false, half)?;
+            if floor.hits()? == 0 {
+                bail!("the floor beside memprobe counted no hit in redis-server");
+            }
+            Ok(())
+        })?;
+        measured(&mut rows, label, halves);
+    }
+    Ok(RedisResult {
+        load,
+        unprofiled,
+        rows,
+    })
 }
 
 /// Both halves of a crossover with a floor's probes (`attach`ed to a pid)
@@ -434,25 +386,6 @@ fn in_turn(pair: [Server; 2], half: &mut Half, until: Option<Instant>) -> Result
             }
         }
         half.rounds.push(round);
-    }
-    Ok(())
-}
-
-/// Sets most of the million keys the measured runs use (with pipelining,
-/// in seconds): without this the first runs would find fewer keys to
-/// replace, and free less, than the later ones.
-fn fill(server: Server) -> Result<()> {
-    let status = Command::new("taskset")
-        .args(["-c", "1", "redis-benchmark", "-h", "127.0.0.1"])
-        .args(["-p", server.port])
-        .args(["-t", "set", "-n", "3000000", "-r", "1000000"])
-        .args(["-d", &server.load.value_bytes.to_string()])
-        .args(["-P", "16", "-q"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()?;
-    if !status.success() {
-        bail!("redis-benchmark could not fill redis-server");
     }
     Ok(())
 }

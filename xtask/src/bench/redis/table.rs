@@ -141,7 +141,7 @@ fn added(row: &Row) -> String {
 /// values shifted alike by what differs between the twins (so the halves
 /// are centred on their own means to judge the spread), and the margin of
 /// a 95% interval around it: None with fewer than three rounds.
-fn mean_and_margin([a, b]: [&[f64]; 2]) -> (f64, Option<f64>) {
+pub(super) fn mean_and_margin([a, b]: [&[f64]; 2]) -> (f64, Option<f64>) {
     let average = |values: &[f64]| values.iter().sum::<f64>() / values.len().max(1) as f64;
     let (mean_a, mean_b) = (average(a), average(b));
     let mean = (mean_a + mean_b) / 2.0;
