@@ -11,7 +11,7 @@ use anyhow::{Result, bail};
 use super::{
     LOADS,
     open_loop::{Schedule, fixed_rate},
-    table::mean_and_margin,
+    table::geometric_mean_ratio,
     twins::{Server, Twins, crossover},
 };
 use crate::bench::{
@@ -186,16 +186,7 @@ fn ratio(halves: &[Vec<Round>; 2], figure: impl Fn(&Figures) -> f64) -> String {
             .map(f64::ln)
             .collect()
     };
-    let (mean, margin) = mean_and_margin([&log_ratios(&halves[0]), &log_ratios(&halves[1])]);
-    match margin {
-        Some(m) => format!(
-            "{:.2}x ({:.2}x to {:.2}x)",
-            mean.exp(),
-            (mean - m).exp(),
-            (mean + m).exp()
-        ),
-        None => format!("{:.2}x", mean.exp()),
-    }
+    geometric_mean_ratio([&log_ratios(&halves[0]), &log_ratios(&halves[1])])
 }
 
 /// docs/overhead.md's latency table.

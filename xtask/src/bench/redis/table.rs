@@ -79,15 +79,22 @@ fn per_round_ratio(row: &Row, value: fn(&Runs) -> f64) -> String {
         };
         h.rounds.iter().map(ratio).collect()
     };
-    let (log_cpu, margin) = mean_and_margin([&log_ratios(a), &log_ratios(b)]);
+    geometric_mean_ratio([&log_ratios(a), &log_ratios(b)])
+}
+
+/// The geometric mean of ratios measured round by round in two halves
+/// (given as their logarithms), with a 95% interval where the rounds
+/// allow one.
+pub(super) fn geometric_mean_ratio(log_ratios: [&[f64]; 2]) -> String {
+    let (mean, margin) = mean_and_margin(log_ratios);
     match margin {
         Some(m) => format!(
             "{:.2}x ({:.2}x to {:.2}x)",
-            log_cpu.exp(),
-            (log_cpu - m).exp(),
-            (log_cpu + m).exp()
+            mean.exp(),
+            (mean - m).exp(),
+            (mean + m).exp()
         ),
-        None => format!("{:.2}x", log_cpu.exp()),
+        None => format!("{:.2}x", mean.exp()),
     }
 }
 
@@ -141,7 +148,7 @@ fn added(row: &Row) -> String {
 /// values shifted alike by what differs between the twins (so the halves
 /// are centred on their own means to judge the spread), and the margin of
 /// a 95% interval around it: None with fewer than three rounds.
-pub(super) fn mean_and_margin([a, b]: [&[f64]; 2]) -> (f64, Option<f64>) {
+fn mean_and_margin([a, b]: [&[f64]; 2]) -> (f64, Option<f64>) {
     let average = |values: &[f64]| values.iter().sum::<f64>() / values.len().max(1) as f64;
     let (mean_a, mean_b) = (average(a), average(b));
     let mean = (mean_a + mean_b) / 2.0;
