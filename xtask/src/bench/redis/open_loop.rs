@@ -76,7 +76,14 @@ pub(super) fn fixed_rate(port: &str, schedule: Schedule) -> Result<Latencies> {
             read_replies(reader, &due, connection, count)
         }));
     }
-    let sent = send(&mut writers, &due, start, Requests::new(schedule));
+    // On a thread of its own: its CPU and timer slack must not pass to the
+    // caller, and from it to the processes the caller starts (memprobe).
+    let sent = std::thread::scope(|scope| {
+        scope
+            .spawn(|| send(&mut writers, &due, start, Requests::new(schedule)))
+            .join()
+            .unwrap_or_else(|_| Err(anyhow::anyhow!("the request sender panicked")))
+    });
     let mut latencies = Vec::with_capacity(due.len());
     for reader in readers {
         let arrivals = reader
