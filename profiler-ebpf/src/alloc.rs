@@ -237,8 +237,11 @@ fn send_alloc(
             return true;
         }
         // Busy: a small copy still unwinds the frames nearest the call,
-        // until the ring is three quarters full.
-        if queued <= busy_bytes + busy_bytes / 2
+        // until the ring is three quarters full. A call sampled past its
+        // entry (the slow path's big requests) takes one while the ring
+        // has room: its frame-pointer walk starts inside an allocator
+        // built without them and names no caller, and such calls are few.
+        if (thread.past_entry || queued <= busy_bytes + busy_bytes / 2)
             && send_with_stack::<SMALL_STACK_COPY_BYTES>(ctx, thread, call)
         {
             count(Counter::SmallStackCopies);

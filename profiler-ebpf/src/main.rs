@@ -252,6 +252,11 @@ pub fn own_sample(ctx: ProbeContext) -> u32 {
     let Some(thread) = Thread::current() else {
         return 0;
     };
+    // Deep inside jemalloc: a frame-pointer walk from here names no caller.
+    let thread = Thread {
+        past_entry: true,
+        ..thread
+    };
     count_hit(&ctx);
     let args = Args::of(&ctx);
     let (ptr, usable) = (args.arg(1), args.arg(3));

@@ -128,9 +128,10 @@ pub(crate) struct Thread {
     pub(crate) id: u64,
     pub(crate) state: *mut ThreadState,
     /// Whether the probe is past the entry of the call the program made
-    /// (jemalloc's slow path, inside `malloc` or `operator new`): the
-    /// program's last frame is then not at the stack's top, and frame
-    /// pointers, which a call's entry leaves for its caller, miss it.
+    /// (jemalloc's slow path or its own sampler, inside `malloc` or
+    /// `operator new`): the program's last frame is then not at the
+    /// stack's top, and frame pointers, which a call's entry leaves for
+    /// its caller, miss it. Such samples always want a stack copy.
     pub(crate) past_entry: bool,
 }
 

@@ -136,15 +136,21 @@ fn jvm_with_jemalloc_preloaded_sees_direct_buffers() {
 /// The sites fixture's kept sites, read by jeprof; `what` prefixes messages.
 fn assert_sites_kept(binary: &std::path::Path, heap: &std::path::Path, what: &str) {
     let inuse = jeprof_text(binary, heap, "--inuse_space");
+    let site = |name: &str| {
+        let heap_text = std::fs::read_to_string(heap).unwrap_or_default();
+        inuse.get(name).copied().unwrap_or_else(|| {
+            panic!("{what}no {name} in jeprof's rows {inuse:?}\nfrom {heap:?}:\n{heap_text}")
+        })
+    };
     assert_within(
         &format!("{what}keep_1m"),
-        inuse["keep_1m"] * MIB,
+        site("keep_1m") * MIB,
         KEEP_1M,
         0.10,
     );
     assert_within(
         &format!("{what}keep_4k"),
-        inuse["keep_4k"] * MIB,
+        site("keep_4k") * MIB,
         KEEP_4K,
         0.10,
     );

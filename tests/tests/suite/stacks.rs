@@ -429,3 +429,36 @@ fn debug_files_inside_a_container_are_read_in_its_root() {
         assert!(bytes as f64 > 0.9 * 2000.0 * 4096.0, "{function}: {folded}");
     }
 }
+
+/// A burst that fills the ring buffer past three quarters while memprobe
+/// is held up (stopped here; a rescan reading a big library did it in
+/// CI) leaves later samples without a stack copy. The slow path's 1 MiB
+/// requests still get a small copy: walked by frame pointers from inside
+/// jemalloc, built without them, they had no caller (keep_1m's 16 MiB
+/// landed under `je_malloc_default` alone).
+#[test]
+fn big_requests_keep_their_callers_when_a_burst_fills_the_ring() {
+    let _guard = shared();
+    let binary = sites_static_fixture();
+    let out = output_dir("ring_burst");
+    let mut fixture = Fixture::start(&binary, &[]);
+    // ~200 samples of keep_4k: 29 full copies fill half of 1 MiB, 82 small
+    // ones the next quarter, the rest (100 KiB) go without; keep_1m's 16
+    // small copies take 51 KiB of the 150 left.
+    let args = ["--sample-interval", "40960", "--ring-buffer", "1MiB"];
+    let args = [&args[..], &["--format", "heap,folded"]].concat();
+    let memprobe = Memprobe::attach(&fixture, &out, &args);
+    memprobe.signal(libc::SIGSTOP);
+    fixture.run_workload();
+    memprobe.signal(libc::SIGCONT);
+    let stderr = memprobe.stop();
+    let heap = heap_files(&out).swap_remove(0);
+    assert!(
+        kernel_drops(&stderr, "sent without a stack copy") > 0,
+        "the ring never passed three quarters: {stderr}"
+    );
+    let folded = std::fs::read_to_string(heap.with_extension("folded")).unwrap();
+    let (at_site, with_caller) = folded_bytes(&folded, "keep_1m", "main;keep_1m");
+    assert_within("keep_1m", at_site as f64, 16.0 * MIB, 0.10);
+    assert_eq!(at_site, with_caller, "{folded}");
+}
