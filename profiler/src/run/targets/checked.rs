@@ -9,7 +9,7 @@ use crate::{
     discover::{Allocator, AllocatorCache, Found, allocators_in_file},
     error::{Error, Result},
     kernel::Scope,
-    proc::{FileId, age, command_name, parse_maps, read_maps},
+    proc::{FileId, ProcessError, age, command_name, has_ended, parse_maps, read_maps},
     run::{
         Session, SessionOptions, Targets,
         targets::launch::{self, PredictedFile},
@@ -72,17 +72,28 @@ const LOADING_GRACE: Duration = Duration::from_secs(1);
 /// `pid`'s maps and the allocator copies in them, once it has one or is
 /// past [`LOADING_GRACE`].
 fn find_once_loaded(cache: &mut AllocatorCache, pid: u32) -> Result<(String, Vec<Found>)> {
+    let loading = || age(pid).is_some_and(|age| age < LOADING_GRACE);
     loop {
-        let maps = read_maps(pid)?;
+        let maps = match read_maps(pid) {
+            Ok(maps) => maps,
+            // Inside `execve` the new image has no mappings for a moment:
+            // its maps read as empty, as a zombie's do.
+            Err(ProcessError::NoSuchProcess(_)) if !has_ended(pid) && loading() => {
+                std::thread::sleep(LOOK_AGAIN);
+                continue;
+            }
+            Err(error) => return Err(error.into()),
+        };
         match cache.require(pid, &parse_maps(&maps), &command_name(pid)) {
             Ok(found) => return Ok((maps, found)),
-            Err(_) if age(pid).is_some_and(|age| age < LOADING_GRACE) => {
-                std::thread::sleep(Duration::from_millis(10));
-            }
+            Err(_) if loading() => std::thread::sleep(LOOK_AGAIN),
             Err(error) => return Err(error.into()),
         }
     }
 }
+
+/// How long a loading process is left before its maps are read again.
+const LOOK_AGAIN: Duration = Duration::from_millis(10);
 
 impl Session<'_> {
     /// Attaches to the checked targets; in launch mode starts the command
