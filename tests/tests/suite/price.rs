@@ -312,6 +312,54 @@ fn costs_are_measured_again_during_the_run() {
     assert!(copies.is_empty(), "calibration copies left: {copies:?}");
 }
 
+/// The copies timed again while a run goes on yield the CPU to every
+/// other task (`SCHED_IDLE`): their loops, some 0.15 s of a CPU each,
+/// held a server's requests up for up to 4 ms at a time (overhead.md's
+/// latency table). Each copy's last reading counts: its policy is set as
+/// it starts, before it is asked to time anything.
+#[test]
+fn costs_measured_again_yield_the_cpu_to_the_host() {
+    let _guard = shared();
+    let out = output_dir("recalibration_idle");
+    let fixture = Fixture::start(&sites_fixture(), &[]);
+    let memprobe = Memprobe::attach(&fixture, &out, &[]);
+    // Measured again 1 s after the start, then 2 s after that one ended.
+    let mut last_policy = std::collections::HashMap::new();
+    let until = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < until {
+        for (pid, policy) in children_policy(memprobe.pid()) {
+            last_policy.insert(pid, policy);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let stderr = memprobe.stop();
+    assert!(!last_policy.is_empty(), "no copy seen: {stderr}");
+    assert!(
+        last_policy.values().all(|&p| p == libc::SCHED_IDLE as i64),
+        "{last_policy:?}"
+    );
+}
+
+/// The scheduling policy of each child of `parent`.
+fn children_policy(parent: u32) -> Vec<(u32, i64)> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            // After the command's closing parenthesis: state (the 3rd field
+            // of the line), ppid, ... policy (the 41st).
+            let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+            let ppid: u32 = fields.get(1)?.parse().ok()?;
+            let policy: i64 = fields.get(38)?.parse().ok()?;
+            (ppid == parent).then_some((pid, policy))
+        })
+        .collect()
+}
+
 /// Before 6.10 (played here with `MEMPROBE_KERNEL_LACKS=uprobe-multi`)
 /// probes are perf events bound to the profiled process's main thread,
 /// which the kernel switches with it at each context switch, hit or not:

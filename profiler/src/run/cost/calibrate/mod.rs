@@ -161,18 +161,22 @@ pub struct Remeasurement {
 }
 
 impl Remeasurement {
-    /// Starts a copy and attaches each kind's probes to it; the copy is
-    /// waited for in the timing thread, not in the session's loop, which
-    /// goes on draining the ring buffer. Dropped unfinished, its probes go
+    /// Starts a copy that runs only where a CPU is idle and attaches each kind's
+    /// probes to it; the copy is waited for in the timing thread, not in
+    /// the session's loop, which goes on draining the ring buffer. Dropped unfinished, its probes go
     /// with `probes`, and the copy exits once its timing thread ends (at
     /// the latest, with memprobe).
     pub fn start(probes: &mut KernelProbes) -> Result<Self, CalibrationError> {
         let (executable, offset) = target_location()?;
         let mut target = Target::spawn(&executable)?;
+        target.yield_to_others();
         let pid = target.child.id();
         let (attached, forcing) = attach_kinds(probes, &executable, offset, pid)?;
         let events = task_events(&attached);
         let (attached, mut lone) = with_lone_copy(probes, (&executable, offset), attached, events)?;
+        if let Some(lone) = &lone {
+            lone.target.yield_to_others();
+        }
         let timing = std::thread::spawn(move || {
             target.wait_ready()?;
             Timings::take(&mut target, lone.as_mut(), events)
