@@ -282,11 +282,11 @@ pub struct Cli {
     /// Longest gap between measurements of what a probe hit costs, or `never`.
     ///
     /// memprobe times its probes on a copy of itself, in the background,
-    /// for some 0.15 s of CPU time no other task wants: 1 s after the start, then 2 s, 4 s, 8 s
-    /// after the one before, and so on up to this gap. A virtual machine's
-    /// trap costs change by up to 2x from second to second, so the time
-    /// reported added and the --max-overhead budget price hits at the mean
-    /// of the last eight measurements.
+    /// for some 0.15 s of CPU time no other task wants: 1 s after the
+    /// start, then 2 s, 4 s, 8 s after the one before, and so on up to
+    /// this gap. A virtual machine's trap costs change by up to 2x from
+    /// second to second, so the time reported added and the --max-overhead
+    /// budget price hits at the mean of the last eight measurements.
     #[arg(long, value_name = "DUR", default_value = "2m", value_parser = parse_every,
           help_heading = help::EXPERT, hide_short_help = true)]
     pub recalibrate_every: Every,

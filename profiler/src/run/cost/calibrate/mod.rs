@@ -161,11 +161,11 @@ pub struct Remeasurement {
 }
 
 impl Remeasurement {
-    /// Starts a copy that runs only where a CPU is idle and attaches each kind's
-    /// probes to it; the copy is waited for in the timing thread, not in
-    /// the session's loop, which goes on draining the ring buffer. Dropped unfinished, its probes go
-    /// with `probes`, and the copy exits once its timing thread ends (at
-    /// the latest, with memprobe).
+    /// Starts a copy that runs only where a CPU is idle and attaches each
+    /// kind's probes to it; the copy is waited for in the timing thread,
+    /// not in the session's loop, which goes on draining the ring buffer.
+    /// Dropped unfinished, its probes go with `probes`, and the copy exits
+    /// once its timing thread ends (at the latest, with memprobe).
     pub fn start(probes: &mut KernelProbes) -> Result<Self, CalibrationError> {
         let (executable, offset) = target_location()?;
         let mut target = Target::spawn(&executable)?;
