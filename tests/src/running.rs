@@ -554,14 +554,30 @@ impl Memprobe {
 /// The pids of the processes running `executable`.
 pub fn processes_running(executable: &Path) -> Vec<u32> {
     let wanted = std::fs::canonicalize(executable).unwrap_or_else(|_| executable.to_owned());
+    all_pids()
+        .into_iter()
+        .filter(|pid| std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|exe| exe == wanted))
+        .collect()
+}
+
+/// Every process's pid, as /proc lists them now.
+pub fn all_pids() -> Vec<u32> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
     entries
         .flatten()
         .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|exe| exe == wanted))
         .collect()
+}
+
+/// The fields of `/proc/PID/stat` after the command's name (which may hold
+/// spaces and parentheses): `[0]` is the state, the line's 3rd field, so
+/// proc(5)'s field N is at `N - 3`. `None` once the process is gone.
+pub fn stat_fields(pid: u32) -> Option<Vec<String>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, fields) = stat.rsplit_once(')')?;
+    Some(fields.split_whitespace().map(str::to_owned).collect())
 }
 
 /// Waits (up to 5 s) until process `pid` maps a file whose path contains

@@ -496,10 +496,8 @@ fn every_process_keeps_its_budget_with_all() {
 
 /// The CPU seconds process `pid` has used so far.
 fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("its stat");
-    let (_, fields) = stat.rsplit_once(") ").expect("a stat line");
-    let fields: Vec<&str> = fields.split_whitespace().collect();
-    // utime and stime, the 14th and 15th fields (the 12th and 13th here).
+    let fields = stat_fields(pid).expect("its stat");
+    // utime and stime, the 14th and 15th fields.
     let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
     ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
 }

@@ -137,8 +137,8 @@ fn jvm_with_jemalloc_preloaded_sees_direct_buffers() {
 fn assert_sites_kept(binary: &std::path::Path, heap: &std::path::Path, what: &str) {
     let inuse = jeprof_text(binary, heap, "--inuse_space");
     let site = |name: &str| {
-        let heap_text = std::fs::read_to_string(heap).unwrap_or_default();
         inuse.get(name).copied().unwrap_or_else(|| {
+            let heap_text = std::fs::read_to_string(heap).unwrap_or_default();
             panic!("{what}no {name} in jeprof's rows {inuse:?}\nfrom {heap:?}:\n{heap_text}")
         })
     };

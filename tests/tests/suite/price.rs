@@ -342,17 +342,11 @@ fn costs_measured_again_yield_the_cpu_to_the_host() {
 
 /// The scheduling policy of each child of `parent`.
 fn children_policy(parent: u32) -> Vec<(u32, i64)> {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .flatten()
-        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+    all_pids()
+        .into_iter()
         .filter_map(|pid| {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-            // After the command's closing parenthesis: state (the 3rd field
-            // of the line), ppid, ... policy (the 41st).
-            let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+            let fields = stat_fields(pid)?;
+            // ppid and policy, the 4th and 41st fields.
             let ppid: u32 = fields.get(1)?.parse().ok()?;
             let policy: i64 = fields.get(38)?.parse().ok()?;
             (ppid == parent).then_some((pid, policy))
