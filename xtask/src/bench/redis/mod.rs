@@ -261,11 +261,11 @@ impl Load {
 
 /// The loads redis-server is measured under. First redis-benchmark's own
 /// (SET and GET of 3-byte values, not pipelined), in the most rounds: the
-/// load the goals (docs/overhead.md) are stated for. LPUSH, HSET and the
-/// pipelined load take three: one round could not tell 1.12x from 1.05x
-/// (their twin servers alone differed by up to 1.13x; LPUSH's
-/// `--track allocations` read 1.03x, 1.15x and 1.06x in three runs of
-/// one round). Then other shapes a
+/// load the goals (docs/overhead.md) are stated for. The others take
+/// three: one round could not tell 1.12x from 1.05x (their twin servers
+/// alone differed by up to 1.13x; LPUSH's `--track allocations` read
+/// 1.03x, 1.15x and 1.06x in three runs of one round, 512-byte SETs'
+/// 1.06x in one). Then other shapes a
 /// server's requests take, each request allocating the same sizes: SETs
 /// of 512-byte values, LPUSHes onto one list, HSETs of 4 KiB values (above
 /// jemalloc's fast path: its slow path sees each); and 3-byte values
@@ -282,7 +282,7 @@ pub(super) const LOADS: [Load; 5] = [
         tests: "set,get",
         value_bytes: 512,
         pipeline: 1,
-        rounds: 1,
+        rounds: 3,
     },
     Load {
         tests: "lpush",
