@@ -7,6 +7,7 @@ mod errors;
 mod heap_profile;
 mod intake;
 mod kernel_features;
+mod kernel_tables;
 mod locations;
 mod memory;
 mod outputs;
