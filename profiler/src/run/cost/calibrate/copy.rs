@@ -3,6 +3,7 @@
 //! request, each loop timed in the calling thread's CPU time.
 use std::{
     io::{BufRead, BufReader, Write},
+    os::unix::process::CommandExt,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     time::Duration,
@@ -262,6 +263,35 @@ fn thread_cpu_time() -> Duration {
     Duration::from_nanos(clock_ns(libc::CLOCK_THREAD_CPUTIME_ID))
 }
 
+/// How a copy shares its CPU with the host's other tasks.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) enum Policy {
+    /// The normal policy: timed at start, before memprobe attaches, where
+    /// waiting for an idle CPU would delay the run on a busy host.
+    Normal,
+    /// `SCHED_IDLE` from before its `exec`: timed again while a run goes on
+    /// (see [`yield_to_others`]).
+    Idle,
+}
+
+/// Has the calling thread, and the threads it starts, yield the CPU to
+/// every other task (`SCHED_IDLE`). Measured again while a run goes on, a
+/// copy's loops took a CPU from the host's work for 0.15 s at a time, and
+/// a server's requests waited behind them for up to 4 ms each (at nice 19
+/// as well: the scheduler lets a running task finish its slice whatever
+/// its weight, where a task of the idle policy gives way at once). Set
+/// before the copy's `exec`: given the policy once started, copies were
+/// still seen now and then holding a CPU until the tick, likely while the
+/// loader mapped and relocated memprobe's executable. Its CPU time is what
+/// is timed, not how long the loops took; on a host with no idle CPU the
+/// measurement waits, and the costs measured before stay.
+fn yield_to_others() {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: a plain system call on the calling process with a valid
+    // parameter.
+    unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
+}
+
 /// The copy of memprobe being timed.
 pub(super) struct Target {
     pub(super) child: Child,
@@ -270,8 +300,8 @@ pub(super) struct Target {
 
 impl Target {
     /// Starts the copy and waits until it serves.
-    pub(super) fn start(executable: &Path) -> Result<Self, CalibrationError> {
-        let mut target = Self::spawn(executable)?;
+    pub(super) fn start(executable: &Path, policy: Policy) -> Result<Self, CalibrationError> {
+        let mut target = Self::spawn(executable, policy)?;
         target.wait_ready()?;
         Ok(target)
     }
@@ -279,12 +309,24 @@ impl Target {
     /// Starts the copy without waiting for it: its pid is known at once,
     /// and probes attached to it before it maps memprobe's executable go
     /// in when it does.
-    pub(super) fn spawn(executable: &Path) -> Result<Self, CalibrationError> {
-        let mut child = Command::new(executable)
+    pub(super) fn spawn(executable: &Path, policy: Policy) -> Result<Self, CalibrationError> {
+        let mut command = Command::new(executable);
+        command
             .env(TARGET_ENV, "1")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(Stdio::null());
+        if policy == Policy::Idle {
+            // SAFETY: the closure makes one system call, which is safe
+            // between fork and exec; a failure leaves the policy as it was.
+            unsafe {
+                command.pre_exec(|| {
+                    yield_to_others();
+                    Ok(())
+                })
+            };
+        }
+        let mut child = command
             .spawn()
             .map_err(|e| CalibrationError::Start(executable.into(), e))?;
         let stdout = child.stdout.take().ok_or(CalibrationError::Stopped)?;
@@ -292,23 +334,6 @@ impl Target {
             child,
             lines: BufReader::new(stdout).lines(),
         })
-    }
-
-    /// Has the copy yield the CPU to every other task (`SCHED_IDLE`):
-    /// measured again while a run goes on, its loops took a CPU from the
-    /// host's work for 0.15 s at a time, and a server's requests waited
-    /// behind them for up to 4 ms each (at nice 19 as well: the scheduler
-    /// lets a running task finish its slice whatever its weight, where a
-    /// task of the idle policy gives way at once). Its CPU time is what is
-    /// timed, not how long the loops took; on a host with no idle CPU the
-    /// measurement waits, and the costs measured before stay. The copy's
-    /// threads, started only once it is asked to time, inherit the policy.
-    pub(super) fn yield_to_others(&self) {
-        let param = libc::sched_param { sched_priority: 0 };
-        let pid = self.child.id() as libc::pid_t;
-        // SAFETY: a plain system call on our own child with a valid
-        // parameter; a failure leaves its policy as it was.
-        unsafe { libc::sched_setscheduler(pid, libc::SCHED_IDLE, &param) };
     }
 
     /// Waits for the copy's first line, said once it serves requests.
@@ -440,6 +465,22 @@ mod tests {
             })
             .unwrap();
             assert!(per_trip > 0.0, "{per_trip}");
+        }
+    }
+
+    /// A shell started as a copy is, says its own policy (the 41st field
+    /// of its stat): an idle one is idle before its first instruction.
+    #[test]
+    fn a_copy_runs_at_its_policy_from_its_exec() {
+        for (policy, expected) in [(Policy::Idle, libc::SCHED_IDLE), (Policy::Normal, 0)] {
+            let mut shell = Target::spawn(Path::new("/bin/sh"), policy).unwrap();
+            let stdin = shell.child.stdin.as_mut().unwrap();
+            writeln!(stdin, "cut -d' ' -f41 /proc/$$/stat").unwrap();
+            assert_eq!(
+                shell.read_line().unwrap(),
+                expected.to_string(),
+                "{policy:?}"
+            );
         }
     }
 

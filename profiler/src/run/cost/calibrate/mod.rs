@@ -49,7 +49,7 @@ mod copy;
 mod switches;
 
 pub use copy::serve_as_target;
-use copy::{BASELINE_COPY, COPY_BYTES, ENDBR64, NOP, RET, Target, target_location};
+use copy::{BASELINE_COPY, COPY_BYTES, ENDBR64, NOP, Policy, RET, Target, target_location};
 use switches::{LoneCopy, SwitchRound};
 
 /// Calls timed per request, by what each one costs.
@@ -130,7 +130,7 @@ const FORCED_RETURN: usize = 5;
 /// programs; nothing stays attached.
 pub fn measure(probes: &mut KernelProbes) -> Result<CostModel, CalibrationError> {
     let (executable, offset) = target_location()?;
-    let mut target = Target::start(&executable)?;
+    let mut target = Target::start(&executable, Policy::Normal)?;
     let pid = target.child.id();
     // First: how probes are linked decides what they cost.
     probes.check_links(&executable, offset + NOP, pid);
@@ -144,7 +144,12 @@ pub fn measure(probes: &mut KernelProbes) -> Result<CostModel, CalibrationError>
         (attached, forcing) = attach_kinds(probes, &executable, offset, pid)?;
     }
     let events = task_events(&attached);
-    let (attached, mut lone) = with_lone_copy(probes, (&executable, offset), attached, events)?;
+    let (attached, mut lone) = with_lone_copy(
+        probes,
+        (&executable, offset, Policy::Normal),
+        attached,
+        events,
+    )?;
     let timings =
         first.and_then(|_| Timings::<START_ROUNDS>::take(&mut target, lone.as_mut(), events));
     detach_kinds(probes, attached);
@@ -168,15 +173,16 @@ impl Remeasurement {
     /// once its timing thread ends (at the latest, with memprobe).
     pub fn start(probes: &mut KernelProbes) -> Result<Self, CalibrationError> {
         let (executable, offset) = target_location()?;
-        let mut target = Target::spawn(&executable)?;
-        target.yield_to_others();
+        let mut target = Target::spawn(&executable, Policy::Idle)?;
         let pid = target.child.id();
         let (attached, forcing) = attach_kinds(probes, &executable, offset, pid)?;
         let events = task_events(&attached);
-        let (attached, mut lone) = with_lone_copy(probes, (&executable, offset), attached, events)?;
-        if let Some(lone) = &lone {
-            lone.target.yield_to_others();
-        }
+        let (attached, mut lone) = with_lone_copy(
+            probes,
+            (&executable, offset, Policy::Idle),
+            attached,
+            events,
+        )?;
         let timing = std::thread::spawn(move || {
             target.wait_ready()?;
             Timings::take(&mut target, lone.as_mut(), events)
@@ -314,14 +320,14 @@ fn attach_kinds(
 /// ([`switches`]). On failure, all of them detached.
 fn with_lone_copy(
     probes: &mut KernelProbes,
-    (executable, offset): (&Path, u64),
+    (executable, offset, policy): (&Path, u64, Policy),
     mut attached: Vec<CalibrationProbes>,
     events: usize,
 ) -> Result<(Vec<CalibrationProbes>, Option<LoneCopy>), CalibrationError> {
     if events <= 1 {
         return Ok((attached, None));
     }
-    match LoneCopy::start(probes, executable, offset) {
+    match LoneCopy::start(probes, (executable, offset), policy) {
         Ok((copy, probe)) => {
             attached.push(probe);
             Ok((attached, Some(copy)))

@@ -12,7 +12,11 @@
 //! the difference between the two is the events', the rest the thread's.
 use std::{path::Path, time::Duration};
 
-use super::{CalibrationError, EMULATED, KINDS, copy::COPY_BYTES, copy::Target, median};
+use super::{
+    CalibrationError, EMULATED, KINDS,
+    copy::{COPY_BYTES, Policy, Target},
+    median,
+};
 use crate::kernel::{CalibrationProbes, KernelProbes};
 
 /// Pipe round trips per timing of a thread's context switches.
@@ -32,10 +36,10 @@ impl LoneCopy {
     /// it never calls.
     pub(super) fn start(
         probes: &mut KernelProbes,
-        executable: &Path,
-        offset: u64,
+        (executable, offset): (&Path, u64),
+        policy: Policy,
     ) -> Result<(Self, CalibrationProbes), CalibrationError> {
-        let target = Target::spawn(executable)?;
+        let target = Target::spawn(executable, policy)?;
         let copy_offset = offset + EMULATED as u64 * COPY_BYTES;
         let pid = target.child.id();
         let probe = probes
