@@ -135,7 +135,7 @@ pub fn read_maps(pid: u32) -> Result<String, ProcessError> {
 /// walks none of its mappings.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MapsStamp {
-    started: u64,
+    pub(super) started: u64,
     virtual_bytes: u64,
 }
 

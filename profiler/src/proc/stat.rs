@@ -2,7 +2,7 @@
 //! `statm`, `status` and `schedstat` under `/proc/PID`, and `/proc/stat`.
 use std::time::Duration;
 
-use super::proc_path;
+use super::{maps::maps_stamp, proc_path};
 
 /// How often the process's main thread (the task whose id is `pid`) has
 /// been switched out, voluntarily or not; `None` once it is gone.
@@ -82,8 +82,7 @@ fn parse_cpu_busy(stat: &str) -> Vec<(usize, u64)> {
 /// How long ago `pid` started, to a clock tick (its `stat` start time
 /// against the system's uptime); `None` once it is gone.
 pub fn age(pid: u32) -> Option<Duration> {
-    let stat = std::fs::read_to_string(proc_path(pid, "stat")).ok()?;
-    let started: u64 = stat_fields(&stat)?.nth(19)?.parse().ok()?;
+    let started = maps_stamp(pid)?.started;
     let uptime = std::fs::read_to_string("/proc/uptime").ok()?;
     let uptime: f64 = uptime.split_whitespace().next()?.parse().ok()?;
     let since = uptime - tick_seconds(started);
