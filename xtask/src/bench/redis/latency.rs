@@ -4,15 +4,20 @@
 //! from memprobe's attach on. A window (every call trapped for up to a
 //! tenth of a second) slows the requests it catches; an open-loop client
 //! (see [`open_loop`](super::open_loop)) shows by how much, and how often.
+//! A run's p99 hangs on how many windows it caught (a few percent of its
+//! requests are in one), so the windows are traced (see
+//! [`window_trace`](super::window_trace)): every run's requests are also
+//! pooled, those a window caught apart from the rest.
 use std::{path::Path, time::Duration};
 
 use anyhow::{Result, bail};
 
 use super::{
     LOADS,
-    open_loop::{Schedule, fixed_rate},
+    open_loop::{Latencies, Schedule, Served, fixed_rate},
     table::geometric_mean_ratio,
     twins::{Server, Twins, crossover},
+    window_trace::{Window, WindowTrace},
 };
 use crate::bench::{
     floor::CountsHits, floor::Place, one_trap::OneTrap, start_memprobe, stop, usage,
@@ -38,41 +43,61 @@ const ROUNDS: usize = 3;
 enum Setup {
     /// The one-trap floor, against nothing.
     Floor,
-    /// memprobe with these flags, against the floor.
-    Memprobe(&'static [&'static str]),
+    /// memprobe with these flags, against the floor; whether it samples
+    /// in windows.
+    Memprobe {
+        flags: &'static [&'static str],
+        windowed: bool,
+    },
 }
 
 const SETUPS: [(&str, Setup); 3] = [
     ("one-trap floor, against nothing on its twin", Setup::Floor),
     (
         "memprobe at defaults (malloc in windows), against the one-trap floor on its twin",
-        Setup::Memprobe(&[]),
+        Setup::Memprobe {
+            flags: &[],
+            windowed: true,
+        },
     ),
     (
         "memprobe `--sampling entry` (every call trapped), against the one-trap floor on its twin",
-        Setup::Memprobe(&["--sampling", "entry"]),
+        Setup::Memprobe {
+            flags: &["--sampling", "entry"],
+            windowed: false,
+        },
     ),
 ];
 
 /// The latency figures of a setup, the twins in both roles.
 pub(in crate::bench) struct LatencyResult {
-    rows: Vec<(&'static str, [Vec<Round>; 2])>,
+    rows: Vec<Row>,
+}
+
+/// A setup's rounds in both halves, and memprobe's windows on the
+/// measured twin in each (none for the floor).
+struct Row {
+    label: &'static str,
+    halves: [Vec<Round>; 2],
+    windows: [Vec<Window>; 2],
 }
 
 /// Runs with, without, without, with.
-#[derive(Default, Clone, Copy)]
+#[derive(Default)]
 struct Round {
     with: [Figures; 2],
     without: [Figures; 2],
 }
 
 /// One run of the open-loop client.
-#[derive(Default, Clone, Copy)]
+#[derive(Default)]
 struct Figures {
     /// Latency quantiles in milliseconds: p50, p99, p99.9, the largest.
     quantiles_ms: [f64; 4],
     /// redis-server's CPU seconds over the run.
     cpu: f64,
+    /// Each request, when it was due and its latency.
+    served: Served,
 }
 
 /// The quantiles [`Figures::quantiles_ms`] holds.
@@ -87,20 +112,31 @@ pub(in crate::bench) fn redis_latency(
     let running = Twins::start(LOADS[0])?;
     let mut rows = Vec::new();
     for (label, setup) in SETUPS {
+        let mut windows = [Vec::new(), Vec::new()];
+        let mut half = 0;
         let halves = crossover(running.servers, |pair, rounds| {
-            attached_half(memprobe, profiles_dir, &places[1], setup, pair, rounds)
+            let seen = attached_half(memprobe, profiles_dir, &places[1], setup, pair, rounds)?;
+            windows[half] = seen;
+            half += 1;
+            Ok(())
         })?;
+        let row = Row {
+            label,
+            halves,
+            windows,
+        };
         eprintln!(
             "bench:   {label}: p99 {}",
-            ratio(&halves, |f| f.quantiles_ms[1])
+            ratio(&row.halves, |f| f.quantiles_ms[1])
         );
-        rows.push((label, halves));
+        rows.push(row);
     }
     Ok(LatencyResult { rows })
 }
 
 /// `setup` attached to `measured` (and the floor to `other` where it is
-/// the baseline), then the rounds.
+/// the baseline), then the rounds: memprobe's windows on `measured` over
+/// them.
 fn attached_half(
     memprobe: &Path,
     profiles_dir: &str,
@@ -108,32 +144,42 @@ fn attached_half(
     setup: Setup,
     [measured, other]: [Server; 2],
     rounds: &mut Vec<Round>,
-) -> Result<()> {
+) -> Result<Vec<Window>> {
     let floor = OneTrap::attach(
         match setup {
             Setup::Floor => measured.pid,
-            Setup::Memprobe(_) => other.pid,
+            Setup::Memprobe { .. } => other.pid,
         },
         free_place,
     )?;
     let memprobe = match setup {
         Setup::Floor => None,
-        Setup::Memprobe(flags) => {
+        Setup::Memprobe { flags, .. } => {
             let pid = measured.pid.to_string();
             let mut args = vec!["--pid", &pid, "-o", profiles_dir];
             args.extend_from_slice(flags);
             Some(start_memprobe(memprobe, &args)?.0)
         }
     };
-    let measuring = measure_rounds([measured, other], rounds);
+    let traced = memprobe
+        .as_ref()
+        .map(|m| WindowTrace::start(m.id(), measured.pid))
+        .transpose();
+    let measuring = traced.and_then(|trace| {
+        measure_rounds([measured, other], rounds)?;
+        trace.map(WindowTrace::finish).transpose()
+    });
     if let Some(mut memprobe) = memprobe {
         stop(&mut memprobe);
     }
-    measuring?;
+    let windows = measuring?.unwrap_or_default();
     if floor.hits()? == 0 {
         bail!("the one-trap floor counted no hit in redis-server");
     }
-    Ok(())
+    if matches!(setup, Setup::Memprobe { windowed: true, .. }) && windows.is_empty() {
+        bail!("no window of memprobe's was seen in redis-server");
+    }
+    Ok(windows)
 }
 
 /// [`ROUNDS`] rounds of the client's runs on the measured twin and the
@@ -159,7 +205,7 @@ fn measure_rounds([measured, other]: [Server; 2], rounds: &mut Vec<Round>) -> Re
 fn measure_run(server: Server, seed: u64) -> Result<Figures> {
     let cpu = || usage(server.pid).map_or(0.0, |(cpu, _)| cpu);
     let before = cpu();
-    let latencies = fixed_rate(
+    let served = fixed_rate(
         server.port,
         Schedule {
             rate: RATE,
@@ -169,9 +215,11 @@ fn measure_run(server: Server, seed: u64) -> Result<Figures> {
             seed,
         },
     )?;
+    let latencies = served.latencies(|_| true);
     Ok(Figures {
         quantiles_ms: QUANTILES.map(|q| latencies.quantile_ms(q)),
         cpu: cpu() - before,
+        served,
     })
 }
 
@@ -189,19 +237,21 @@ fn ratio(halves: &[Vec<Round>; 2], figure: impl Fn(&Figures) -> f64) -> String {
     geometric_mean_ratio([&log_ratios(&halves[0]), &log_ratios(&halves[1])])
 }
 
-/// docs/overhead.md's latency table.
+/// docs/overhead.md's latency table, and below it the requests memprobe's
+/// windows caught against the rest.
 pub(in crate::bench) fn latency_table(result: &LatencyResult) -> String {
     let mut table = format!(
-        "\n| redis-server 7 (libjemalloc), SET/GET of 3-byte values at {:.0}k requests/s (Poisson arrivals over {CONNECTIONS} connections, each latency counted from when its request was due), runs of {} s, {} rounds of 4 runs a half, timed from the attach on; twin servers in turn | redis-server's share of a CPU, with (without) | CPU vs without | p50 ms, with (without): ratio | p99 | p99.9 | largest ms, with (without) |\n|---|---|---|---|---|---|---|\n",
+        "\n| redis-server 7 (libjemalloc), SET/GET of 3-byte values at {:.0}k requests/s (Poisson arrivals over {CONNECTIONS} connections, each latency counted from when its request was due), runs of {} s, {} rounds of 4 runs a half, timed from the attach on; twin servers in turn | redis-server's share of a CPU, with (without) | CPU vs without | p50 ms, with (without): ratio | p99 | p99.9 | largest ms, with (without) | p99 ms of every run's requests pooled, with (without) |\n|---|---|---|---|---|---|---|---|\n",
         RATE / 1000.0,
         RUN.as_secs(),
         ROUNDS,
     );
-    for (label, halves) in &result.rows {
+    for row in &result.rows {
+        let halves = &row.halves;
         let both = |figure: &dyn Fn(&Figures) -> f64| {
             (
-                mean(halves, |r| r.with, figure),
-                mean(halves, |r| r.without, figure),
+                mean(halves, |r| &r.with, figure),
+                mean(halves, |r| &r.without, figure),
             )
         };
         let quantile = |which: usize| {
@@ -211,8 +261,12 @@ pub(in crate::bench) fn latency_table(result: &LatencyResult) -> String {
         };
         let share = both(&|f: &Figures| 100.0 * f.cpu / RUN.as_secs_f64());
         let largest = both(&|f: &Figures| f.quantiles_ms[3]);
+        let pooled =
+            |side: fn(&Round) -> &[Figures; 2]| pool(halves, side, |_, _| true).quantile_ms(0.99);
+        let (with, without) = (pooled(|r| &r.with), pooled(|r| &r.without));
         table.push_str(&format!(
-            "| {label} | {:.0}% ({:.0}%) | {} | {} | {} | {} | {:.1} ({:.1}) |\n",
+            "| {} | {:.0}% ({:.0}%) | {} | {} | {} | {} | {:.1} ({:.1}) | {with:.3} ({without:.3}): {:.2}x |\n",
+            row.label,
             share.0,
             share.1,
             ratio(halves, |f| f.cpu),
@@ -221,21 +275,136 @@ pub(in crate::bench) fn latency_table(result: &LatencyResult) -> String {
             quantile(2),
             largest.0,
             largest.1,
+            with / without.max(1e-9),
+        ));
+    }
+    table.push_str(&windows_table(result));
+    table
+}
+
+/// The requests due while one of memprobe's windows was open on the
+/// measured twin, against the rest and the floor twin's, every run of a
+/// side pooled; those caught as its links were made, in its middle and as
+/// they were closed apart.
+fn windows_table(result: &LatencyResult) -> String {
+    let mut table = format!(
+        "\n| memprobe's windows on the measured twin (traced: its `uprobe_multi` links made and closed), every run pooled | windows, mean length | requests due in one (or within {edge} ms of its close) | their p50 ms | their p99 ms | p99 ms: due in its first {edge} ms | in its middle | from {half} ms before its close | p99 ms of the others | the others' p99 over the floor twin's |\n|---|---|---|---|---|---|---|---|---|---|\n",
+        edge = EDGE_NS / 1_000_000,
+        half = EDGE_NS / 2_000_000,
+    );
+    for row in result.rows.iter().filter(|r| !r.windows[0].is_empty()) {
+        let halves = &row.halves;
+        let measured = |keep: &dyn Fn(Part) -> bool| {
+            pool(
+                halves,
+                |r| &r.with,
+                |half, ns| keep(part_of_window(&row.windows[half], ns)),
+            )
+        };
+        let inside = measured(&|part| part != Part::Outside);
+        let outside = measured(&|part| part == Part::Outside);
+        let p99_in = |wanted: Part| measured(&|part| part == wanted).quantile_ms(0.99);
+        let floor = pool(halves, |r| &r.without, |_, _| true);
+        let count = row.windows.iter().map(Vec::len).sum::<usize>();
+        let open_ns: u64 = row.windows.iter().flatten().map(|(o, c)| c - o).sum();
+        let share = inside.len() as f64 / (inside.len() + outside.len()).max(1) as f64;
+        let others = outside.quantile_ms(0.99);
+        table.push_str(&format!(
+            "| {} | {count}, {:.0} ms | {:.1}% | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {others:.3} | {:.2}x |\n",
+            row.label,
+            open_ns as f64 / count.max(1) as f64 / 1e6,
+            100.0 * share,
+            inside.quantile_ms(0.5),
+            inside.quantile_ms(0.99),
+            p99_in(Part::Opening),
+            p99_in(Part::Middle),
+            p99_in(Part::Closing),
+            others / floor.quantile_ms(0.99).max(1e-9),
         ));
     }
     table
 }
 
+/// The edges of a window: creating its links takes milliseconds (each
+/// probe's breakpoint written into the process's pages under its
+/// mmap_lock), and closing them as long again.
+const EDGE_NS: u64 = 20_000_000;
+
+/// Where in a window a request was due.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Part {
+    /// In no window, nor within [`EDGE_NS`] of one's close.
+    Outside,
+    /// In a window's first [`EDGE_NS`], as its links are made.
+    Opening,
+    Middle,
+    /// From half [`EDGE_NS`] before a window's close to [`EDGE_NS`] after,
+    /// as its links are closed.
+    Closing,
+}
+
+fn part_of_window(windows: &[Window], ns: u64) -> Part {
+    let Some(&(open, close)) = windows
+        .iter()
+        .find(|&&(open, close)| (open..=close + EDGE_NS).contains(&ns))
+    else {
+        return Part::Outside;
+    };
+    if ns + EDGE_NS / 2 >= close {
+        Part::Closing
+    } else if ns < open + EDGE_NS {
+        Part::Opening
+    } else {
+        Part::Middle
+    }
+}
+
+/// The latencies of every run on one `side`, of requests `keep` keeps
+/// (given the half and when the request was due).
+fn pool(
+    halves: &[Vec<Round>; 2],
+    side: fn(&Round) -> &[Figures; 2],
+    keep: impl Fn(usize, u64) -> bool,
+) -> Latencies {
+    let mut pooled = Latencies::default();
+    for (half, rounds) in halves.iter().enumerate() {
+        for figures in rounds.iter().flat_map(|r| side(r).iter()) {
+            pooled = pooled.merged(figures.served.latencies(|ns| keep(half, ns)));
+        }
+    }
+    pooled
+}
+
 /// The mean of `figure` over every run on one `side` (with or without).
 fn mean(
     halves: &[Vec<Round>; 2],
-    side: fn(&Round) -> [Figures; 2],
+    side: fn(&Round) -> &[Figures; 2],
     figure: &dyn Fn(&Figures) -> f64,
 ) -> f64 {
     let values: Vec<f64> = halves
         .iter()
         .flatten()
-        .flat_map(|round| side(round).map(|f| figure(&f)))
+        .flat_map(|round| side(round).iter().map(figure))
         .collect();
     values.iter().sum::<f64>() / values.len().max(1) as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_is_placed_in_its_window() {
+        const MS: u64 = 1_000_000;
+        let windows = [(1000 * MS, 1100 * MS), (5000 * MS, 5100 * MS)];
+        let part = |ms: u64| part_of_window(&windows, ms * MS);
+        assert_eq!(part(999), Part::Outside);
+        assert_eq!(part(1000), Part::Opening);
+        assert_eq!(part(1019), Part::Opening);
+        assert_eq!(part(1050), Part::Middle);
+        assert_eq!(part(1090), Part::Closing);
+        assert_eq!(part(1120), Part::Closing);
+        assert_eq!(part(1121), Part::Outside);
+        assert_eq!(part(5060), Part::Middle);
+    }
 }

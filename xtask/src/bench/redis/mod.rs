@@ -26,6 +26,7 @@ mod latency;
 mod open_loop;
 mod table;
 mod twins;
+mod window_trace;
 pub(super) use latency::{latency_table, redis_latency};
 use table::cpu_per_request;
 pub(super) use table::redis_table;

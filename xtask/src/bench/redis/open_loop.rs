@@ -17,6 +17,8 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
+use super::window_trace::monotonic_ns;
+
 /// What the client sends.
 #[derive(Clone, Copy)]
 pub(super) struct Schedule {
@@ -32,10 +34,46 @@ pub(super) struct Schedule {
     pub seed: u64,
 }
 
-/// Each request's latency, in microseconds, sorted.
+/// Each request, in the order they were due: when (microseconds from the
+/// start) and how long it waited (microseconds).
+#[derive(Default)]
+pub(super) struct Served {
+    /// The start, on the kernel's monotonic clock in nanoseconds.
+    start_ns: u64,
+    requests: Vec<(u32, u32)>,
+}
+
+impl Served {
+    /// The latencies of the requests due at times (monotonic
+    /// nanoseconds) that `keep` keeps.
+    pub fn latencies(&self, keep: impl Fn(u64) -> bool) -> Latencies {
+        let mut kept: Vec<u32> = self
+            .requests
+            .iter()
+            .filter(|(due, _)| keep(self.start_ns + u64::from(*due) * 1000))
+            .map(|&(_, late)| late)
+            .collect();
+        kept.sort_unstable();
+        Latencies(kept)
+    }
+}
+
+/// Latencies in microseconds, sorted.
+#[derive(Default)]
 pub(super) struct Latencies(Vec<u32>);
 
 impl Latencies {
+    /// These and `other`'s, sorted.
+    pub fn merged(mut self, other: Latencies) -> Latencies {
+        self.0.extend(other.0);
+        self.0.sort_unstable();
+        self
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
     /// The latency `fraction` of the requests were within (0.99: p99), in
     /// milliseconds.
     pub fn quantile_ms(&self, fraction: f64) -> f64 {
@@ -55,7 +93,7 @@ const KEYS: u64 = 1_000_000;
 
 /// Sends `schedule`'s requests to the redis-server at `port` on loopback
 /// and waits for every reply.
-pub(super) fn fixed_rate(port: &str, schedule: Schedule) -> Result<Latencies> {
+pub(super) fn fixed_rate(port: &str, schedule: Schedule) -> Result<Served> {
     let due = Arc::new(send_times(&schedule));
     let mut writers = Vec::new();
     for _ in 0..schedule.connections {
@@ -67,6 +105,7 @@ pub(super) fn fixed_rate(port: &str, schedule: Schedule) -> Result<Latencies> {
     }
     // Time for the readers to be waiting before the first request is due.
     let start = Instant::now() + Duration::from_millis(50);
+    let start_ns = monotonic_ns() + 50_000_000;
     let mut readers = Vec::new();
     for (connection, stream) in writers.iter().enumerate() {
         let (reader, due) = (stream.try_clone()?, due.clone());
@@ -84,19 +123,20 @@ pub(super) fn fixed_rate(port: &str, schedule: Schedule) -> Result<Latencies> {
             .join()
             .unwrap_or_else(|_| Err(anyhow::anyhow!("the request sender panicked")))
     });
-    let mut latencies = Vec::with_capacity(due.len());
+    let micros = |d: Duration| u32::try_from(d.as_micros()).unwrap_or(u32::MAX);
+    let mut requests = Vec::with_capacity(due.len());
     for reader in readers {
         let arrivals = reader
             .join()
             .map_err(|_| anyhow::anyhow!("a reply reader panicked"))??;
         for (index, arrived) in arrivals {
             let late = arrived.saturating_duration_since(start + due[index]);
-            latencies.push(u32::try_from(late.as_micros()).unwrap_or(u32::MAX));
+            requests.push((micros(due[index]), micros(late)));
         }
     }
     sent?;
-    latencies.sort_unstable();
-    Ok(Latencies(latencies))
+    requests.sort_unstable();
+    Ok(Served { start_ns, requests })
 }
 
 /// When each request is due, from the start: gaps drawn from an
@@ -318,5 +358,22 @@ mod tests {
         assert_eq!(latencies.quantile_ms(0.99), 0.990);
         assert_eq!(latencies.quantile_ms(1.0), 1.0);
         assert_eq!(Latencies(Vec::new()).quantile_ms(0.99), 0.0);
+    }
+
+    #[test]
+    fn requests_are_kept_by_when_they_were_due() {
+        let served = Served {
+            start_ns: 1_000_000_000,
+            requests: vec![(0, 30), (1_000, 900), (2_000, 40), (3_000, 50)],
+        };
+        // Due from 1.0005 s to 1.0025 s: the second and third.
+        let during = |ns: u64| (1_000_500_000..1_002_500_000).contains(&ns);
+        assert_eq!(served.latencies(during).0, vec![40, 900]);
+        assert_eq!(served.latencies(|ns| !during(ns)).0, vec![30, 50]);
+        let all = served
+            .latencies(during)
+            .merged(served.latencies(|ns| !during(ns)));
+        assert_eq!(all.0, vec![30, 40, 50, 900]);
+        assert_eq!(all.len(), 4);
     }
 }
