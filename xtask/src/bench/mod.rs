@@ -219,6 +219,7 @@ pub fn bench(only: Option<Part>) -> Result<()> {
     let runs = |part| only.is_none_or(|only| only == part);
 
     let started = Instant::now();
+    let stolen_before = steal_seconds();
     let mut results = Results::new(out.join("results.md"), only);
     let mut places = None;
     if runs(Part::Loops) {
@@ -293,10 +294,39 @@ pub fn bench(only: Option<Part>) -> Result<()> {
         results.add(&offline_bench(&memprobe, &out)?)?;
     }
     let minutes = started.elapsed().as_secs() / 60;
-    results.add(&format!("\nThe run took {minutes} minutes.\n"))?;
+    let stolen = match (stolen_before, steal_seconds()) {
+        (Some(before), Some(after)) => {
+            let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+            let share = (after - before) / (started.elapsed().as_secs_f64() * cpus as f64);
+            format!(
+                " The hypervisor held back {:.2}% of the guest's CPU time over it (steal), {:.1} s in all.",
+                100.0 * share,
+                after - before
+            )
+        }
+        _ => String::new(),
+    };
+    results.add(&format!("\nThe run took {minutes} minutes.{stolen}\n"))?;
     println!("{}", results.text);
     eprintln!("bench: results in {}", results.path.display());
     Ok(())
+}
+
+/// CPU time the hypervisor gave to others while the guest wanted it
+/// (`/proc/stat`'s steal, all CPUs), in seconds: a host that steals in
+/// bursts lengthens every latency tail, profiled or not.
+fn steal_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let ticks: f64 = stat
+        .lines()
+        .next()?
+        .split_whitespace()
+        .nth(8)?
+        .parse()
+        .ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    Some(ticks / hz)
 }
 
 /// The tables measured so far, written out after each part, so that a run
