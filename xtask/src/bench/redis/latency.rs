@@ -17,7 +17,7 @@ use super::{
     open_loop::{Latencies, Schedule, Served, fixed_rate},
     table::geometric_mean_ratio,
     twins::{Server, Twins, crossover},
-    window_trace::{Window, WindowTrace},
+    window_trace::{EDGE_NS, Part, Window, WindowTrace, part_of_window},
 };
 use crate::bench::{
     floor::CountsHits, floor::Place, one_trap::OneTrap, start_memprobe, stop, usage,
@@ -325,40 +325,6 @@ fn windows_table(result: &LatencyResult) -> String {
     table
 }
 
-/// The edges of a window: creating its links takes milliseconds (each
-/// probe's breakpoint written into the process's pages under its
-/// mmap_lock), and closing them as long again.
-const EDGE_NS: u64 = 20_000_000;
-
-/// Where in a window a request was due.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Part {
-    /// In no window, nor within [`EDGE_NS`] of one's close.
-    Outside,
-    /// In a window's first [`EDGE_NS`], as its links are made.
-    Opening,
-    Middle,
-    /// From half [`EDGE_NS`] before a window's close to [`EDGE_NS`] after,
-    /// as its links are closed.
-    Closing,
-}
-
-fn part_of_window(windows: &[Window], ns: u64) -> Part {
-    let Some(&(open, close)) = windows
-        .iter()
-        .find(|&&(open, close)| (open..=close + EDGE_NS).contains(&ns))
-    else {
-        return Part::Outside;
-    };
-    if ns + EDGE_NS / 2 >= close {
-        Part::Closing
-    } else if ns < open + EDGE_NS {
-        Part::Opening
-    } else {
-        Part::Middle
-    }
-}
-
 /// The latencies of every run on one `side`, of requests `keep` keeps
 /// (given the half and when the request was due).
 fn pool(
@@ -387,24 +353,4 @@ fn mean(
         .flat_map(|round| side(round).iter().map(figure))
         .collect();
     values.iter().sum::<f64>() / values.len().max(1) as f64
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_request_is_placed_in_its_window() {
-        const MS: u64 = 1_000_000;
-        let windows = [(1000 * MS, 1100 * MS), (5000 * MS, 5100 * MS)];
-        let part = |ms: u64| part_of_window(&windows, ms * MS);
-        assert_eq!(part(999), Part::Outside);
-        assert_eq!(part(1000), Part::Opening);
-        assert_eq!(part(1019), Part::Opening);
-        assert_eq!(part(1050), Part::Middle);
-        assert_eq!(part(1090), Part::Closing);
-        assert_eq!(part(1120), Part::Closing);
-        assert_eq!(part(1121), Part::Outside);
-        assert_eq!(part(5060), Part::Middle);
-    }
 }

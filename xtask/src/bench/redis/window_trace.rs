@@ -1,11 +1,13 @@
-//! When memprobe's windows were open on a process, as the kernel saw its
-//! `bpf(2)` and `close(2)` calls (a bpftrace script on syscall
-//! tracepoints): a window opens with the `uprobe_multi` links memprobe
-//! creates for that process, and closes as it closes them. (Tracing
-//! syscalls sends every process's system calls through the kernel's slow
-//! path, some 80 ns each: both twins alike.) The links it
-//! holds from the attach on were made before the trace began and are not
-//! followed. Times are the kernel's monotonic clock, the client's too.
+//! When memprobe's windows were open on a process, and where in one a
+//! request fell (as its links were made, in its middle, as they closed).
+//! The windows are as the kernel saw memprobe's `bpf(2)` and `close(2)`
+//! calls (a bpftrace script on syscall tracepoints): a window opens with
+//! the `uprobe_multi` links memprobe creates for that process, and closes
+//! as it closes them. The links it holds from the attach on were made
+//! before the trace began and are not followed. Times are the kernel's
+//! monotonic clock, the client's too. (Tracing syscalls sends every
+//! process's system calls through the kernel's slow path, some 80 ns
+//! each: both twins alike.)
 use std::{
     io::{BufRead, BufReader},
     process::{Child, Command, Stdio},
@@ -164,6 +166,40 @@ pub(super) fn monotonic_ns() -> u64 {
     now.tv_sec as u64 * 1_000_000_000 + now.tv_nsec as u64
 }
 
+/// The edges of a window: creating its links takes milliseconds (each
+/// probe's breakpoint written into the process's pages under its
+/// mmap_lock), and closing them as long again.
+pub(super) const EDGE_NS: u64 = 20_000_000;
+
+/// Where in a window a request was due.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) enum Part {
+    /// In no window, nor within [`EDGE_NS`] of one's close.
+    Outside,
+    /// In a window's first [`EDGE_NS`], as its links are made.
+    Opening,
+    Middle,
+    /// From half [`EDGE_NS`] before a window's close to [`EDGE_NS`] after,
+    /// as its links are closed.
+    Closing,
+}
+
+pub(super) fn part_of_window(windows: &[Window], ns: u64) -> Part {
+    let Some(&(open, close)) = windows
+        .iter()
+        .find(|&&(open, close)| (open..=close + EDGE_NS).contains(&ns))
+    else {
+        return Part::Outside;
+    };
+    if ns + EDGE_NS / 2 >= close {
+        Part::Closing
+    } else if ns < open + EDGE_NS {
+        Part::Opening
+    } else {
+        Part::Middle
+    }
+}
+
 impl Drop for WindowTrace {
     fn drop(&mut self) {
         if self.child.try_wait().ok().flatten().is_none() {
@@ -199,5 +235,20 @@ mod tests {
                 (900_000_000, 1_000_000_000)
             ]
         );
+    }
+
+    #[test]
+    fn a_request_is_placed_in_its_window() {
+        const MS: u64 = 1_000_000;
+        let windows = [(1000 * MS, 1100 * MS), (5000 * MS, 5100 * MS)];
+        let part = |ms: u64| part_of_window(&windows, ms * MS);
+        assert_eq!(part(999), Part::Outside);
+        assert_eq!(part(1000), Part::Opening);
+        assert_eq!(part(1019), Part::Opening);
+        assert_eq!(part(1050), Part::Middle);
+        assert_eq!(part(1090), Part::Closing);
+        assert_eq!(part(1120), Part::Closing);
+        assert_eq!(part(1121), Part::Outside);
+        assert_eq!(part(5060), Part::Middle);
     }
 }
