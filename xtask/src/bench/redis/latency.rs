@@ -241,7 +241,7 @@ fn ratio(halves: &[Vec<Round>; 2], figure: impl Fn(&Figures) -> f64) -> String {
 /// windows caught against the rest.
 pub(in crate::bench) fn latency_table(result: &LatencyResult) -> String {
     let mut table = format!(
-        "\n| redis-server 7 (libjemalloc), SET/GET of 3-byte values at {:.0}k requests/s (Poisson arrivals over {CONNECTIONS} connections, each latency counted from when its request was due), runs of {} s, {} rounds of 4 runs a half, timed from the attach on; twin servers in turn | redis-server's share of a CPU, with (without) | CPU vs without | p50 ms, with (without): ratio | p99 | p99.9 | largest ms, with (without) | p99 ms of every run's requests pooled, with (without) |\n|---|---|---|---|---|---|---|---|\n",
+        "\n| redis-server 7 (libjemalloc), SET/GET of 3-byte values at {:.0}k requests/s (Poisson arrivals over {CONNECTIONS} connections, each latency counted from when its request was due), runs of {} s, {} rounds of 4 runs a half, timed from the attach on (memprobe's from when bpftrace follows its windows, a second or two later); twin servers in turn | redis-server's share of a CPU, with (without) | CPU vs without | p50 ms, with (without): ratio | p99 | p99.9 | largest ms, with (without) | p99 ms of every run's requests pooled, with (without) |\n|---|---|---|---|---|---|---|---|\n",
         RATE / 1000.0,
         RUN.as_secs(),
         ROUNDS,
