@@ -142,7 +142,11 @@ fn windows(lines: &[String], began: u64, ended: u64) -> Vec<Window> {
         match (opened.take(), windows.last_mut()) {
             (Some(from), _) => windows.push((from, at)),
             (None, Some(last)) if at.saturating_sub(last.1) < ONE_CLOSING => last.1 = at,
-            (None, _) => windows.push((began, at)),
+            // The window open as the trace began.
+            (None, None) => windows.push((began, at)),
+            // A link made before the trace, closed long after any window:
+            // not a window's.
+            (None, Some(_)) => {}
         }
     }
     if let Some(from) = opened {
@@ -224,6 +228,7 @@ mod tests {
             "close 5000000",
             "open 100000000",
             "close 200000000",
+            "close 500000000",
         ]
         .map(String::from)
         .to_vec();
