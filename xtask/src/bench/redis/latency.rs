@@ -332,13 +332,13 @@ fn pool(
     side: fn(&Round) -> &[Figures; 2],
     keep: impl Fn(usize, u64) -> bool,
 ) -> Latencies {
-    let mut pooled = Latencies::default();
+    let mut pooled = Vec::new();
     for (half, rounds) in halves.iter().enumerate() {
         for figures in rounds.iter().flat_map(|r| side(r).iter()) {
-            pooled = pooled.merged(figures.served.latencies(|ns| keep(half, ns)));
+            pooled.extend(figures.served.kept(|ns| keep(half, ns)));
         }
     }
-    pooled
+    Latencies::of(pooled)
 }
 
 /// The mean of `figure` over every run on one `side` (with or without).

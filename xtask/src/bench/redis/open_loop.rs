@@ -47,27 +47,27 @@ impl Served {
     /// The latencies of the requests due at times (monotonic
     /// nanoseconds) that `keep` keeps.
     pub fn latencies(&self, keep: impl Fn(u64) -> bool) -> Latencies {
-        let mut kept: Vec<u32> = self
-            .requests
+        Latencies::of(self.kept(keep).collect())
+    }
+
+    /// The latencies, unsorted, of the requests due at times that `keep`
+    /// keeps: for pooling several runs' before sorting once.
+    pub fn kept<'a>(&'a self, keep: impl Fn(u64) -> bool + 'a) -> impl Iterator<Item = u32> + 'a {
+        self.requests
             .iter()
-            .filter(|(due, _)| keep(self.start_ns + u64::from(*due) * 1000))
+            .filter(move |(due, _)| keep(self.start_ns + u64::from(*due) * 1000))
             .map(|&(_, late)| late)
-            .collect();
-        kept.sort_unstable();
-        Latencies(kept)
     }
 }
 
 /// Latencies in microseconds, sorted.
-#[derive(Default)]
 pub(super) struct Latencies(Vec<u32>);
 
 impl Latencies {
-    /// These and `other`'s, sorted.
-    pub fn merged(mut self, other: Latencies) -> Latencies {
-        self.0.extend(other.0);
-        self.0.sort_unstable();
-        self
+    /// `latencies` in microseconds, in any order.
+    pub fn of(mut latencies: Vec<u32>) -> Latencies {
+        latencies.sort_unstable();
+        Latencies(latencies)
     }
 
     pub fn len(&self) -> usize {
@@ -370,9 +370,12 @@ mod tests {
         let during = |ns: u64| (1_000_500_000..1_002_500_000).contains(&ns);
         assert_eq!(served.latencies(during).0, vec![40, 900]);
         assert_eq!(served.latencies(|ns| !during(ns)).0, vec![30, 50]);
-        let all = served
-            .latencies(during)
-            .merged(served.latencies(|ns| !during(ns)));
+        let all = Latencies::of(
+            served
+                .kept(during)
+                .chain(served.kept(|ns| !during(ns)))
+                .collect(),
+        );
         assert_eq!(all.0, vec![30, 40, 50, 900]);
         assert_eq!(all.len(), 4);
     }
