@@ -11,7 +11,7 @@
 use std::{
     io::{BufRead, BufReader},
     process::{Child, Command, Stdio},
-    sync::{Arc, Mutex},
+    thread::JoinHandle,
     time::{Duration, Instant},
 };
 
@@ -55,7 +55,8 @@ tracepoint:syscalls:sys_enter_close
 /// A running trace of one memprobe's windows on one process.
 pub(super) struct WindowTrace {
     child: Child,
-    lines: Arc<Mutex<Vec<String>>>,
+    /// Reads bpftrace's lines until it exits, then gives them back.
+    reader: Option<JoinHandle<Vec<String>>>,
     began: u64,
 }
 
@@ -69,21 +70,21 @@ impl WindowTrace {
             .spawn()
             .context("starting bpftrace")?;
         let stdout = child.stdout.take().context("bpftrace's output")?;
-        let lines = Arc::new(Mutex::new(Vec::new()));
         let (ready, attached) = std::sync::mpsc::channel();
-        let sink = lines.clone();
-        std::thread::spawn(move || {
+        let reader = std::thread::spawn(move || {
+            let mut lines = Vec::new();
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
                 if line.starts_with("Attaching") {
                     let _ = ready.send(());
-                } else if let Ok(mut sink) = sink.lock() {
-                    sink.push(line);
+                } else {
+                    lines.push(line);
                 }
             }
+            lines
         });
         let mut trace = Self {
             child,
-            lines,
+            reader: Some(reader),
             began: 0,
         };
         if attached.recv_timeout(Duration::from_secs(60)).is_err() {
@@ -108,7 +109,13 @@ impl WindowTrace {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        let lines = self.lines.lock().map(|l| l.clone()).unwrap_or_default();
+        // Every line read, to the end of its output: the last windows'
+        // closes may still be in the pipe as bpftrace exits.
+        let lines = self
+            .reader
+            .take()
+            .map(|r| r.join().unwrap_or_default())
+            .unwrap_or_default();
         Ok(windows(&lines, self.began, ended))
     }
 }
