@@ -224,36 +224,36 @@ pub fn bench(only: Option<Part>) -> Result<()> {
     let mut places = None;
     if runs(Part::Loops) {
         let loops = measure_loops(&memprobe, &out, &profiles_dir)?;
-        results.add(&loop_table(&loops))?;
+        results.add("loops", &loop_table(&loops))?;
         places = Some(loops.attached.places);
     }
     if runs(Part::Mappings) {
         let costs = mappings::mapping_costs(&memprobe, &out, &profiles_dir)?;
-        results.add(&mappings::mapping_table(&costs))?;
+        results.add("mappings", &mappings::mapping_table(&costs))?;
     }
     if runs(Part::Agent) {
         let costs = agent::agent_costs(&memprobe, &out, &profiles_dir)?;
-        results.add(&agent::agent_table(&costs))?;
+        results.add("agent", &agent::agent_table(&costs))?;
     }
     if runs(Part::AgentScan) {
         let costs = agent_scan::scan_costs(&memprobe, &out, &profiles_dir)?;
-        results.add(&agent_scan::scan_table(&costs))?;
+        results.add("agent-scan", &agent_scan::scan_table(&costs))?;
     }
     if runs(Part::Glibc) {
         let costs = glibc::glibc_costs(&memprobe, &out, &profiles_dir)?;
-        results.add(&glibc::glibc_table(&costs))?;
+        results.add("glibc", &glibc::glibc_table(&costs))?;
     }
     if runs(Part::Python) {
         let costs = python::python_costs(&memprobe, &out, &profiles_dir)?;
-        results.add(&python::python_table(&costs))?;
+        results.add("python", &python::python_table(&costs))?;
     }
     if runs(Part::Switches) {
         let result = switches::switches(&memprobe, &out, &profiles_dir)?;
-        results.add(&switches::switches_table(&result))?;
+        results.add("switches", &switches::switches_table(&result))?;
     }
     if runs(Part::OwnProfiler) {
         let result = own_profiler::own_profiler(&memprobe, &profiles_dir)?;
-        results.add(&own_profiler::own_profiler_table(&result))?;
+        results.add("own-profiler", &own_profiler::own_profiler_table(&result))?;
     }
     let loads: &[Load] = match only {
         None | Some(Part::Redis) => &redis::LOADS,
@@ -281,19 +281,25 @@ pub fn bench(only: Option<Part>) -> Result<()> {
                 load.tests, load.value_bytes, load.pipeline
             );
             let redis = redis_bench(&memprobe, &profiles_dir, &places, load)?;
-            results.add(&redis_table(&redis))?;
+            let part = format!(
+                "redis {} {} B{}",
+                load.tests,
+                load.value_bytes,
+                if load.pipeline > 1 { " pipelined" } else { "" }
+            );
+            results.add(&part, &redis_table(&redis))?;
         }
     }
     if latency {
         eprintln!("bench: redis-server's latency under SET/GET at a fixed rate");
         let latency = redis::redis_latency(&memprobe, &profiles_dir, &places)?;
-        results.add(&redis::latency_table(&latency))?;
+        results.add("redis-latency", &redis::latency_table(&latency))?;
     }
     if runs(Part::Offline) {
         eprintln!("bench: offline reports of a large program's profile");
-        results.add(&offline_bench(&memprobe, &out)?)?;
+        results.add("offline", &offline_bench(&memprobe, &out)?)?;
     }
-    let minutes = started.elapsed().as_secs() / 60;
+    let minutes = started.elapsed().as_secs_f64() / 60.0;
     let stolen = match (stolen_before, steal_seconds()) {
         (Some(before), Some(after)) => {
             let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -306,7 +312,10 @@ pub fn bench(only: Option<Part>) -> Result<()> {
         }
         _ => String::new(),
     };
-    results.add(&format!("\nThe run took {minutes} minutes.{stolen}\n"))?;
+    let parts = results.minutes_per_part();
+    results.write(&format!(
+        "\nThe run took {minutes:.0} minutes ({parts}).{stolen}\n"
+    ))?;
     println!("{}", results.text);
     eprintln!("bench: results in {}", results.path.display());
     Ok(())
@@ -330,10 +339,15 @@ fn steal_seconds() -> Option<f64> {
 }
 
 /// The tables measured so far, written out after each part, so that a run
-/// cut short keeps what it measured.
+/// cut short keeps what it measured; and how long each part took, so that
+/// a run can be planned.
 struct Results {
     path: PathBuf,
     text: String,
+    /// When the last part ended (or the run began).
+    since: Instant,
+    /// Each part's name and seconds, in order.
+    took: Vec<(String, f64)>,
 }
 
 impl Results {
@@ -357,13 +371,37 @@ impl Results {
             said("date", &["-u", "+%Y-%m-%d %H:%M UTC"]),
             said("uname", &["-r"]),
         );
-        Results { path, text }
+        Results {
+            path,
+            text,
+            since: Instant::now(),
+            took: Vec::new(),
+        }
     }
 
-    fn add(&mut self, table: &str) -> Result<()> {
-        self.text.push_str(table);
+    /// `part`'s table, measured since the last part ended.
+    fn add(&mut self, part: &str, table: &str) -> Result<()> {
+        let now = Instant::now();
+        let seconds = now.duration_since(self.since).as_secs_f64();
+        self.took.push((part.to_owned(), seconds));
+        self.since = now;
+        self.write(table)
+    }
+
+    fn write(&mut self, text: &str) -> Result<()> {
+        self.text.push_str(text);
         std::fs::write(&self.path, &self.text)?;
         Ok(())
+    }
+
+    /// "loops 6, mappings 2, ...": each part's minutes.
+    fn minutes_per_part(&self) -> String {
+        let parts: Vec<String> = self
+            .took
+            .iter()
+            .map(|(part, seconds)| format!("{part} {:.0}", seconds / 60.0))
+            .collect();
+        format!("minutes per part: {}", parts.join(", "))
     }
 }
 
