@@ -276,17 +276,17 @@ pub fn bench(only: Option<Part>) -> Result<()> {
     let places = places.unwrap_or_default();
     if !loads.is_empty() {
         for &load in loads {
-            eprintln!(
-                "bench: redis-server under redis-benchmark {}, {}-byte values, pipelining {}",
-                load.tests, load.value_bytes, load.pipeline
-            );
-            let redis = redis_bench(&memprobe, &profiles_dir, &places, load)?;
             let part = format!(
                 "redis {} {} B{}",
                 load.tests,
                 load.value_bytes,
-                if load.pipeline > 1 { " pipelined" } else { "" }
+                match load.pipeline {
+                    1 => String::new(),
+                    depth => format!(" pipelined {depth}"),
+                }
             );
+            eprintln!("bench: {part}: redis-server under redis-benchmark");
+            let redis = redis_bench(&memprobe, &profiles_dir, &places, load)?;
             results.add(&part, &redis_table(&redis))?;
         }
     }
