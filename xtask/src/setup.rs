@@ -74,7 +74,22 @@ pub fn privileged(program: &str) -> Command {
 const BENCH_PACKAGES: &[&str] = &["redis-server", "redis-tools"];
 
 pub fn install_bench_tools() -> Result<()> {
-    install_packages(BENCH_PACKAGES)
+    install_packages(BENCH_PACKAGES)?;
+    mount_tracefs()
+}
+
+/// Where bpftrace finds the tracepoints' formats (the latency part's
+/// window trace).
+const TRACEFS: &str = "/sys/kernel/tracing";
+
+/// Mounts tracefs where it is not: a freshly booted host of this kind has
+/// none, bpftrace does not mount it, and without it no tracepoint is found.
+fn mount_tracefs() -> Result<()> {
+    if std::path::Path::new(TRACEFS).join("events").exists() {
+        return Ok(());
+    }
+    eprintln!("xtask: mounting tracefs at {TRACEFS}");
+    run_command(privileged("mount").args(["-t", "tracefs", "nodev", TRACEFS]))
 }
 
 fn apt_packages() -> Result<()> {

@@ -63,7 +63,6 @@ pub(super) struct WindowTrace {
 impl WindowTrace {
     /// Traces `memprobe`'s windows on `pid`, once the probes are in.
     pub fn start(memprobe: u32, pid: u32) -> Result<Self> {
-        mount_tracefs()?;
         let mut child = Command::new("bpftrace")
             .args(["-e", SCRIPT, &memprobe.to_string(), &pid.to_string()])
             .stdout(Stdio::piped())
@@ -119,25 +118,6 @@ impl WindowTrace {
             .unwrap_or_default();
         Ok(windows(&lines, self.began, ended))
     }
-}
-
-/// Where bpftrace finds the tracepoints' formats.
-const TRACEFS: &str = "/sys/kernel/tracing";
-
-/// Mounts tracefs where it is not: a freshly booted host of this kind has
-/// none, bpftrace does not mount it, and without it no tracepoint is found.
-fn mount_tracefs() -> Result<()> {
-    if std::path::Path::new(TRACEFS).join("events").exists() {
-        return Ok(());
-    }
-    let status = Command::new("mount")
-        .args(["-t", "tracefs", "nodev", TRACEFS])
-        .status()
-        .context("running mount")?;
-    if !status.success() {
-        bail!("could not mount tracefs at {TRACEFS}: bpftrace needs it for its tracepoints");
-    }
-    Ok(())
 }
 
 /// The windows `lines` ("open NS", "close NS") say: from the first link
