@@ -14,7 +14,7 @@ use anyhow::{Result, bail};
 
 use super::{
     LOADS,
-    open_loop::{Latencies, Schedule, Served, fixed_rate},
+    open_loop::{Latencies, Schedule, Served, Stalls, fixed_rate},
     table::geometric_mean_ratio,
     twins::{Server, Twins, crossover},
     window_trace::{EDGE_NS, Part, Window, WindowTrace, part_of_window},
@@ -288,7 +288,7 @@ pub(in crate::bench) fn latency_table(result: &LatencyResult) -> String {
 /// they were closed apart.
 fn windows_table(result: &LatencyResult) -> String {
     let mut table = format!(
-        "\n| memprobe's windows on the measured twin (traced: its `uprobe_multi` links made and closed), every run pooled | windows, mean length | requests due in one (or within {edge} ms of its close) | their p50 ms | their p99 ms | p99 ms: due in its first {edge} ms | in its middle | from {half} ms before its close | p99 ms of the others | the others' p99 over the floor twin's |\n|---|---|---|---|---|---|---|---|---|---|\n",
+        "\n| memprobe's windows on the measured twin (traced: its `uprobe_multi` links made and closed), every run pooled | windows, mean length | requests due in one (or within {edge} ms of its close) | their p50 ms | their p99 ms | p99 ms: due in its first {edge} ms | in its middle | from {half} ms before its close | p99 ms of the others | the others' p99 over the floor twin's | stalls per 10k requests (in all), due from {half} ms before a close | the others' | the floor twin's |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
         edge = EDGE_NS / 1_000_000,
         half = EDGE_NS / 2_000_000,
     );
@@ -309,8 +309,16 @@ fn windows_table(result: &LatencyResult) -> String {
         let open_ns: u64 = row.windows.iter().flatten().map(|(o, c)| c - o).sum();
         let share = inside.len() as f64 / (inside.len() + outside.len()).max(1) as f64;
         let others = outside.quantile_ms(0.99);
+        let stalls = |side: fn(&Round) -> &[Figures; 2], keep: &dyn Fn(Part) -> bool| {
+            stalls(halves, side, |half, ns| {
+                keep(part_of_window(&row.windows[half], ns))
+            })
+        };
+        let closing_stalls = stalls(|r| &r.with, &|part| part == Part::Closing);
+        let other_stalls = stalls(|r| &r.with, &|part| part != Part::Closing);
+        let floor_stalls = stalls(|r| &r.without, &|_| true);
         table.push_str(&format!(
-            "| {} | {count}, {:.0} ms | {:.1}% | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {others:.3} | {:.2}x |\n",
+            "| {} | {count}, {:.0} ms | {:.1}% | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {others:.3} | {:.2}x | {closing_stalls} | {other_stalls} | {floor_stalls} |\n",
             row.label,
             open_ns as f64 / count.max(1) as f64 / 1e6,
             100.0 * share,
@@ -339,6 +347,22 @@ fn pool(
         }
     }
     Latencies::of(pooled)
+}
+
+/// The stalls among the requests of every run on one `side` that `keep`
+/// keeps (given the half and when the request was due).
+fn stalls(
+    halves: &[Vec<Round>; 2],
+    side: fn(&Round) -> &[Figures; 2],
+    keep: impl Fn(usize, u64) -> bool,
+) -> Stalls {
+    let mut pooled = Stalls::default();
+    for (half, rounds) in halves.iter().enumerate() {
+        for figures in rounds.iter().flat_map(|r| side(r).iter()) {
+            pooled += figures.served.stalls(|ns| keep(half, ns));
+        }
+    }
+    pooled
 }
 
 /// The mean of `figure` over every run on one `side` (with or without).

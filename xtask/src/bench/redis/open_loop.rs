@@ -58,6 +58,59 @@ impl Served {
             .filter(move |(due, _)| keep(self.start_ns + u64::from(*due) * 1000))
             .map(|&(_, late)| late)
     }
+
+    /// The requests due at times that `keep` keeps, and the stalls among
+    /// them: runs of requests that waited over [`STALL_US`], a run ending
+    /// where the next such request was due over [`STALL_GAP_US`] later.
+    /// A stall makes many requests wait, so a p99 over a few thousand
+    /// requests can hang on one or two: their count says how often.
+    pub fn stalls(&self, keep: impl Fn(u64) -> bool) -> Stalls {
+        let mut stalls = Stalls::default();
+        let mut last_slow: Option<u32> = None;
+        for &(due, late) in &self.requests {
+            if !keep(self.start_ns + u64::from(due) * 1000) {
+                continue;
+            }
+            stalls.requests += 1;
+            if late <= STALL_US {
+                continue;
+            }
+            if last_slow.is_none_or(|at| due - at > STALL_GAP_US) {
+                stalls.count += 1;
+            }
+            last_slow = Some(due);
+        }
+        stalls
+    }
+}
+
+/// A request that waited longer than this (µs) was held up by something
+/// beside the traps: the server's p99 is a third of it.
+const STALL_US: u32 = 1000;
+
+/// Slow requests due within this (µs) of each other are one stall's.
+const STALL_GAP_US: u32 = 3000;
+
+/// Requests, and the stalls among them ([`Served::stalls`]).
+#[derive(Default, Clone, Copy)]
+pub(super) struct Stalls {
+    pub requests: usize,
+    pub count: usize,
+}
+
+impl std::ops::AddAssign for Stalls {
+    fn add_assign(&mut self, other: Self) {
+        self.requests += other.requests;
+        self.count += other.count;
+    }
+}
+
+impl std::fmt::Display for Stalls {
+    /// Stalls per 10,000 requests, and how many in all.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let per = 1e4 * self.count as f64 / self.requests.max(1) as f64;
+        write!(f, "{per:.1} ({})", self.count)
+    }
 }
 
 /// Latencies in microseconds, sorted.
@@ -378,5 +431,28 @@ mod tests {
         );
         assert_eq!(all.0, vec![30, 40, 50, 900]);
         assert_eq!(all.len(), 4);
+    }
+
+    #[test]
+    fn slow_requests_due_close_together_are_one_stall() {
+        let served = Served {
+            start_ns: 0,
+            // Two slow requests 2 ms apart (one stall), one 10 ms later
+            // (another), and one as slow as the threshold (none).
+            requests: vec![
+                (0, 100),
+                (1_000, 1_500),
+                (3_000, 2_500),
+                (4_000, 1_000),
+                (13_000, 4_000),
+                (20_000, 90),
+            ],
+        };
+        let stalls = served.stalls(|_| true);
+        assert_eq!((stalls.requests, stalls.count), (6, 2));
+        assert_eq!(stalls.to_string(), "3333.3 (2)");
+        // Those due from 10 ms on: the later stall alone.
+        let late = served.stalls(|ns| ns >= 10_000_000);
+        assert_eq!((late.requests, late.count), (2, 1));
     }
 }
