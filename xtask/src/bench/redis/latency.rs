@@ -341,10 +341,8 @@ fn pool(
     keep: impl Fn(usize, u64) -> bool,
 ) -> Latencies {
     let mut pooled = Vec::new();
-    for (half, rounds) in halves.iter().enumerate() {
-        for figures in rounds.iter().flat_map(|r| side(r).iter()) {
-            pooled.extend(figures.served.kept(|ns| keep(half, ns)));
-        }
+    for (half, figures) in runs(halves, side) {
+        pooled.extend(figures.served.kept(|ns| keep(half, ns)));
     }
     Latencies::of(pooled)
 }
@@ -357,12 +355,21 @@ fn stalls(
     keep: impl Fn(usize, u64) -> bool,
 ) -> Stalls {
     let mut pooled = Stalls::default();
-    for (half, rounds) in halves.iter().enumerate() {
-        for figures in rounds.iter().flat_map(|r| side(r).iter()) {
-            pooled += figures.served.stalls(|ns| keep(half, ns));
-        }
+    for (half, figures) in runs(halves, side) {
+        pooled += figures.served.stalls(|ns| keep(half, ns));
     }
     pooled
+}
+
+/// Every run on one `side`, with the half it was in.
+fn runs(
+    halves: &[Vec<Round>; 2],
+    side: fn(&Round) -> &[Figures; 2],
+) -> impl Iterator<Item = (usize, &Figures)> {
+    halves
+        .iter()
+        .enumerate()
+        .flat_map(move |(half, rounds)| rounds.iter().flat_map(side).map(move |f| (half, f)))
 }
 
 /// The mean of `figure` over every run on one `side` (with or without).
@@ -371,10 +378,6 @@ fn mean(
     side: fn(&Round) -> &[Figures; 2],
     figure: &dyn Fn(&Figures) -> f64,
 ) -> f64 {
-    let values: Vec<f64> = halves
-        .iter()
-        .flatten()
-        .flat_map(|round| side(round).iter().map(figure))
-        .collect();
+    let values: Vec<f64> = runs(halves, side).map(|(_, f)| figure(f)).collect();
     values.iter().sum::<f64>() / values.len().max(1) as f64
 }

@@ -53,10 +53,17 @@ impl Served {
     /// The latencies, unsorted, of the requests due at times that `keep`
     /// keeps: for pooling several runs' before sorting once.
     pub fn kept<'a>(&'a self, keep: impl Fn(u64) -> bool + 'a) -> impl Iterator<Item = u32> + 'a {
+        self.due_at(keep).map(|&(_, late)| late)
+    }
+
+    /// The requests (due, latency) due at times that `keep` keeps.
+    fn due_at<'a>(
+        &'a self,
+        keep: impl Fn(u64) -> bool + 'a,
+    ) -> impl Iterator<Item = &'a (u32, u32)> + 'a {
         self.requests
             .iter()
             .filter(move |(due, _)| keep(self.start_ns + u64::from(*due) * 1000))
-            .map(|&(_, late)| late)
     }
 
     /// The requests due at times that `keep` keeps, and the stalls among
@@ -67,10 +74,7 @@ impl Served {
     pub fn stalls(&self, keep: impl Fn(u64) -> bool) -> Stalls {
         let mut stalls = Stalls::default();
         let mut last_slow: Option<u32> = None;
-        for &(due, late) in &self.requests {
-            if !keep(self.start_ns + u64::from(due) * 1000) {
-                continue;
-            }
+        for &(due, late) in self.due_at(keep) {
             stalls.requests += 1;
             if late <= STALL_US {
                 continue;
