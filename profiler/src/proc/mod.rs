@@ -1,4 +1,5 @@
 //! The processes to profile, as /proc shows them: maps, names, pids, roots.
+mod cpus;
 mod error;
 mod maps;
 mod memory;
@@ -7,6 +8,7 @@ pub mod rootfs;
 mod stat;
 use std::path::PathBuf;
 
+pub use cpus::CpuSet;
 pub use error::ProcessError;
 pub use maps::{
     AddressRange, FileId, Mapping, MapsStamp, file_base, mapped_address, maps_stamp, parse_maps,

@@ -11,6 +11,7 @@ mod frees_on_request;
 mod memory;
 mod notice;
 mod options;
+mod own_cpus;
 mod process;
 mod publish;
 mod python;
@@ -110,6 +111,11 @@ pub async fn run(options: SessionOptions, status: &mut dyn Write) -> Result<Summ
     // Before anything is attached: the timing copy must run alone.
     let measured = calibrate::measure(&mut probes);
     probes.reset_counters();
+    // After the timing, which picks the quietest CPU of all.
+    let own_cpus = match &options.targets {
+        Targets::Pids(pids) => own_cpus::keep_off(pids),
+        Targets::All | Targets::Launch(_) => None,
+    };
     let (exits, exit_rx) = mpsc::unbounded_channel();
     let mut session = Session::new(options, status, probes, cache, output, exits);
     session.take_first_costs(measured);
@@ -121,6 +127,9 @@ pub async fn run(options: SessionOptions, status: &mut dyn Write) -> Result<Summ
         session.serve(endpoints);
     }
     session.announce();
+    if let Some(own_cpus) = own_cpus {
+        let _ = writeln!(session.status, "{}", own_cpus.status_line());
+    }
     session.started = Instant::now();
     // SAFETY: the ring buffer owns its fd and keeps it open while it lives,
     // which is as long as the AsyncFd that owns the ring buffer.

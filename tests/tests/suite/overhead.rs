@@ -488,3 +488,53 @@ fn jemallocs_fast_path_is_recognised_in_shared_and_static_builds() {
         assert!(line.contains(tls), "{line}");
     }
 }
+
+/// The CPUs every thread of process `pid` may run on, as /proc lists them.
+fn threads_cpus(pid: u32) -> Vec<String> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).unwrap();
+    tasks
+        .filter_map(|task| {
+            let status = std::fs::read_to_string(task.ok()?.path().join("status")).ok()?;
+            let line = status
+                .lines()
+                .find(|l| l.starts_with("Cpus_allowed_list:"))?;
+            Some(line.split_whitespace().last()?.to_owned())
+        })
+        .collect()
+}
+
+/// A target pinned to CPU 0 keeps it: memprobe's threads, the ones started
+/// after the attach too, keep to the other CPUs, and say so.
+#[test]
+fn memprobe_keeps_off_a_pinned_targets_cpus() {
+    let _guard = shared();
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if cpus < 2 {
+        eprintln!("skipped: one CPU, nowhere else to run");
+        return;
+    }
+    let out = output_dir("keeps_off_pinned");
+    let mut command = Command::new("taskset");
+    command.args(["-c", "0"]).arg(sites_fixture());
+    let mut fixture = Fixture::start_command(command);
+    let memprobe = Memprobe::attach(&fixture, &out, &[]);
+    let others = if cpus == 2 {
+        "1".to_owned()
+    } else {
+        format!("1-{}", cpus - 1)
+    };
+    memprobe.wait_for_stderr(
+        &format!("memprobe: running on CPUs {others}, off the CPUs its targets are kept to (0)"),
+        std::time::Duration::from_secs(5),
+        "the placement's status line",
+    );
+    fixture.run_workload();
+    let threads = threads_cpus(memprobe.pid());
+    assert!(!threads.is_empty());
+    assert!(threads.iter().all(|t| *t == others), "{threads:?}");
+    assert_eq!(threads_cpus(fixture.pid), ["0"]);
+    let stderr = memprobe.stop();
+    let heap = out.join(format!("memprobe.{}.0.heap", fixture.pid));
+    assert!(heap.exists(), "{stderr}");
+    fixture.finish();
+}

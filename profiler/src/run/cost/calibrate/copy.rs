@@ -11,6 +11,7 @@ use std::{
 
 use crate::{
     clock::clock_ns,
+    proc::CpuSet,
     run::cost::calibrate::{CalibrationError, KINDS},
 };
 
@@ -121,11 +122,11 @@ fn ping_pong(request: &SwitchRequest) -> Option<f64> {
         on_main,
         cpu,
     } = *request;
-    let cpu = one_cpu(cpu)?;
+    let cpu = CpuSet::one(usize::try_from(cpu).ok()?)?;
     let (mut there_in, mut there_out) = std::io::pipe().ok()?;
     let (mut back_in, mut back_out) = std::io::pipe().ok()?;
     let echo = std::thread::spawn(move || {
-        set_affinity(&cpu)?;
+        cpu.keep_thread(0)?;
         let started = thread_cpu_time();
         let mut byte = [0u8];
         while there_in.read_exact(&mut byte).is_ok() && back_out.write_all(&byte).is_ok() {}
@@ -143,14 +144,14 @@ fn ping_pong(request: &SwitchRequest) -> Option<f64> {
         Some(elapsed)
     };
     let elapsed = if on_main {
-        let before = affinity()?;
-        set_affinity(&cpu)?;
+        let before = CpuSet::of_thread(0)?;
+        cpu.keep_thread(0)?;
         let elapsed = timed();
-        set_affinity(&before)?;
+        before.keep_thread(0)?;
         elapsed
     } else {
         std::thread::spawn(move || {
-            set_affinity(&cpu)?;
+            cpu.keep_thread(0)?;
             timed()
         })
         .join()
@@ -158,39 +159,6 @@ fn ping_pong(request: &SwitchRequest) -> Option<f64> {
     };
     let echoed = echo.join().ok()??;
     Some((elapsed? + echoed).as_nanos() as f64 / trips.max(1) as f64)
-}
-
-/// The set of the one CPU `cpu` (`None` if the number is not one).
-fn one_cpu(cpu: i32) -> Option<libc::cpu_set_t> {
-    let cpu = usize::try_from(cpu).ok()?;
-    if cpu >= libc::CPU_SETSIZE as usize {
-        return None;
-    }
-    // SAFETY: a zeroed cpu_set_t is the empty set, and `cpu` is within it.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    unsafe { libc::CPU_SET(cpu, &mut set) };
-    Some(set)
-}
-
-/// The calling thread's CPUs.
-fn affinity() -> Option<libc::cpu_set_t> {
-    affinity_of(0)
-}
-
-/// The CPUs task `tid` may run on (0: the calling thread).
-fn affinity_of(tid: u32) -> Option<libc::cpu_set_t> {
-    // SAFETY: a zeroed cpu_set_t, filled in by the kernel.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    let size = std::mem::size_of::<libc::cpu_set_t>();
-    let tid = libc::pid_t::try_from(tid).ok()?;
-    (unsafe { libc::sched_getaffinity(tid, size, &mut set) } == 0).then_some(set)
-}
-
-/// Keeps the calling thread to `set`.
-fn set_affinity(set: &libc::cpu_set_t) -> Option<()> {
-    let size = std::mem::size_of::<libc::cpu_set_t>();
-    // SAFETY: `set` is a whole cpu_set_t of `size` bytes.
-    (unsafe { libc::sched_setaffinity(0, size, set) } == 0).then_some(())
 }
 
 /// In memprobe's calibration copy: answers each request line on stdin
@@ -377,15 +345,13 @@ impl Target {
     /// a busy target priced a switch 15% low). `None` if the CPUs' times
     /// or the copy's CPUs cannot be read.
     pub(super) fn quietest_cpu(&self, look: Duration) -> Option<usize> {
-        let allowed = affinity_of(self.child.id())?;
+        let allowed = CpuSet::of_thread(self.child.id())?;
         let before = crate::proc::cpu_busy_ticks()?;
         std::thread::sleep(look);
         let after = crate::proc::cpu_busy_ticks()?;
         after
             .iter()
-            .filter(|(cpu, _)| *cpu < libc::CPU_SETSIZE as usize)
-            // SAFETY: `cpu` is within the set's bounds.
-            .filter(|(cpu, _)| unsafe { libc::CPU_ISSET(*cpu, &allowed) })
+            .filter(|(cpu, _)| allowed.contains(*cpu))
             .filter_map(|&(cpu, busy)| {
                 let (_, earlier) = before.iter().find(|(c, _)| *c == cpu)?;
                 Some((busy.saturating_sub(*earlier), cpu))
