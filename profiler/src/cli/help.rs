@@ -73,7 +73,8 @@ other processes mapping the same library run at full speed; so does --all,
 which probes each jemalloc process on its own (with --sampling entry it
 probes system-wide: every process that maps a probed allocator then traps on
 every call). Processes in containers are reached through /proc/PID; outputs
-are named by host pid.
+are named by host pid. A process kept to some CPUs (taskset, a cpuset) keeps
+them: with --pid, memprobe's own threads run on the others, where any remain.
 
 Allocations are sampled in the kernel by bytes, like jemalloc's own profiler,
 and the written estimates are unbiased. A process that runs jemalloc's own

@@ -9,7 +9,7 @@ impl CpuSet {
     /// The most CPUs a set holds.
     const CAPACITY: usize = libc::CPU_SETSIZE as usize;
 
-    pub fn empty() -> Self {
+    fn empty() -> Self {
         // SAFETY: a zeroed cpu_set_t is the empty set.
         Self(unsafe { std::mem::zeroed() })
     }
@@ -22,7 +22,7 @@ impl CpuSet {
     }
 
     /// Adds `cpu` (`None` past the set's capacity).
-    pub fn insert(&mut self, cpu: usize) -> Option<()> {
+    fn insert(&mut self, cpu: usize) -> Option<()> {
         (cpu < Self::CAPACITY).then(|| {
             // SAFETY: `cpu` is within the set's bounds.
             unsafe { libc::CPU_SET(cpu, &mut self.0) }
@@ -44,20 +44,12 @@ impl CpuSet {
     }
 
     pub fn union(&self, other: &Self) -> Self {
-        let mut set = *self;
-        for cpu in other.iter() {
-            set.insert(cpu);
-        }
-        set
+        self.iter().chain(other.iter()).collect()
     }
 
     /// The CPUs of `self` not in `other`.
     pub fn minus(&self, other: &Self) -> Self {
-        let mut set = Self::empty();
-        for cpu in self.iter().filter(|&cpu| !other.contains(cpu)) {
-            set.insert(cpu);
-        }
-        set
+        self.iter().filter(|&cpu| !other.contains(cpu)).collect()
     }
 
     /// The CPUs thread `tid` may run on (0: the calling thread); `None` if
@@ -78,6 +70,17 @@ impl CpuSet {
         let size = std::mem::size_of::<libc::cpu_set_t>();
         // SAFETY: `self.0` is a whole cpu_set_t of `size` bytes.
         (unsafe { libc::sched_setaffinity(tid, size, &self.0) } == 0).then_some(())
+    }
+}
+
+/// CPUs past the set's capacity are left out.
+impl FromIterator<usize> for CpuSet {
+    fn from_iter<I: IntoIterator<Item = usize>>(cpus: I) -> Self {
+        let mut set = Self::empty();
+        for cpu in cpus {
+            set.insert(cpu);
+        }
+        set
     }
 }
 
@@ -119,11 +122,7 @@ mod tests {
     use super::*;
 
     fn set(cpus: &[usize]) -> CpuSet {
-        let mut set = CpuSet::empty();
-        for &cpu in cpus {
-            set.insert(cpu).unwrap();
-        }
-        set
+        cpus.iter().copied().collect()
     }
 
     #[test]

@@ -97,6 +97,12 @@ struct Session<'a> {
 pub async fn run(options: SessionOptions, status: &mut dyn Write) -> Result<Summary> {
     features::require_root()?;
     features::require_kernel_support()?;
+    // First: reading the targets' files and timing the probes are bursts
+    // of memprobe's work too (some 0.2 s of a CPU).
+    let own_cpus = match &options.targets {
+        Targets::Pids(pids) => own_cpus::keep_off(pids),
+        Targets::All | Targets::Launch(_) => None,
+    };
     let mut cache = AllocatorCache::new(options.debug_dir.clone(), options.allocators.clone());
     let checked = check_targets(&options, &mut cache)?;
     // Bound before anything is attached: a bad address undoes nothing.
@@ -111,11 +117,6 @@ pub async fn run(options: SessionOptions, status: &mut dyn Write) -> Result<Summ
     // Before anything is attached: the timing copy must run alone.
     let measured = calibrate::measure(&mut probes);
     probes.reset_counters();
-    // After the timing, which picks the quietest CPU of all.
-    let own_cpus = match &options.targets {
-        Targets::Pids(pids) => own_cpus::keep_off(pids),
-        Targets::All | Targets::Launch(_) => None,
-    };
     let (exits, exit_rx) = mpsc::unbounded_channel();
     let mut session = Session::new(options, status, probes, cache, output, exits);
     session.take_first_costs(measured);

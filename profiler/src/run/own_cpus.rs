@@ -72,11 +72,7 @@ mod tests {
     use super::*;
 
     fn set(cpus: &[usize]) -> CpuSet {
-        let mut set = CpuSet::empty();
-        for &cpu in cpus {
-            set.insert(cpu).unwrap();
-        }
-        set
+        cpus.iter().copied().collect()
     }
 
     #[test]
