@@ -274,6 +274,7 @@ pub fn bench(only: Option<Part>) -> Result<()> {
         )?);
     }
     let places = places.unwrap_or_default();
+    let on_client_cpu = (!loads.is_empty() || latency).then(redis::OnClientCpu::enter);
     if !loads.is_empty() {
         for &load in loads {
             let part = format!(
@@ -295,6 +296,7 @@ pub fn bench(only: Option<Part>) -> Result<()> {
         let latency = redis::redis_latency(&memprobe, &profiles_dir, &places)?;
         results.add("redis-latency", &redis::latency_table(&latency))?;
     }
+    drop(on_client_cpu);
     if runs(Part::Offline) {
         eprintln!("bench: offline reports of a large program's profile");
         results.add("offline", &offline_bench(&memprobe, &out)?)?;

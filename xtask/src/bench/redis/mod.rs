@@ -539,6 +539,45 @@ fn load(server: Server, requests: u32) -> Command {
     command
 }
 
+/// The CPU the clients run on: the one redis-server leaves free.
+const CLIENT_CPU: usize = 1;
+
+/// Keeps the calling thread on [`CLIENT_CPU`], off redis-server's.
+fn pin_to_client_cpu() {
+    // SAFETY: a zeroed cpu_set_t is an empty set; the calls change this
+    // thread's affinity alone.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(CLIENT_CPU, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}
+
+/// The bench's own thread kept on [`CLIENT_CPU`] while the redis parts run,
+/// and what it starts there too but the servers (`taskset -c 0`): its work
+/// between runs (reading a run's latencies and window trace, starting
+/// memprobe) held a woken redis-server for 0.19 s over a latency part.
+/// Back on the CPUs it had when dropped.
+pub(super) struct OnClientCpu(libc::cpu_set_t);
+
+impl OnClientCpu {
+    pub(super) fn enter() -> Self {
+        // SAFETY: a zeroed cpu_set_t, filled in by the kernel.
+        let mut before: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        // SAFETY: a whole cpu_set_t for the calling thread.
+        unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut before) };
+        pin_to_client_cpu();
+        Self(before)
+    }
+}
+
+impl Drop for OnClientCpu {
+    fn drop(&mut self) {
+        // SAFETY: a whole cpu_set_t for the calling thread.
+        unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &self.0) };
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -142,9 +142,6 @@ impl Latencies {
     }
 }
 
-/// The CPU the client's threads run on: the one redis-server leaves free.
-const CLIENT_CPU: usize = 1;
-
 /// The keys redis-benchmark's `-r 1000000` fills: `key:` and twelve digits.
 const KEYS: u64 = 1_000_000;
 
@@ -168,7 +165,7 @@ pub(super) fn fixed_rate(port: &str, schedule: Schedule) -> Result<Served> {
         let (reader, due) = (stream.try_clone()?, due.clone());
         let count = schedule.connections;
         readers.push(std::thread::spawn(move || {
-            pin_to_client_cpu();
+            super::pin_to_client_cpu();
             read_replies(reader, &due, connection, count)
         }));
     }
@@ -221,7 +218,7 @@ fn send(
     start: Instant,
     mut requests: Requests,
 ) -> Result<()> {
-    pin_to_client_cpu();
+    super::pin_to_client_cpu();
     // Wake when asked, not up to 50 µs later: the send times are the
     // schedule's, not the timer's.
     // SAFETY: prctl with an integer argument changes this thread alone.
@@ -344,17 +341,6 @@ impl SplitMix {
     /// Uniform in [0, 1).
     fn unit(&mut self) -> f64 {
         (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
-
-/// Keeps the calling thread on [`CLIENT_CPU`], off redis-server's.
-fn pin_to_client_cpu() {
-    // SAFETY: a zeroed cpu_set_t is an empty set; the calls change this
-    // thread's affinity alone.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(CLIENT_CPU, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
     }
 }
 
