@@ -138,12 +138,20 @@ pub(super) fn free_52(
     (masks_key && counter_added_52(instructions, base)? == counter).then_some((sized, base))
 }
 
-/// `and REG, 0xffffffffc0000000`: a pointer's key in jemalloc's radix tree.
+/// `and REG, MASK`: a pointer's key in jemalloc's radix tree, its low bits
+/// cleared. How many depends on the virtual address width jemalloc's
+/// `configure` read off the CPU it was built on (`LG_VADDR`): 30 for 48-bit
+/// addresses (`0xffffffffc0000000`), 27 for 57-bit ones (five-level paging:
+/// `0xfffffffff8000000`); a page's bits and one level of the tree in any
+/// case.
 fn masks_rtree_key(i: &Instruction) -> bool {
-    const RTREE_KEY_MASK: u64 = 0xffff_ffff_c000_0000;
-    i.mnemonic() == Mnemonic::And
-        && i.op1_kind() == OpKind::Immediate32to64
-        && i.immediate(1) == RTREE_KEY_MASK
+    const CLEARED_BITS: std::ops::RangeInclusive<u32> = 20..=40;
+    if i.mnemonic() != Mnemonic::And || i.op1_kind() != OpKind::Immediate32to64 {
+        return false;
+    }
+    let mask = i.immediate(1);
+    let cleared = mask.trailing_zeros();
+    CLEARED_BITS.contains(&cleared) && mask == u64::MAX << cleared
 }
 
 /// calloc's shape: `num * size` multiplied, the high halves of both tested
@@ -285,4 +293,27 @@ fn thread_block_base(instructions: &[Instruction]) -> Option<Register> {
         .iter()
         .find(|i| i.segment_prefix() == Register::FS && i.memory_base() != Register::None)
         .map(|i| i.memory_base())
+}
+
+#[cfg(test)]
+mod tests {
+    use iced_x86::{Decoder, DecoderOptions};
+
+    use super::*;
+
+    /// `and rcx, IMM`, its 32-bit immediate sign-extended.
+    fn and_rcx(immediate: u32) -> Instruction {
+        let [a, b, c, d] = immediate.to_le_bytes();
+        Decoder::new(64, &[0x48, 0x81, 0xe1, a, b, c, d], DecoderOptions::NONE).decode()
+    }
+
+    #[test]
+    fn the_radix_tree_key_mask_of_any_address_width_is_recognised() {
+        // 0xffffffffc0000000: 48-bit addresses; 0xfffffffff8000000: 57-bit.
+        assert!(masks_rtree_key(&and_rcx(0xc000_0000)));
+        assert!(masks_rtree_key(&and_rcx(0xf800_0000)));
+        // A page's mask, and a mask that is not one run of ones.
+        assert!(!masks_rtree_key(&and_rcx(0xffff_f000)));
+        assert!(!masks_rtree_key(&and_rcx(0xf8f0_0000)));
+    }
 }
