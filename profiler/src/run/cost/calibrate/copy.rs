@@ -104,7 +104,7 @@ fn parse_switch_request(line: &str) -> Option<SwitchRequest> {
 struct SwitchRequest {
     trips: u64,
     on_main: bool,
-    cpu: i32,
+    cpu: usize,
 }
 
 /// Nanoseconds of CPU time per round trip (see [`parse_switch_request`]),
@@ -122,7 +122,7 @@ fn ping_pong(request: &SwitchRequest) -> Option<f64> {
         on_main,
         cpu,
     } = *request;
-    let cpu = CpuSet::one(usize::try_from(cpu).ok()?)?;
+    let cpu = CpuSet::one(cpu)?;
     let (mut there_in, mut there_out) = std::io::pipe().ok()?;
     let (mut back_in, mut back_out) = std::io::pipe().ok()?;
     let echo = std::thread::spawn(move || {
@@ -422,7 +422,7 @@ mod tests {
     #[test]
     fn a_ping_pong_takes_cpu_time_on_either_thread() {
         // SAFETY: sched_getcpu takes nothing and only answers.
-        let cpu = unsafe { libc::sched_getcpu() };
+        let cpu = usize::try_from(unsafe { libc::sched_getcpu() }).unwrap();
         for on_main in [false, true] {
             let per_trip = ping_pong(&SwitchRequest {
                 trips: 200,
