@@ -31,12 +31,15 @@ pub(super) fn keep_off(pids: &[u32]) -> Option<OwnCpus> {
     let theirs = targets_cpus(pids)?;
     let mine = CpuSet::of_thread(0)?;
     let ours = away_from(&mine, &theirs)?;
+    // The calling thread first: whether the kernel takes the set at all.
+    ours.keep_thread(0)?;
     // Twice: a thread started while the first pass ran inherits from its
-    // starter, which may not have been moved yet.
+    // starter, which may not have been moved yet. A thread that ended
+    // between being listed and being moved is not a refusal.
     for _ in 0..2 {
         for tid in thread_ids(std::process::id()) {
             if CpuSet::of_thread(tid).is_some_and(|cpus| cpus != ours) {
-                ours.keep_thread(tid)?;
+                let _ = ours.keep_thread(tid);
             }
         }
     }
