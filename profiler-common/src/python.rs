@@ -30,7 +30,8 @@ pub struct PythonOffsets {
     pub cframe: u32,
     /// `_PyCFrame.current_frame`, or `PyThreadState.current_frame`.
     pub current_frame: u32,
-    /// `_PyInterpreterFrame.f_code` (`f_executable` in 3.13).
+    /// `_PyInterpreterFrame.f_code` (`f_executable` in 3.13, tagged in
+    /// 3.14: see [`FRAME_CODE_TAG_BITS`]).
     pub frame_code: u32,
     /// `_PyInterpreterFrame.previous`: the caller's frame.
     pub frame_previous: u32,
@@ -49,6 +50,12 @@ pub struct PythonOffsets {
 
 /// [`PythonOffsets::cframe`] where the thread state holds its frame.
 pub const NO_CFRAME: u32 = u32::MAX;
+
+/// The low bits of a frame's code reference that are tags, not address:
+/// 3.14 holds it as a `_PyStackRef`, whose `Py_TAG_BITS` mark how it is
+/// counted. Earlier versions hold a plain pointer, aligned, whose low bits
+/// are clear anyway.
+pub const FRAME_CODE_TAG_BITS: u64 = 0b11;
 
 /// A process whose samples carry their Python frames.
 #[repr(C)]

@@ -7,8 +7,8 @@ use aya_ebpf::helpers::generated::bpf_probe_read_user as bpf_probe_read_user_raw
 use profiler_common::{
     Counter, EventKind,
     python::{
-        MAX_PYTHON_FRAMES, MAX_PYTHON_THREADS, NO_CFRAME, PythonFrame, PythonProcess,
-        PythonStackEvent,
+        FRAME_CODE_TAG_BITS, MAX_PYTHON_FRAMES, MAX_PYTHON_THREADS, NO_CFRAME, PythonFrame,
+        PythonProcess, PythonStackEvent,
     },
 };
 
@@ -125,7 +125,7 @@ unsafe fn walk(mut frame: u64, process: &PythonProcess, frames: *mut PythonFrame
         if frame == 0 {
             break;
         }
-        let code = read_or_zero(frame + offsets.frame_code as u64);
+        let code = read_or_zero(frame + offsets.frame_code as u64) & !FRAME_CODE_TAG_BITS;
         let frame_read = PythonFrame {
             code,
             instr: read_or_zero(frame + offsets.frame_instr as u64),

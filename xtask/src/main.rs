@@ -210,8 +210,7 @@ fn test(filter: Option<&str>, fuzz_build: Option<fuzz::Build>) -> Result<()> {
         ])
         .env("MEMPROBE_BIN", &binary)
         .env("MEMPROBE_DEB", &deb)
-        .env("MEMPROBE_PYTHON_3_13", &pythons[0])
-        .env("MEMPROBE_PYTHON_3_14", &pythons[1]);
+        .envs(pythons);
     if let Some(filter) = filter {
         command.arg(filter);
     }

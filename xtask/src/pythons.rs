@@ -1,6 +1,6 @@
 //! Other CPythons for the Python tests, from later Debian suites: 3.13
-//! from Debian 13 (trixie), which memprobe reads, and 3.14 from forky,
-//! which it does not (yet). Their packages are unpacked, not installed,
+//! from Debian 13 (trixie) and 3.14 from forky, which memprobe reads, and
+//! 3.15 from sid, which it does not (yet). Their packages are unpacked, not installed,
 //! under `target/python3.X/root`, with their suite's glibc beside them
 //! (newer than Debian 12's), and run through that glibc's loader.
 //! Unpacked once.
@@ -17,7 +17,7 @@ use crate::{run_command, workspace_root};
 const MIRROR: &str = "http://deb.debian.org/debian";
 
 /// (version, suite): each Python and the suite it comes from.
-pub const PYTHONS: [(&str, &str); 2] = [("3.13", "trixie"), ("3.14", "forky")];
+pub const PYTHONS: [(&str, &str); 3] = [("3.13", "trixie"), ("3.14", "forky"), ("3.15", "sid")];
 
 /// The interpreter, the part of its library it starts with, its headers
 /// (for the test extension), and what the interpreter links to.
@@ -30,11 +30,15 @@ fn packages(version: &str) -> Vec<String> {
     packages
 }
 
-/// Unpacks each of [`PYTHONS`]; their roots, in order.
-pub fn unpack_all() -> Result<Vec<PathBuf>> {
+/// Unpacks each of [`PYTHONS`]: the variable that gives the tests each
+/// root (`MEMPROBE_PYTHON_3_13`...), and the root.
+pub fn unpack_all() -> Result<Vec<(String, PathBuf)>> {
     PYTHONS
         .iter()
-        .map(|(version, suite)| unpack(version, suite))
+        .map(|(version, suite)| {
+            let variable = format!("MEMPROBE_PYTHON_{}", version.replace('.', "_"));
+            Ok((variable, unpack(version, suite)?))
+        })
         .collect()
 }
 

@@ -20,6 +20,9 @@ use crate::{
     python::{code::Code, runtime::Markers, splice::splice},
 };
 
+/// The CPython versions whose frames memprobe reads, as messages name them.
+pub const VERSIONS_READ: &str = "3.11, 3.13 and 3.14";
+
 /// Where the addresses that stand for Python frames start: in the kernel's
 /// half of the address space, where no user frame can be.
 const FRAME_ADDRESSES: u64 = 0xffff_f000_0000_0000;
@@ -108,9 +111,9 @@ impl ProcessPython {
     pub fn note(&self) -> String {
         let runtime = &self.runtime;
         let read = if runtime.layout.is_some() {
-            "frames read"
+            "frames read".to_owned()
         } else {
-            "frames not read (memprobe reads 3.11 and 3.13)"
+            format!("frames not read (memprobe reads {VERSIONS_READ})")
         };
         format!("{} ({}), {read}", runtime.version, runtime.path)
     }

@@ -46,8 +46,9 @@ pub struct Layout {
 pub enum Markers {
     /// 3.11's `is_entry`: the call's first frame is marked.
     EntryFlag,
-    /// 3.12 and later: the call pushes an entry frame of its own, owned
-    /// by the C stack (`FRAME_OWNED_BY_CSTACK`), which runs no code.
+    /// 3.12 and later: the call pushes an entry frame of its own, which
+    /// runs no code, owned by the C stack (`FRAME_OWNED_BY_CSTACK` in
+    /// 3.12 and 3.13, `FRAME_OWNED_BY_INTERPRETER` in 3.14: both 3).
     CStackOwner,
 }
 
@@ -57,11 +58,12 @@ impl Markers {
 }
 
 /// The layouts of the versions memprobe reads, by (major, minor); 3.13's
-/// from the table at the start of `_PyRuntime` (`runtime`: its bytes).
+/// and 3.14's from the table at the start of `_PyRuntime` (`runtime`: its
+/// bytes).
 fn layouts(major: u8, minor: u8, runtime: &[u8]) -> Option<(PythonOffsets, PythonCodeLayout)> {
     match (major, minor) {
         (3, 11) => Some((PYTHON_3_11, PYTHON_3_11_CODE)),
-        (3, 13) => debug_offsets::read(runtime),
+        (3, 13 | 14) => debug_offsets::read(runtime),
         _ => None,
     }
 }

@@ -216,7 +216,8 @@ impl fmt::Display for TargetNotice {
             } => write!(
                 f,
                 "pid {pid} runs Python {version} ({path}), whose frames memprobe cannot read \
-                 (it reads 3.11 and 3.13): its stacks stay native"
+                 (it reads {}): its stacks stay native",
+                crate::python::VERSIONS_READ
             ),
             Self::Loaded {
                 pid,
