@@ -523,7 +523,7 @@ pub fn python_site_line(site: &str) -> usize {
         + 1
 }
 
-/// A Python of a later Debian suite, unpacked by `cargo xtask test`
+/// A Python of another Debian suite, unpacked by `cargo xtask test`
 /// (given as `MEMPROBE_PYTHON_3_13`...): its root.
 pub fn other_python_root(version: &str) -> PathBuf {
     let variable = format!("MEMPROBE_PYTHON_{}", version.replace('.', "_"));
@@ -539,16 +539,21 @@ pub fn other_python_root(version: &str) -> PathBuf {
     root
 }
 
-/// The Python fixture run by Python `version` of a later suite, through
+/// The Python fixture run by Python `version` of another suite, through
 /// that suite's loader and glibc; with the C extension built against its
 /// headers where `with_extension`.
 pub fn other_python_fixture(version: &str, with_extension: bool) -> Command {
     let root = other_python_root(version);
-    let libraries = root.join("usr/lib/x86_64-linux-gnu");
-    let mut command = Command::new(libraries.join("ld-linux-x86-64.so.2"));
+    // Suites before Debian 12 keep glibc under /lib, not /usr/lib.
+    let libraries = ["usr/lib/x86_64-linux-gnu", "lib/x86_64-linux-gnu"].map(|d| root.join(d));
+    let loader = (libraries.iter())
+        .map(|d| d.join("ld-linux-x86-64.so.2"))
+        .find(|l| l.exists())
+        .unwrap_or_else(|| panic!("no loader under {}", root.display()));
+    let mut command = Command::new(loader);
     command
         .arg("--library-path")
-        .arg(&libraries)
+        .arg(std::env::join_paths(&libraries).unwrap())
         .arg(root.join(format!("usr/bin/python{version}")))
         .arg(fixture_source("python/fixture.py"));
     if with_extension {

@@ -1,8 +1,9 @@
-//! Other CPythons for the Python tests, from later Debian suites: 3.13
-//! from Debian 13 (trixie) and 3.14 from forky, which memprobe reads, and
-//! 3.15 from sid, which it does not (yet). Their packages are unpacked, not installed,
+//! Other CPythons for the Python tests, from other Debian suites: 3.13
+//! from Debian 13 (trixie), 3.14 from forky and 3.15 from sid, which
+//! memprobe reads, and 3.9 from Debian 11 (bullseye, as old as RHEL 9's),
+//! which it does not. Their packages are unpacked, not installed,
 //! under `target/python3.X/root`, with their suite's glibc beside them
-//! (newer than Debian 12's), and run through that glibc's loader.
+//! (older or newer than Debian 12's), and run through that glibc's loader.
 //! Unpacked once.
 use std::{
     fs,
@@ -17,7 +18,12 @@ use crate::{run_command, workspace_root};
 const MIRROR: &str = "http://deb.debian.org/debian";
 
 /// (version, suite): each Python and the suite it comes from.
-pub const PYTHONS: [(&str, &str); 3] = [("3.13", "trixie"), ("3.14", "forky"), ("3.15", "sid")];
+pub const PYTHONS: [(&str, &str); 4] = [
+    ("3.9", "bullseye"),
+    ("3.13", "trixie"),
+    ("3.14", "forky"),
+    ("3.15", "sid"),
+];
 
 /// The interpreter, the part of its library it starts with, its headers
 /// (for the test extension), and what the interpreter links to.

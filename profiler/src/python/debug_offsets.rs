@@ -3,8 +3,8 @@
 //! needs (`Include/internal/pycore_debug_offsets.h`). It is static data,
 //! so it is read from the file, not from the process.
 //!
-//! The table's own layout changes between versions (3.14 added fields to
-//! several of its groups, moving the rest): the positions of the groups
+//! The table's own layout changes between versions (3.14 and 3.15 added
+//! fields to several of its groups, moving the rest): the positions of the groups
 //! memprobe reads are given per version below, and nothing is taken that
 //! fails a check of its cookie, version and sizes.
 use profiler_common::python::{NO_CFRAME, PythonCodeLayout, PythonOffsets};
@@ -107,17 +107,49 @@ const PYTHON_3_14: Positions = Positions {
     end: 760,
 };
 
+/// 3.15's: its thread group grew by seven fields (three of them before
+/// `native_thread_id`), an exception group came before the frame group,
+/// and the type group grew and a heap type group came before the bytes
+/// group.
+const PYTHON_3_15: Positions = Positions {
+    version: 0x030f,
+    interpreters_head: 40,
+    interpreter_size: 48,
+    threads_head: 72,
+    thread_size: 176,
+    thread_next: 192,
+    current_frame: 208,
+    native_thread_id: 248,
+    frame_size: 312,
+    frame_previous: 320,
+    frame_executable: 328,
+    frame_instr: 336,
+    frame_owner: 352,
+    code_size: 376,
+    code_filename: 384,
+    code_qualname: 400,
+    code_linetable: 408,
+    code_first_line: 416,
+    code_first_instr: 448,
+    bytes_size: 696,
+    bytes_data: 704,
+    string_state: 720,
+    string_length: 728,
+    ascii_size: 736,
+    end: 888,
+};
+
 const COOKIE: &[u8; 8] = b"xdebugpy";
 
-/// The offsets in `table` (the bytes at `_PyRuntime`) for a 3.13 or 3.14
-/// interpreter; `None` where it is neither, or is built free-threaded
-/// (its frames are laid out otherwise).
+/// The offsets in `table` (the bytes at `_PyRuntime`) for a 3.13, 3.14 or
+/// 3.15 interpreter; `None` where it is none of them, or is built
+/// free-threaded (its frames are laid out otherwise).
 pub fn read(table: &[u8]) -> Option<(PythonOffsets, PythonCodeLayout)> {
     if table.get(at::COOKIE..at::COOKIE + 8)? != COOKIE || word_in(table, at::FREE_THREADED)? != 0 {
         return None;
     }
     let version = word_in(table, at::VERSION)? >> 16;
-    let pos = [PYTHON_3_13, PYTHON_3_14]
+    let pos = [PYTHON_3_13, PYTHON_3_14, PYTHON_3_15]
         .into_iter()
         .find(|p| p.version == version)?;
     let table = table.get(..pos.end)?;
@@ -267,6 +299,37 @@ mod tests {
         table(p, 0x030e_08f0, &values)
     }
 
+    /// A table as sid's 3.15.2 fills it (read from its `_PyRuntime`).
+    fn table_3_15() -> Vec<u8> {
+        let p = &PYTHON_3_15;
+        let values = [
+            (p.interpreters_head, 936),
+            (p.interpreter_size, 226_240),
+            (p.threads_head, 7336),
+            (p.thread_size, 888),
+            (p.thread_next, 8),
+            (p.current_frame, 72),
+            (p.native_thread_id, 184),
+            (p.frame_size, 88),
+            (p.frame_previous, 8),
+            (p.frame_executable, 0),
+            (p.frame_instr, 56),
+            (p.frame_owner, 74),
+            (p.code_size, 216),
+            (p.code_filename, 112),
+            (p.code_qualname, 128),
+            (p.code_linetable, 136),
+            (p.code_first_line, 68),
+            (p.code_first_instr, 208),
+            (p.bytes_size, 16),
+            (p.bytes_data, 32),
+            (p.string_state, 32),
+            (p.string_length, 16),
+            (p.ascii_size, 40),
+        ];
+        table(p, 0x030f_02f0, &values)
+    }
+
     #[test]
     fn a_3_13_table_gives_every_offset() {
         let (offsets, layout) = read(&table_3_13()).unwrap();
@@ -288,11 +351,20 @@ mod tests {
     }
 
     #[test]
+    fn a_3_15_table_is_read_where_its_groups_moved() {
+        let (offsets, layout) = read(&table_3_15()).unwrap();
+        assert_eq!(offsets.interpreters_head, 936);
+        assert_eq!(offsets.native_thread_id, 184);
+        assert_eq!(offsets.frame_marker, 74);
+        assert_eq!((layout.qualname, layout.first_instr), (128, 208));
+    }
+
+    #[test]
     fn anything_else_is_refused() {
         let mut wrong_cookie = table_3_13();
         wrong_cookie[0] = b'y';
-        let mut later = table_3_14();
-        later[at::VERSION + 2] = 0x0f;
+        let mut later = table_3_15();
+        later[at::VERSION + 2] = 0x10;
         let mut free_threaded = table_3_14();
         free_threaded[at::FREE_THREADED] = 1;
         // A field past its struct's size: the layout is not the one read.
@@ -305,6 +377,7 @@ mod tests {
             shifted,
             table_3_13()[..100].to_vec(),
             table_3_14()[..PYTHON_3_13.end].to_vec(),
+            table_3_15()[..PYTHON_3_14.end].to_vec(),
         ] {
             assert_eq!(read(&table), None);
         }

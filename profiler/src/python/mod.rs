@@ -21,7 +21,7 @@ use crate::{
 };
 
 /// The CPython versions whose frames memprobe reads, as messages name them.
-pub const VERSIONS_READ: &str = "3.11, 3.13 and 3.14";
+pub const VERSIONS_READ: &str = "3.11, 3.13, 3.14 and 3.15";
 
 /// Where the addresses that stand for Python frames start: in the kernel's
 /// half of the address space, where no user frame can be.

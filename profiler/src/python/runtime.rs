@@ -48,7 +48,7 @@ pub enum Markers {
     EntryFlag,
     /// 3.12 and later: the call pushes an entry frame of its own, which
     /// runs no code, owned by the C stack (`FRAME_OWNED_BY_CSTACK` in
-    /// 3.12 and 3.13, `FRAME_OWNED_BY_INTERPRETER` in 3.14: both 3).
+    /// 3.12 and 3.13, `FRAME_OWNED_BY_INTERPRETER` since 3.14: 3 in all).
     CStackOwner,
 }
 
@@ -57,13 +57,13 @@ impl Markers {
     pub const OWNED_BY_CSTACK: u32 = 3;
 }
 
-/// The layouts of the versions memprobe reads, by (major, minor); 3.13's
-/// and 3.14's from the table at the start of `_PyRuntime` (`runtime`: its
+/// The layouts of the versions memprobe reads, by (major, minor); from
+/// 3.13 on, from the table at the start of `_PyRuntime` (`runtime`: its
 /// bytes).
 fn layouts(major: u8, minor: u8, runtime: &[u8]) -> Option<(PythonOffsets, PythonCodeLayout)> {
     match (major, minor) {
         (3, 11) => Some((PYTHON_3_11, PYTHON_3_11_CODE)),
-        (3, 13 | 14) => debug_offsets::read(runtime),
+        (3, 13..=15) => debug_offsets::read(runtime),
         _ => None,
     }
 }
