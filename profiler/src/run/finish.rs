@@ -66,6 +66,7 @@ impl Session<'_> {
             options,
             mut costs,
             budget,
+            sampling,
             ..
         } = self;
         costs.price(&probes);
@@ -84,7 +85,10 @@ impl Session<'_> {
             .into_values()
             .map(|t| (snapshots.take(t.pid), t))
             .filter(|(written, _)| !written.files.is_empty())
-            .map(|(written, t)| ProcessSummary::of(t, written, &budget))
+            .map(|(written, t)| {
+                let after = (sampling.windows(t.pid)).map_or(0, |w| w.counted_after_last_windows());
+                ProcessSummary::of(t, written, &budget, after)
+            })
             .collect();
         if let Some(launched) = launched {
             let exit = wait_for_command(launched, &stop, exit_status, status).await;

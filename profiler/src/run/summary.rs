@@ -48,10 +48,25 @@ pub struct ProcessSummary {
     /// Its resident memory accounted for, as of its last snapshot that
     /// could read it.
     pub memory: Option<MemoryAccount>,
+    /// Bytes it allocated after its threads' last windows, counted in the
+    /// shape of their samples there (see `windows::tails`).
+    pub after_last_windows: u64,
 }
 
+/// The share of what a process allocated that, counted after its threads'
+/// last windows, gets a line of its own: past it, a program that changed
+/// what it allocates after its last window (a batch job's last phase, run
+/// unprobed once its window closed) may be shown largely as it was.
+const AFTER_LAST_WINDOWS_SAID: f64 = 0.25;
+
 impl ProcessSummary {
-    pub(super) fn of(t: Tracked, snapshots: ProcessSnapshots, budget: &Budget) -> Self {
+    /// `after_last_windows`: see [`Self::after_last_windows`].
+    pub(super) fn of(
+        t: Tracked,
+        snapshots: ProcessSnapshots,
+        budget: &Budget,
+        after_last_windows: u64,
+    ) -> Self {
         let removed_snapshots = snapshots.removed();
         let tracking = budget.tracking_note(t.pid);
         // In use means something where frees were followed, if only until
@@ -74,6 +89,7 @@ impl ProcessSummary {
             removed_snapshots,
             allocator_calls: t.allocator_calls,
             memory: snapshots.account,
+            after_last_windows,
         }
     }
 }
@@ -218,6 +234,24 @@ fn uncalled_allocators_line(p: &ProcessSummary) -> Option<String> {
     ))
 }
 
+/// "memprobe: pid N: X of the Y it allocated (Z%) came after ..." where
+/// that share is past [`AFTER_LAST_WINDOWS_SAID`].
+fn after_last_windows_line(p: &ProcessSummary) -> Option<String> {
+    let after = p.after_last_windows as f64;
+    let share = after / p.allocated_bytes.max(1.0);
+    (share > AFTER_LAST_WINDOWS_SAID).then(|| {
+        format!(
+            "memprobe: pid {}: {} of the {} it allocated ({:.0}%) came after its threads' last \
+             windows and is counted where their samples there were: what it allocated \
+             otherwise since is not seen (--sampling entry sees every call)",
+            p.pid,
+            crate::units::bytes(after),
+            crate::units::bytes(p.allocated_bytes),
+            100.0 * share.min(1.0)
+        )
+    })
+}
+
 /// Lines summarising a run, for the end of the run.
 pub fn summary_lines(summary: &Summary) -> Vec<String> {
     let mut lines = Vec::new();
@@ -279,6 +313,7 @@ fn process_lines(p: &ProcessSummary, summary: &Summary) -> Vec<String> {
         lines.push(format!("memprobe: pid {}: tracking {tracking}", p.pid));
     }
     lines.extend(uncalled_allocators_line(p));
+    lines.extend(after_last_windows_line(p));
     if let Some(account) = &p.memory {
         let account = account.lines();
         lines.extend(
@@ -344,6 +379,49 @@ fn cost_lines(summary: &Summary) -> [String; 2] {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A process that allocated 24 MiB, `after` of it after its threads'
+    /// last windows.
+    fn allocated_after_windows(after: u64) -> ProcessSummary {
+        ProcessSummary {
+            pid: 7,
+            container_pid: None,
+            command: "sites".into(),
+            samples: 100,
+            inuse_bytes: None,
+            allocated_bytes: 24.0 * 1048576.0,
+            files: Vec::new(),
+            heaps: Vec::new(),
+            drops: Drops::default(),
+            exited: false,
+            detached: None,
+            tracking: None,
+            skipped_snapshots: 0,
+            removed_snapshots: 0,
+            allocator_calls: Vec::new(),
+            memory: None,
+            after_last_windows: after,
+        }
+    }
+
+    #[test]
+    fn much_allocated_after_the_last_windows_is_said() {
+        let line = after_last_windows_line(&allocated_after_windows(18 << 20)).unwrap();
+        assert!(
+            line.starts_with("memprobe: pid 7: 18.0 MiB of the 24.0 MiB it allocated (75%)"),
+            "{line}"
+        );
+        assert!(
+            line.ends_with("(--sampling entry sees every call)"),
+            "{line}"
+        );
+        // A server's tail since its last window, one gap's worth, is not.
+        assert_eq!(
+            after_last_windows_line(&allocated_after_windows(1 << 20)),
+            None
+        );
+        assert_eq!(after_last_windows_line(&allocated_after_windows(0)), None);
+    }
 
     #[test]
     fn files_are_counted_by_format_in_their_folder() {

@@ -151,6 +151,12 @@ impl Tails {
 }
 
 impl Windows {
+    /// Bytes allocated after a thread's last window and counted in the
+    /// shape of its samples there, so far.
+    pub(in crate::run) fn counted_after_last_windows(&self) -> u64 {
+        self.tails.counted
+    }
+
     /// Counts in `heap` what thread `tid` allocated since its last window,
     /// its counter read at `allocated` now, in the shape of that window's
     /// samples; its next window's bytes start here.
