@@ -486,6 +486,7 @@ pub fn python_venv() -> PathBuf {
             .expect("running python3.11 -m venv");
         assert!(made.success(), "making the virtualenv failed");
         let site = venv.join("lib/python3.11/site-packages");
+        install_wheel(&pyarrow_wheel(), &site);
         let suffix = Command::new(PYTHON)
             .args([
                 "-c",
@@ -503,6 +504,37 @@ pub fn python_venv() -> PathBuf {
             .arg("-lpthread");
         command
     })
+}
+
+/// pyarrow's wheel, downloaded by `cargo xtask test` (given as
+/// `MEMPROBE_PYARROW_WHEEL`).
+fn pyarrow_wheel() -> PathBuf {
+    let wheel = std::env::var_os("MEMPROBE_PYARROW_WHEEL").map(PathBuf::from);
+    let found = wheel.or_else(|| {
+        std::fs::read_dir(workspace_root().join("target/wheels"))
+            .ok()?
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| p.to_string_lossy().contains("/pyarrow-"))
+    });
+    found.unwrap_or_else(|| panic!("no pyarrow wheel: `cargo xtask test` downloads it"))
+}
+
+/// Unpacks `wheel` into `site` (what pip does for a wheel with no scripts),
+/// once.
+fn install_wheel(wheel: &Path, site: &Path) {
+    let name = wheel.file_name().unwrap().to_string_lossy();
+    let dist_info = name.split('-').take(2).collect::<Vec<_>>().join("-") + ".dist-info";
+    if site.join(dist_info).exists() {
+        return;
+    }
+    let status = Command::new(PYTHON)
+        .args(["-m", "zipfile", "-e"])
+        .arg(wheel)
+        .arg(site)
+        .status()
+        .expect("running python3.11 -m zipfile");
+    assert!(status.success(), "unpacking {} failed", wheel.display());
 }
 
 /// The Python fixture, run by the virtualenv's interpreter.

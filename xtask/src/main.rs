@@ -8,6 +8,7 @@ mod kernels;
 mod pythons;
 mod setup;
 mod soak;
+mod wheels;
 
 use std::{
     path::{Path, PathBuf},
@@ -194,6 +195,8 @@ fn test(filter: Option<&str>, fuzz_build: Option<fuzz::Build>) -> Result<()> {
     let deb = dist::deb()?;
     eprintln!("xtask: Pythons of later Debian suites");
     let pythons = pythons::unpack_all()?;
+    eprintln!("xtask: wheels the Python tests load");
+    let pyarrow = wheels::pyarrow()?;
     if let Some(build) = fuzz_build {
         build.finish()?;
     }
@@ -210,7 +213,8 @@ fn test(filter: Option<&str>, fuzz_build: Option<fuzz::Build>) -> Result<()> {
         ])
         .env("MEMPROBE_BIN", &binary)
         .env("MEMPROBE_DEB", &deb)
-        .envs(pythons);
+        .envs(pythons)
+        .env(pyarrow.0, &pyarrow.1);
     if let Some(filter) = filter {
         command.arg(filter);
     }
