@@ -486,7 +486,9 @@ pub fn python_venv() -> PathBuf {
             .expect("running python3.11 -m venv");
         assert!(made.success(), "making the virtualenv failed");
         let site = venv.join("lib/python3.11/site-packages");
-        install_wheel(&pyarrow_wheel(), &site);
+        for wheel in wheels() {
+            install_wheel(&wheel, &site);
+        }
         let suffix = Command::new(PYTHON)
             .args([
                 "-c",
@@ -506,18 +508,24 @@ pub fn python_venv() -> PathBuf {
     })
 }
 
-/// pyarrow's wheel, downloaded by `cargo xtask test` (given as
-/// `MEMPROBE_PYARROW_WHEEL`).
-fn pyarrow_wheel() -> PathBuf {
-    let wheel = std::env::var_os("MEMPROBE_PYARROW_WHEEL").map(PathBuf::from);
-    let found = wheel.or_else(|| {
-        std::fs::read_dir(workspace_root().join("target/wheels"))
-            .ok()?
-            .flatten()
-            .map(|e| e.path())
-            .find(|p| p.to_string_lossy().contains("/pyarrow-"))
-    });
-    found.unwrap_or_else(|| panic!("no pyarrow wheel: `cargo xtask test` downloads it"))
+/// The wheels the virtualenv loads (pyarrow, polars), downloaded by
+/// `cargo xtask test` into the folder it gives as `MEMPROBE_WHEELS`.
+fn wheels() -> Vec<PathBuf> {
+    let dir = std::env::var_os("MEMPROBE_WHEELS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target/wheels"));
+    let wheels: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .map(|entries| entries.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    let wheels: Vec<PathBuf> = (wheels.into_iter())
+        .filter(|p| p.extension().is_some_and(|e| e == "whl"))
+        .collect();
+    assert!(
+        !wheels.is_empty(),
+        "no wheels in {}: `cargo xtask test` downloads them",
+        dir.display()
+    );
+    wheels
 }
 
 /// Unpacks `wheel` into `site` (what pip does for a wheel with no scripts),

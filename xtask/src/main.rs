@@ -196,7 +196,7 @@ fn test(filter: Option<&str>, fuzz_build: Option<fuzz::Build>) -> Result<()> {
     eprintln!("xtask: Pythons of later Debian suites");
     let pythons = pythons::unpack_all()?;
     eprintln!("xtask: wheels the Python tests load");
-    let pyarrow = wheels::pyarrow()?;
+    let wheels = wheels::download_all()?;
     if let Some(build) = fuzz_build {
         build.finish()?;
     }
@@ -214,7 +214,7 @@ fn test(filter: Option<&str>, fuzz_build: Option<fuzz::Build>) -> Result<()> {
         .env("MEMPROBE_BIN", &binary)
         .env("MEMPROBE_DEB", &deb)
         .envs(pythons)
-        .env(pyarrow.0, &pyarrow.1);
+        .env(wheels.0, &wheels.1);
     if let Some(filter) = filter {
         command.arg(filter);
     }

@@ -2,8 +2,8 @@
 //! allocations, read from outside the interpreter: a fixture in a
 //! virtualenv allocates known amounts at known lines through its C
 //! extension (the GIL held and released, and from a thread that runs no
-//! Python), through numpy, and through pyarrow (from the jemalloc inside
-//! its libarrow).
+//! Python), through numpy, and through pyarrow and polars (each from the
+//! jemalloc inside its own library).
 use std::time::Duration;
 
 use tests::*;
@@ -127,30 +127,52 @@ fn python_lines_stand_above_the_native_frames_they_called() {
         note.starts_with("3.11.") && note.ends_with("frames read"),
         "{note}"
     );
-    // The GIL held, released, numpy's, pyarrow's, and Python's own
-    // bytearrays.
+    // The GIL held, released, numpy's, pyarrow's, polars', and Python's
+    // own bytearrays.
     let sites = [
         ("build_index", 64.0),
         ("load_columns", 32.0),
         ("numpy_buffers", 48.0),
         ("arrow_buffers", 24.0),
+        ("polars_columns", 24.0),
         ("read_blocks", 16.0),
     ];
     assert_sites(&run, &sites);
     // pyarrow's buffers come from the jemalloc inside its libarrow
-    // (prefixed, its symbols local), through arrow's own allocator.
-    let (_, lines) = under(&run.folded, &frame("arrow_buffers"));
-    assert!(
-        (lines.iter()).all(|l| l.contains(";arrow::memory_pool::internal::JemallocAllocator::")),
-        "{lines:?}"
-    );
+    // (prefixed, its symbols local), through arrow's own allocator; polars'
+    // columns from the one inside its runtime (`_rjem_`), with polars' own
+    // Python lines between (its first call also sets up a runtime and
+    // imports lazily, under the same line).
+    for (site, through) in [
+        (
+            "arrow_buffers",
+            ";arrow::memory_pool::internal::JemallocAllocator::",
+        ),
+        ("polars_columns", "polars_core::chunked_array::"),
+    ] {
+        let (_, lines) = under(&run.folded, &frame(site));
+        let bytes: f64 = (lines.iter())
+            .filter(|l| l.contains(through))
+            .map(|l| l.rsplit_once(' ').unwrap().1.parse::<f64>().unwrap())
+            .sum();
+        assert_within(site, bytes, ROUNDS as f64 * 24.0 * 0.25 * MIB, 0.10);
+    }
     let allocators = &heap_notes(&run.heap)["allocators"];
-    let arrow_calls: u64 = allocators
-        .split(", ")
-        .find_map(|a| a.strip_prefix("jemalloc in libarrow.so.1700: "))
-        .and_then(|calls| calls.strip_suffix(" calls")?.parse().ok())
-        .unwrap_or_else(|| panic!("no jemalloc in libarrow: {allocators}"));
-    assert!(arrow_calls >= ROUNDS as u64 * 24, "{allocators}");
+    let calls = |copy: &str| -> u64 {
+        allocators
+            .split(", ")
+            .find_map(|a| a.strip_prefix(&format!("jemalloc in {copy}: ")))
+            .and_then(|calls| calls.strip_suffix(" calls")?.parse().ok())
+            .unwrap_or_else(|| panic!("no jemalloc in {copy}: {allocators}"))
+    };
+    assert!(
+        calls("libarrow.so.1700") >= ROUNDS as u64 * 24,
+        "{allocators}"
+    );
+    assert!(
+        calls("_polars_runtime.abi3.so") >= ROUNDS as u64 * 24,
+        "{allocators}"
+    );
 
     // pprof: functions with their file and line.
     let top = pprof_top(
