@@ -514,10 +514,8 @@ fn wheels() -> Vec<PathBuf> {
     let dir = std::env::var_os("MEMPROBE_WHEELS")
         .map(PathBuf::from)
         .unwrap_or_else(|| workspace_root().join("target/wheels"));
-    let wheels: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .map(|entries| entries.flatten().map(|e| e.path()).collect())
-        .unwrap_or_default();
-    let wheels: Vec<PathBuf> = (wheels.into_iter())
+    let wheels: Vec<PathBuf> = (std::fs::read_dir(&dir).into_iter().flatten().flatten())
+        .map(|e| e.path())
         .filter(|p| p.extension().is_some_and(|e| e == "whl"))
         .collect();
     assert!(
