@@ -227,107 +227,150 @@ fn word_in(table: &[u8], at: usize) -> Option<u32> {
 mod tests {
     use super::*;
 
-    /// A table laid out at `pos`, with `values` at their fields.
-    fn table(pos: &Positions, version: u64, values: &[(usize, u64)]) -> Vec<u8> {
+    /// What one interpreter's table holds at each field memprobe reads.
+    struct Filled {
+        version: u64,
+        interpreters_head: u64,
+        interpreter_size: u64,
+        threads_head: u64,
+        thread_size: u64,
+        thread_next: u64,
+        current_frame: u64,
+        native_thread_id: u64,
+        frame_size: u64,
+        frame_previous: u64,
+        frame_executable: u64,
+        frame_instr: u64,
+        frame_owner: u64,
+        code_size: u64,
+        code_filename: u64,
+        code_qualname: u64,
+        code_linetable: u64,
+        code_first_line: u64,
+        code_first_instr: u64,
+        bytes_size: u64,
+        bytes_data: u64,
+        string_state: u64,
+        string_length: u64,
+        ascii_size: u64,
+    }
+
+    /// As 3.13.5 fills it (the values its headers give; those it leaves
+    /// at 0 are not checked).
+    const FILLED_3_13: Filled = Filled {
+        version: 0x030d_05f0,
+        interpreters_head: 40,
+        interpreter_size: 8000,
+        threads_head: 7272,
+        thread_size: 500,
+        thread_next: 8,
+        current_frame: 72,
+        native_thread_id: 160,
+        frame_size: 80,
+        frame_previous: 8,
+        frame_executable: 0,
+        frame_instr: 56,
+        frame_owner: 70,
+        code_size: 200,
+        code_filename: 112,
+        code_qualname: 128,
+        code_linetable: 136,
+        code_first_line: 68,
+        code_first_instr: 200,
+        bytes_size: 0,
+        bytes_data: 32,
+        string_state: 0,
+        string_length: 0,
+        ascii_size: 40,
+    };
+
+    /// As Debian's 3.14.8 fills it (read from its `_PyRuntime`).
+    const FILLED_3_14: Filled = Filled {
+        version: 0x030e_08f0,
+        interpreters_head: 808,
+        interpreter_size: 225_864,
+        threads_head: 7344,
+        thread_size: 832,
+        thread_next: 8,
+        current_frame: 72,
+        native_thread_id: 160,
+        frame_size: 88,
+        frame_previous: 8,
+        frame_executable: 0,
+        frame_instr: 56,
+        frame_owner: 74,
+        code_size: 216,
+        code_filename: 112,
+        code_qualname: 128,
+        code_linetable: 136,
+        code_first_line: 68,
+        code_first_instr: 208,
+        bytes_size: 16,
+        bytes_data: 32,
+        string_state: 32,
+        string_length: 16,
+        ascii_size: 40,
+    };
+
+    /// As sid's 3.15.2 fills it (read from its `_PyRuntime`): where it
+    /// differs from 3.14.8.
+    const FILLED_3_15: Filled = Filled {
+        version: 0x030f_02f0,
+        interpreters_head: 936,
+        interpreter_size: 226_240,
+        threads_head: 7336,
+        thread_size: 888,
+        native_thread_id: 184,
+        ..FILLED_3_14
+    };
+
+    /// A table laid out at `pos`, holding `v`.
+    fn table(pos: &Positions, v: &Filled) -> Vec<u8> {
         let mut table = vec![0u8; pos.end];
         let mut put =
             |at: usize, value: u64| table[at..at + 8].copy_from_slice(&value.to_le_bytes());
-        put(at::VERSION, version);
-        for &(at, value) in values {
+        put(at::VERSION, v.version);
+        for (at, value) in [
+            (pos.interpreters_head, v.interpreters_head),
+            (pos.interpreter_size, v.interpreter_size),
+            (pos.threads_head, v.threads_head),
+            (pos.thread_size, v.thread_size),
+            (pos.thread_next, v.thread_next),
+            (pos.current_frame, v.current_frame),
+            (pos.native_thread_id, v.native_thread_id),
+            (pos.frame_size, v.frame_size),
+            (pos.frame_previous, v.frame_previous),
+            (pos.frame_executable, v.frame_executable),
+            (pos.frame_instr, v.frame_instr),
+            (pos.frame_owner, v.frame_owner),
+            (pos.code_size, v.code_size),
+            (pos.code_filename, v.code_filename),
+            (pos.code_qualname, v.code_qualname),
+            (pos.code_linetable, v.code_linetable),
+            (pos.code_first_line, v.code_first_line),
+            (pos.code_first_instr, v.code_first_instr),
+            (pos.bytes_size, v.bytes_size),
+            (pos.bytes_data, v.bytes_data),
+            (pos.string_state, v.string_state),
+            (pos.string_length, v.string_length),
+            (pos.ascii_size, v.ascii_size),
+        ] {
             put(at, value);
         }
         table[..8].copy_from_slice(COOKIE);
         table
     }
 
-    /// A table as 3.13.5 fills it (the values its headers give).
     fn table_3_13() -> Vec<u8> {
-        let p = &PYTHON_3_13;
-        let values = [
-            (p.interpreters_head, 40),
-            (p.interpreter_size, 8000),
-            (p.threads_head, 7272),
-            (p.thread_size, 500),
-            (p.thread_next, 8),
-            (p.current_frame, 72),
-            (p.native_thread_id, 160),
-            (p.frame_size, 80),
-            (p.frame_previous, 8),
-            (p.frame_executable, 0),
-            (p.frame_instr, 56),
-            (p.frame_owner, 70),
-            (p.code_size, 200),
-            (p.code_filename, 112),
-            (p.code_qualname, 128),
-            (p.code_linetable, 136),
-            (p.code_first_line, 68),
-            (p.code_first_instr, 200),
-            (p.bytes_data, 32),
-            (p.ascii_size, 40),
-        ];
-        table(p, 0x030d_05f0, &values)
+        table(&PYTHON_3_13, &FILLED_3_13)
     }
 
-    /// A table as Debian's 3.14.8 fills it (read from its `_PyRuntime`).
     fn table_3_14() -> Vec<u8> {
-        let p = &PYTHON_3_14;
-        let values = [
-            (p.interpreters_head, 808),
-            (p.interpreter_size, 225_864),
-            (p.threads_head, 7344),
-            (p.thread_size, 832),
-            (p.thread_next, 8),
-            (p.current_frame, 72),
-            (p.native_thread_id, 160),
-            (p.frame_size, 88),
-            (p.frame_previous, 8),
-            (p.frame_executable, 0),
-            (p.frame_instr, 56),
-            (p.frame_owner, 74),
-            (p.code_size, 216),
-            (p.code_filename, 112),
-            (p.code_qualname, 128),
-            (p.code_linetable, 136),
-            (p.code_first_line, 68),
-            (p.code_first_instr, 208),
-            (p.bytes_size, 16),
-            (p.bytes_data, 32),
-            (p.string_state, 32),
-            (p.string_length, 16),
-            (p.ascii_size, 40),
-        ];
-        table(p, 0x030e_08f0, &values)
+        table(&PYTHON_3_14, &FILLED_3_14)
     }
 
-    /// A table as sid's 3.15.2 fills it (read from its `_PyRuntime`).
     fn table_3_15() -> Vec<u8> {
-        let p = &PYTHON_3_15;
-        let values = [
-            (p.interpreters_head, 936),
-            (p.interpreter_size, 226_240),
-            (p.threads_head, 7336),
-            (p.thread_size, 888),
-            (p.thread_next, 8),
-            (p.current_frame, 72),
-            (p.native_thread_id, 184),
-            (p.frame_size, 88),
-            (p.frame_previous, 8),
-            (p.frame_executable, 0),
-            (p.frame_instr, 56),
-            (p.frame_owner, 74),
-            (p.code_size, 216),
-            (p.code_filename, 112),
-            (p.code_qualname, 128),
-            (p.code_linetable, 136),
-            (p.code_first_line, 68),
-            (p.code_first_instr, 208),
-            (p.bytes_size, 16),
-            (p.bytes_data, 32),
-            (p.string_state, 32),
-            (p.string_length, 16),
-            (p.ascii_size, 40),
-        ];
-        table(p, 0x030f_02f0, &values)
+        table(&PYTHON_3_15, &FILLED_3_15)
     }
 
     #[test]
