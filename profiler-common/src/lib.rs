@@ -13,6 +13,7 @@ mod records;
 pub mod sampled_slots;
 pub mod sampling;
 mod state;
+pub mod tls;
 
 pub use call_shape::CallShape;
 pub use counter::Counter;

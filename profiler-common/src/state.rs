@@ -65,6 +65,10 @@ pub struct ThreadState {
     /// `_exit` or the run ends, for what it allocated after its last
     /// window.
     pub counter_at: u64,
+    /// The thread's fs base as its last windowed call found the counter:
+    /// a later thread given its id has another, and the counter noted is
+    /// not its own.
+    pub counter_fsbase: u64,
     /// The bytes the samples of its last window stand for (each its usable
     /// size over the chance its call was sampled), sent and lost (the ring
     /// buffer full, or the table of calls in flight): the sent stand for
@@ -86,12 +90,17 @@ pub struct FastPathKey {
     pub instance: u32,
 }
 
-/// Where a jemalloc copy keeps a thread's counters, from its fs base.
+/// Where a jemalloc copy keeps a thread's counters (see
+/// [`crate::tls::counter_address`]), and how its calls are sampled.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FastPathConfig {
-    /// fs-relative address of the allocated-bytes counter.
+    /// The allocated-bytes counter's address from the thread's fs base
+    /// (static TLS), or from its block for the module (dynamic TLS).
     pub allocated: i64,
+    /// 0 for static TLS; else the copy's TLS module id, its index in a
+    /// thread's dtv (a library loaded with `dlopen`).
+    pub tls_module: u64,
     /// Requests above this many bytes are sampled where the slow path
     /// sends them, every one of them (none is left to chance): above the
     /// thread cache's largest where that place was found, else above the

@@ -63,9 +63,10 @@ fn on_windowed_allocation(
     (size, align): (u64, u64),
     pending: PendingCall,
 ) -> bool {
-    let Some((config, allocated, counter_at)) = counters(ctx, thread) else {
+    let Some(counters) = counters(ctx, thread) else {
         return false;
     };
+    let (config, allocated) = (counters.config, counters.allocated);
     if size > config.large_above {
         // The slow path samples it inside this call. A uretprobe here (no
         // uprobe sessions: before 6.13) replaces the caller's return
@@ -86,7 +87,8 @@ fn on_windowed_allocation(
             (*state).window_thinned = 0;
         }
         (*state).window_end = allocated.wrapping_add(usable);
-        (*state).counter_at = counter_at;
+        (*state).counter_at = counters.at;
+        (*state).counter_fsbase = counters.fsbase;
     }
     let window = size.max(1) << window_shift(thread, config.window_shift);
     let crossed = count_down(ctx, thread, size, align, pending, window);

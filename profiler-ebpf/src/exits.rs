@@ -24,10 +24,6 @@ use crate::{
 /// `-EEXIST`: the thread's own exit was noted before its process's.
 const EXISTS: i32 = -17;
 
-/// How far from its fs base a thread's counter may lie (its static TLS):
-/// farther, the address noted is another thread's, one that had its id.
-const TLS_REACH: u64 = 1 << 20;
-
 #[uprobe]
 pub fn thread_exit(_ctx: ProbeContext) -> u32 {
     let id = bpf_get_current_pid_tgid();
@@ -39,7 +35,9 @@ pub fn thread_exit(_ctx: ProbeContext) -> u32 {
     let Some(fsbase) = current_fsbase() else {
         return 0;
     };
-    if at == 0 || fsbase.abs_diff(at) > TLS_REACH {
+    // Another fs base: the address noted is another thread's, one that
+    // had its id.
+    if at == 0 || fsbase != state.counter_fsbase {
         return 0;
     }
     // SAFETY: reading user memory through the helper, which faults safely.

@@ -162,6 +162,7 @@ impl Thread {
             window_first: 0,
             window_end: 0,
             counter_at: 0,
+            counter_fsbase: 0,
             window_sent_bytes: 0,
             window_lost_bytes: 0,
             window_thinned: 0,

@@ -10,7 +10,7 @@ use aya_ebpf::{
     helpers::{bpf_probe_read_kernel, bpf_probe_read_user, generated::bpf_get_current_task},
     programs::ProbeContext,
 };
-use profiler_common::{FastPathConfig, FastPathKey, PendingCall, cookie, pending_kind};
+use profiler_common::{FastPathConfig, FastPathKey, PendingCall, cookie, pending_kind, tls};
 
 use crate::{
     alloc::on_allocation,
@@ -31,7 +31,10 @@ pub(crate) fn on_slow_path(ctx: &ProbeContext, thread: &Thread) -> bool {
         ..*thread
     };
     let size = Args::of(ctx).arg(0);
-    let Some((config, allocated, _)) = counters(ctx, thread) else {
+    let Some(Counters {
+        config, allocated, ..
+    }) = counters(ctx, thread)
+    else {
         return on_allocation(ctx, thread, size, 0, POINTER);
     };
     if size > config.large_above {
@@ -92,22 +95,35 @@ fn fast_path(ctx: &ProbeContext, thread: &Thread) -> Option<FastPathConfig> {
     unsafe { FAST_PATHS.get(key) }.copied()
 }
 
-/// The copy's counter layout, and the thread's allocated bytes and where
-/// they are, read from its TLS block.
-#[inline(always)]
-pub(crate) fn counters(ctx: &ProbeContext, thread: &Thread) -> Option<(FastPathConfig, u64, u64)> {
-    let config = fast_path(ctx, thread)?;
-    let at = counter_address(&config)?;
-    // SAFETY: reading user memory through the helper, which faults safely.
-    let allocated = unsafe { bpf_probe_read_user(at as *const u64) }.ok()?;
-    Some((config, allocated, at))
+/// The current thread's allocated-bytes counter of a probed copy.
+#[derive(Clone, Copy)]
+pub(crate) struct Counters {
+    /// The copy's layout, as userspace told it.
+    pub config: FastPathConfig,
+    /// The thread's allocated bytes.
+    pub allocated: u64,
+    /// Where they are, and the thread's fs base they were found from.
+    pub at: u64,
+    pub fsbase: u64,
 }
 
-/// Where the current thread's allocated-bytes counter of the copy
-/// `config` describes is: its TLS block's base plus the counter's offset.
+/// The copy's counter layout, and the thread's allocated bytes and where
+/// they are, read from its TLS.
 #[inline(always)]
-fn counter_address(config: &FastPathConfig) -> Option<u64> {
-    Some(current_fsbase()?.wrapping_add(config.allocated as u64))
+pub(crate) fn counters(ctx: &ProbeContext, thread: &Thread) -> Option<Counters> {
+    let config = fast_path(ctx, thread)?;
+    let fsbase = current_fsbase()?;
+    let read = |at: u64| {
+        // SAFETY: reading user memory through the helper, which faults safely.
+        unsafe { bpf_probe_read_user(at as *const u64) }.ok()
+    };
+    let at = tls::counter_address(&config, fsbase, read)?;
+    Some(Counters {
+        config,
+        allocated: read(at)?,
+        at,
+        fsbase,
+    })
 }
 
 /// The current thread's fs base, where its TLS block ends.

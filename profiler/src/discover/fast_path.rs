@@ -3,8 +3,9 @@
 //! every fallback leads to (`malloc_default`, exported or not), and where
 //! the thread's allocated-bytes counter and its next-event threshold live
 //! (fs-relative, through a GOT slot in a shared library or an immediate in
-//! a static build). What sampling on the slow path needs to know about a
-//! build.
+//! a static build; in a block `__tls_get_addr` finds, in a library built
+//! to be loaded with dlopen). What sampling on the slow path needs to know
+//! about a build.
 use iced_x86::{Code, Decoder, DecoderOptions, FlowControl, Instruction, OpKind, Register};
 
 use crate::binary::{elf::FunctionSymbols, placement};
@@ -25,6 +26,11 @@ pub enum TlsOffset {
     GotSlot(u64),
     /// Known from the code (a static build).
     Immediate(i64),
+    /// Not at a fixed place (general-dynamic TLS, in a library loaded with
+    /// `dlopen`): the `tls_index` (module id, offset in its block) at this
+    /// address in the file, which the dynamic linker fills and the code
+    /// passes to `__tls_get_addr`.
+    TlsIndex(u64),
 }
 
 /// A recognised fast path.
@@ -93,9 +99,15 @@ pub fn recognise(symbols: &FunctionSymbols, data: &[u8], address: u64) -> Option
         .take_while(|i| !i.is_invalid() && i.flow_control() != FlowControl::Return)
         .collect();
     let (large_above, large_branch) = size_check(&instructions)?;
-    let (base, allocated) = counter_load(&instructions)?;
-    let threshold_branch = threshold_check(&instructions, base, allocated)?;
-    let tls = tls_source(&instructions, base)?;
+    let (base, allocated, tls) = match counter_load(&instructions) {
+        Some((base, allocated)) => (base, allocated, tls_source(&instructions, base)?),
+        None => general_dynamic(code, address, &instructions)?,
+    };
+    let segment = match tls {
+        TlsOffset::TlsIndex(_) => Register::None,
+        _ => Register::FS,
+    };
+    let threshold_branch = threshold_check(&instructions, segment, base, allocated)?;
     let slow_path = final_target(symbols, data, large_branch)?;
     let same = final_target(symbols, data, threshold_branch)? == slow_path;
     (same && symbols.is_function_start(slow_path)).then_some(FastPath {
@@ -136,12 +148,47 @@ fn counter_load(instructions: &[Instruction]) -> Option<(Register, i64)> {
     })
 }
 
-/// `cmp reg, fs:[BASE + A + 8]; jae SLOW` (or `cmp fs:[...], reg; jbe
+/// The general-dynamic TLS sequence, `data16 lea rdi, [rip + INDEX];
+/// data16 data16 rex.W call __tls_get_addr` (padded so that the linker
+/// can relax it, and only it, in place), then `mov reg, [rax + A]`: (rax,
+/// A, INDEX).
+fn general_dynamic(
+    code: &[u8],
+    address: u64,
+    instructions: &[Instruction],
+) -> Option<(Register, i64, TlsOffset)> {
+    let bytes = |i: &Instruction| code.get((i.ip() - address) as usize..).unwrap_or_default();
+    let at = instructions.windows(2).position(|pair| {
+        let [lea, call] = pair else { return false };
+        lea.code() == Code::Lea_r64_m
+            && lea.op0_register() == Register::RDI
+            && lea.is_ip_rel_memory_operand()
+            && bytes(lea).starts_with(&[0x66, 0x48, 0x8d, 0x3d])
+            && call.flow_control() == FlowControl::Call
+            && bytes(call).starts_with(&[0x66, 0x66, 0x48, 0xe8])
+    })?;
+    let index = instructions[at].ip_rel_memory_address();
+    let allocated = instructions[at + 2..].iter().find_map(|i| {
+        let load = i.code() == Code::Mov_r64_rm64
+            && i.op1_kind() == OpKind::Memory
+            && i.memory_base() == Register::RAX
+            && i.memory_index() == Register::None;
+        load.then(|| i.memory_displacement64() as i64)
+    })?;
+    Some((Register::RAX, allocated, TlsOffset::TlsIndex(index)))
+}
+
+/// `cmp reg, SEGMENT:[BASE + A + 8]; jae SLOW` (or `cmp [...], reg; jbe
 /// SLOW`): SLOW.
-fn threshold_check(instructions: &[Instruction], base: Register, allocated: i64) -> Option<u64> {
+fn threshold_check(
+    instructions: &[Instruction],
+    segment: Register,
+    base: Register,
+    allocated: i64,
+) -> Option<u64> {
     let at = instructions.iter().position(|i| {
         i.mnemonic() == iced_x86::Mnemonic::Cmp
-            && i.segment_prefix() == Register::FS
+            && i.segment_prefix() == segment
             && i.memory_base() == base
             && i.memory_displacement64() as i64 == allocated + 8
     })?;
@@ -180,14 +227,36 @@ pub(crate) fn tls_source(instructions: &[Instruction], base: Register) -> Option
     })
 }
 
-/// Where a branch ends up, through one `jmp` at its target.
+/// Most register moves and pops before the `jmp` a branch ends up at.
+const MAX_EPILOGUE: usize = 8;
+
+/// Where a branch ends up, through one `jmp` at its target, or after the
+/// register moves and pops before it (the epilogue of a `malloc` that
+/// saved registers, as the builds inside pyarrow and polars have: `add
+/// rsp, 8; pop rbx; mov rdi, rbp; pop rbp; jmp SLOW`).
 pub(crate) fn final_target(symbols: &FunctionSymbols, data: &[u8], target: u64) -> Option<u64> {
-    let code = symbols.code(data, target, 16)?;
-    let first = Decoder::with_ip(64, code, target, DecoderOptions::NONE).decode();
-    if first.flow_control() == FlowControl::UnconditionalBranch
-        && first.op0_kind() == OpKind::NearBranch64
-    {
-        return Some(first.near_branch_target());
+    let code = symbols.code(data, target, 64)?;
+    let decoder = Decoder::with_ip(64, code, target, DecoderOptions::NONE);
+    for instruction in decoder.into_iter().take(MAX_EPILOGUE + 1) {
+        if instruction.flow_control() == FlowControl::UnconditionalBranch
+            && instruction.op0_kind() == OpKind::NearBranch64
+        {
+            return Some(instruction.near_branch_target());
+        }
+        let register_only = instruction.flow_control() == FlowControl::Next
+            && (0..instruction.op_count()).all(|k| {
+                matches!(
+                    instruction.op_kind(k),
+                    OpKind::Register
+                        | OpKind::Immediate8
+                        | OpKind::Immediate8to64
+                        | OpKind::Immediate32
+                        | OpKind::Immediate32to64
+                )
+            });
+        if !register_only {
+            break;
+        }
     }
     Some(target)
 }
@@ -205,6 +274,7 @@ pub(crate) fn in_file_offsets(
     let placement = placement::place(code, fast.slow_path, reads, true);
     let tls = match fast.tls {
         TlsOffset::GotSlot(slot) => TlsOffset::GotSlot(symbols.file_offset(slot)?),
+        TlsOffset::TlsIndex(index) => TlsOffset::TlsIndex(symbols.file_offset(index)?),
         immediate => immediate,
     };
     let large_requests = large_requests::find(symbols, data, fast.slow_path)
@@ -347,6 +417,45 @@ mod tests {
         }
         assert!(inside(slow.fast.slow_path + 1), "{:x?}", slow.own_code);
         assert!(!inside(symbols.function("free").unwrap().file_offset + 1));
+    }
+
+    /// The fast path of a jemalloc built for a library loaded with dlopen
+    /// (polars' runtime, pyarrow's libarrow), written out: its TLS block
+    /// from `__tls_get_addr`, the counters at +0x338 and +0x340 of it.
+    #[test]
+    fn a_general_dynamic_fast_path_reads_its_tls_index() {
+        let address = 0x1000u64;
+        let code: Vec<u8> = [
+            &[0x48, 0x81, 0xff, 0x00, 0x10, 0x00, 0x00][..], // cmp rdi, 0x1000
+            &[0x0f, 0x87, 0x40, 0x00, 0x00, 0x00],           // ja +0x40
+            &[0x66, 0x48, 0x8d, 0x3d, 0x00, 0x20, 0x00, 0x00], // data16 lea rdi, [rip+0x2000]
+            &[0x66, 0x66, 0x48, 0xe8, 0x00, 0x01, 0x00, 0x00], // call __tls_get_addr
+            &[0x48, 0x8b, 0x88, 0x38, 0x03, 0x00, 0x00],     // mov rcx, [rax+0x338]
+            &[0x48, 0x3b, 0x88, 0x40, 0x03, 0x00, 0x00],     // cmp rcx, [rax+0x340]
+            &[0x0f, 0x83, 0x10, 0x00, 0x00, 0x00],           // jae +0x10
+        ]
+        .concat();
+        let instructions: Vec<Instruction> =
+            Decoder::with_ip(64, &code, address, DecoderOptions::NONE)
+                .into_iter()
+                .collect();
+        // rip-relative from the lea's end, the branch from the jae's.
+        let index = address + 21 + 0x2000;
+        assert_eq!(
+            general_dynamic(&code, address, &instructions),
+            Some((Register::RAX, 0x338, TlsOffset::TlsIndex(index)))
+        );
+        assert_eq!(counter_load(&instructions), None);
+        let slow = threshold_check(&instructions, Register::None, Register::RAX, 0x338);
+        assert_eq!(slow, Some(address + 49 + 0x10));
+        // Without the padding that marks the sequence, no TLS access.
+        let mut plain = code.clone();
+        plain[13] = 0x90;
+        let instructions: Vec<Instruction> =
+            Decoder::with_ip(64, &plain, address, DecoderOptions::NONE)
+                .into_iter()
+                .collect();
+        assert_eq!(general_dynamic(&plain, address, &instructions), None);
     }
 
     /// A build without that shape is not recognised: glibc's malloc.

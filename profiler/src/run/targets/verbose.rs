@@ -107,6 +107,9 @@ fn describe_fast_path(fast: Option<&SlowPath>) -> String {
             format!("the TLS offset in the GOT slot at file offset {slot:#x}")
         }
         TlsOffset::Immediate(offset) => format!("TLS at fs{}", signed_hex(offset)),
+        TlsOffset::TlsIndex(index) => format!(
+            "the TLS block found through __tls_get_addr, its tls_index at file offset {index:#x}"
+        ),
     };
     format!(
         "jemalloc 5.3 malloc fast path recognised: above {} bytes and at a thread's \

@@ -1,6 +1,10 @@
 //! A jemalloc copy split for sampling in windows: `malloc` and `operator
 //! new` for the windows, its thread counters' place told to the kernel;
 //! or why it is sampled at entry instead.
+use std::time::{Duration, Instant};
+
+use profiler_common::tls;
+
 use crate::{
     discover::{
         Allocator,
@@ -38,11 +42,18 @@ impl Session<'_> {
         let slow = allocator.fast_path.as_ref().ok_or(not_recognised)?;
         let fast = slow.fast;
         let maps = self.tracked.get(&pid).map(|t| t.maps.as_str());
-        let tls = match fast.tls {
-            TlsOffset::Immediate(offset) => offset,
-            TlsOffset::GotSlot(file_offset) => {
-                let unread = "its TLS offset is not in its GOT yet: a process not started";
-                read_mapped_word(pid, maps.ok_or(unread)?, path, file_offset).ok_or(unread)? as i64
+        let unread = "its TLS offset is not in its GOT yet: a process not started";
+        let read_got = |file_offset| {
+            read_relocated_word(pid, maps.ok_or(unread)?, path, file_offset).ok_or(unread)
+        };
+        // The TLS module (0: static TLS), and the counter block's place
+        // from the fs base or in the module's block.
+        let (tls_module, tls) = match fast.tls {
+            TlsOffset::Immediate(offset) => (0, offset),
+            TlsOffset::GotSlot(file_offset) => (0, read_got(file_offset)? as i64),
+            TlsOffset::TlsIndex(file_offset) => {
+                let offset = read_mapped_word(pid, maps.ok_or(unread)?, path, file_offset + 8);
+                (read_got(file_offset)?, offset.ok_or(unread)? as i64)
             }
         };
         let large = maps
@@ -50,6 +61,7 @@ impl Session<'_> {
             .and_then(|(maps, l)| read_large_requests(pid, maps, path, l));
         let config = profiler_common::FastPathConfig {
             allocated: tls.wrapping_add(fast.allocated),
+            tls_module,
             large_above: large.map_or(fast.large_above, |l| l.above),
             window_shift: 0,
             window: 0,
@@ -84,7 +96,7 @@ impl Session<'_> {
         bases
             .into_iter()
             .filter_map(|(tid, fsbase)| {
-                let at = fsbase.wrapping_add(config.allocated as u64);
+                let at = tls::counter_address(config, fsbase, |at| memory.read_word(at))?;
                 Some(ThreadCounter {
                     tid,
                     at,
@@ -146,9 +158,31 @@ fn read_large_requests(
     })
 }
 
-/// The word at `file_offset` of `path` as `pid` has it mapped (a GOT slot
-/// the dynamic linker filled), read from `/proc/PID/mem`: read, never
-/// written.
+/// How long a GOT slot of a library just mapped is waited for.
+const RELOCATION_WAIT: Duration = Duration::from_millis(200);
+
+/// The GOT slot at `file_offset` of `path` in `pid` (a TLS offset or
+/// module id, never 0), once the dynamic linker filled it. A copy found as
+/// its library is mapped (`dlopen`) is relocated a moment later, the
+/// process running on: waited for, up to [`RELOCATION_WAIT`]. Read as it
+/// was mapped, the slot held 0, an offset that placed every thread's
+/// counter inside its thread descriptor.
+fn read_relocated_word(pid: u32, maps: &str, path: &str, file_offset: u64) -> Option<u64> {
+    let started = Instant::now();
+    loop {
+        let word = read_mapped_word(pid, maps, path, file_offset)?;
+        if word != 0 {
+            return Some(word);
+        }
+        if started.elapsed() >= RELOCATION_WAIT {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// The word at `file_offset` of `path` as `pid` has it mapped, read from
+/// `/proc/PID/mem`: read, never written.
 fn read_mapped_word(pid: u32, maps: &str, path: &str, file_offset: u64) -> Option<u64> {
     read_word(
         pid,
