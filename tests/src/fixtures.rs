@@ -89,18 +89,22 @@ pub fn aliasing_fixture() -> PathBuf {
 /// A shared library with mimalloc linked in (local symbols, as in pyarrow's
 /// libarrow), exporting `keep_blocks` for the dlopen host.
 pub fn mimalloc_library() -> PathBuf {
-    let target_dir = workspace_root().join("target/fixtures/rust-mimalloc");
-    build_once("rust-mimalloc-lib", |_| {
-        let mut command = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-        command
-            .args(["build", "--release", "--quiet", "--manifest-path"])
-            .arg(fixture_source("rust-mimalloc-lib/Cargo.toml"))
-            .arg("--target-dir")
-            .arg(&target_dir)
-            .env("RUSTFLAGS", "-C force-frame-pointers=yes");
-        command
-    });
-    target_dir.join("release/librust_mimalloc_lib.so")
+    cargo_fixture(
+        "rust-mimalloc-lib",
+        "rust-mimalloc",
+        "librust_mimalloc_lib.so",
+    )
+}
+
+/// A shared library with jemalloc inside, its TLS reached through
+/// `__tls_get_addr` (as polars' runtime's), exporting `run_cycle` for the
+/// dlopen host.
+pub fn jemalloc_library() -> PathBuf {
+    cargo_fixture(
+        "rust-jemalloc-lib",
+        "rust-jemalloc-lib",
+        "librust_jemalloc_lib.so",
+    )
 }
 
 /// The same sites, with jemalloc linked statically into the executable.

@@ -173,6 +173,14 @@ fn python_lines_stand_above_the_native_frames_they_called() {
         calls("_polars_runtime.abi3.so") >= ROUNDS as u64 * 24,
         "{allocators}"
     );
+    // Both copies reach their threads' counters through `__tls_get_addr`,
+    // followed through each thread's dtv: sampled in windows.
+    let sampling = &heap_notes(&run.heap)["malloc_sampling"];
+    for copy in ["libarrow.so.1700", "_polars_runtime.abi3.so"] {
+        let windowed = format!("{copy}: malloc and operator new at every call while");
+        assert!(sampling.contains(&windowed), "{sampling}");
+    }
+    assert!(!sampling.contains("at entry"), "{sampling}");
 
     // pprof: functions with their file and line.
     let top = pprof_top(

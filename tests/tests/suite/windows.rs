@@ -3,7 +3,10 @@
 //! by jemalloc's per-thread byte counter. A cycle that jemalloc's thread
 //! threshold aliases with is weighed right, and a big buffer allocated
 //! once between windows is seen.
-use std::path::{Path, PathBuf};
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
 
 use tests::*;
 
@@ -646,6 +649,56 @@ fn a_build_not_recognised_is_sampled_at_entry() {
     );
     assert!(stderr.contains(": _rjem_malloc at "), "{stderr}");
     assert_rust_kept_in_use(&binary, &heap);
+}
+
+/// A jemalloc inside a library loaded with `dlopen` after the attach
+/// reaches its thread's counters through `__tls_get_addr` (as polars'
+/// runtime's and pyarrow's libarrow's do): its fast path is recognised,
+/// its `tls_index` read once the loader relocated it, each thread's
+/// counter found through its dtv, and the aliasing cycle weighed right in
+/// windows of 500 ms every second, as for a jemalloc linked as usual
+/// (`windows_weigh_an_aliasing_cycle_right`).
+#[test]
+fn a_jemalloc_loaded_with_dlopen_is_weighed_through_its_dtv() {
+    let _guard = shared();
+    let library = jemalloc_library();
+    let out = output_dir("windows_dlopen");
+    let mut command = Command::new(dlopen_host_fixture());
+    command.arg(&library).env("FIXTURE_CYCLE_S", "10");
+    let mut fixture = Fixture::start_command(command);
+    let flags = [
+        ["--max-overhead", "none", "-v"].as_slice(),
+        &["--windows", "500ms/1s", "--sample-interval", "8192"],
+    ]
+    .concat();
+    let memprobe = Memprobe::attach(&fixture, &out, &flags);
+    fixture.send_and_expect("load", "loaded");
+    let pairs = reported_count(&fixture.run_workload_reporting(), "pairs");
+    let stderr = memprobe.stop();
+    assert!(fixture.finish().success());
+    assert!(
+        stderr.contains("found through __tls_get_addr, its tls_index at file offset"),
+        "{stderr}"
+    );
+    let heap = &heap_files(&out)[0];
+    let note = malloc_sampling_note(heap);
+    assert!(
+        note.contains("in windows of 500ms every 1s") && !note.contains("at entry"),
+        "{note}"
+    );
+    // Rust's allocation frames stand between each site and jemalloc.
+    let allocated = jeprof_rows(&library, heap, "--alloc_space");
+    let cumulative = |name| row(&allocated, name).cum * MIB;
+    let (b48, b16) = (cumulative("cycle_48"), cumulative("cycle_16"));
+    eprintln!(
+        "{pairs} pairs: cycle_48 {:+.1}%, cycle_16 {:+.1}%\n{stderr}",
+        (b48 / (pairs * 48.0) - 1.0) * 100.0,
+        (b16 / (pairs * 16.0) - 1.0) * 100.0
+    );
+    assert_within("cycle_48 allocated", b48, pairs * 48.0, 0.10);
+    assert_within("cycle_16 allocated", b16, pairs * 16.0, 0.10);
+    let calls = summary_count(&stderr, " allocation calls");
+    assert!((calls as f64) < pairs, "{calls} of {} trapped", 2.0 * pairs);
 }
 
 /// The cost line's count of probe hits: "memprobe: cost: N probe hits".
