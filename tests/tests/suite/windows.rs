@@ -238,6 +238,12 @@ fn windows_weigh_an_aliasing_cycle_right() {
     assert!(note.contains("in windows of 500ms every 1s"), "{note}");
     let allocated = jeprof_rows(&aliasing_fixture(), &heap, "--alloc_space");
     let (b48, b16) = (flat(&allocated, "cycle_48"), flat(&allocated, "cycle_16"));
+    assert_cycle_allocated(pairs, (b48, b16), &stderr);
+}
+
+/// The aliasing cycle's bytes as estimated, `(b48, b16)`, within 10% of
+/// what its `pairs` allocated.
+fn assert_cycle_allocated(pairs: f64, (b48, b16): (f64, f64), stderr: &str) {
     eprintln!(
         "{pairs} pairs: cycle_48 {:+.1}%, cycle_16 {:+.1}%\n{stderr}",
         (b48 / (pairs * 48.0) - 1.0) * 100.0,
@@ -690,13 +696,7 @@ fn a_jemalloc_loaded_with_dlopen_is_weighed_through_its_dtv() {
     let allocated = jeprof_rows(&library, heap, "--alloc_space");
     let cumulative = |name| row(&allocated, name).cum * MIB;
     let (b48, b16) = (cumulative("cycle_48"), cumulative("cycle_16"));
-    eprintln!(
-        "{pairs} pairs: cycle_48 {:+.1}%, cycle_16 {:+.1}%\n{stderr}",
-        (b48 / (pairs * 48.0) - 1.0) * 100.0,
-        (b16 / (pairs * 16.0) - 1.0) * 100.0
-    );
-    assert_within("cycle_48 allocated", b48, pairs * 48.0, 0.10);
-    assert_within("cycle_16 allocated", b16, pairs * 16.0, 0.10);
+    assert_cycle_allocated(pairs, (b48, b16), &stderr);
     let calls = summary_count(&stderr, " allocation calls");
     assert!((calls as f64) < pairs, "{calls} of {} trapped", 2.0 * pairs);
 }
