@@ -235,6 +235,20 @@ impl FunctionSymbols {
     }
 }
 
+/// The address of the one data symbol in `data`'s symbol table whose
+/// name ends with `suffix` (a jemalloc global, whatever its prefix);
+/// `None` where there is none or more than one.
+pub fn data_symbol_ending(data: &[u8], suffix: &str) -> Option<u64> {
+    let file = object::File::parse(data).ok()?;
+    let mut found = file
+        .symbols()
+        .filter(|s| s.kind() == SymbolKind::Data)
+        .filter(|s| s.name().is_ok_and(|name| name.ends_with(suffix)))
+        .map(|s| s.address());
+    let address = found.next()?;
+    found.next().is_none().then_some(address)
+}
+
 /// The read-only data sections of an ELF file (where jemalloc's strings
 /// are), or the whole file when it has no section headers: a 500 MB
 /// library is not paged in whole to find a string.
@@ -278,4 +292,29 @@ fn eh_frame_hdr_starts(address: u64, data: &[u8]) -> Vec<u64> {
         .collect();
     starts.sort_unstable();
     starts
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[used]
+    #[unsafe(no_mangle)]
+    static MEMPROBE_TEST_ONE_LIMIT: u64 = 1;
+    #[used]
+    #[unsafe(no_mangle)]
+    static MEMPROBE_TEST_FIRST_TWIN: u64 = 2;
+    #[used]
+    #[unsafe(no_mangle)]
+    static MEMPROBE_TEST_SECOND_TWIN: u64 = 3;
+
+    /// This test binary's own globals, by the end of their names: one
+    /// found, two sharing an ending not (which of them would be a guess).
+    #[test]
+    fn a_data_symbol_is_found_by_the_end_of_its_name_when_one_has_it() {
+        let data = std::fs::read("/proc/self/exe").unwrap();
+        assert!(data_symbol_ending(&data, "TEST_ONE_LIMIT").is_some());
+        assert_eq!(data_symbol_ending(&data, "_TWIN"), None);
+        assert_eq!(data_symbol_ending(&data, "NO_SUCH_GLOBAL_HERE"), None);
+    }
 }

@@ -117,6 +117,12 @@ pub fn find(symbols: &FunctionSymbols, data: &[u8], slow_path: u64) -> Option<La
             .take_while(|i| !i.is_invalid())
             .collect();
     let sizes = follow(&instructions)?;
+    if let Some(found) = by_thread_limit(symbols, data, &instructions, &sizes) {
+        return Some(LargeRequests {
+            callers: slow_path..end,
+            ..found
+        });
+    }
     let mut found: Option<(u64, u64)> = None;
     for i in 0..instructions.len() {
         let Some(held) = sizes[i] else { continue };
@@ -138,6 +144,42 @@ pub fn find(symbols: &FunctionSymbols, data: &[u8], slow_path: u64) -> Option<La
         .then_some(LargeRequests {
             function,
             callers: slow_path..end,
+            limit,
+        })
+}
+
+/// jemalloc 5.3.1's slow path checks a request against its thread's own
+/// cache limit (a size-class index in the thread's cache, set from a
+/// global as the cache is made), not against a global, and calls
+/// `arena_malloc_hard` above it. Found by their symbols (the global's
+/// address is in no code of the slow path), where every call of the
+/// function from the slow path passes the size as its third argument:
+/// `callers` is left for the caller to set.
+fn by_thread_limit(
+    symbols: &FunctionSymbols,
+    data: &[u8],
+    instructions: &[Instruction],
+    sizes: &[Option<u32>],
+) -> Option<LargeRequests> {
+    let named = |suffix: &str| {
+        let mut found = symbols.names().filter(|name| name.ends_with(suffix));
+        let name = found.next()?;
+        found.next().is_none().then(|| symbols.function(name))?
+    };
+    let function = named("je_arena_malloc_hard")?.address;
+    let limit =
+        crate::binary::elf::data_symbol_ending(data, "je_global_do_not_change_tcache_maxclass")?;
+    let mut calls = instructions
+        .iter()
+        .enumerate()
+        .filter(|(_, i)| i.code() == Code::Call_rel32_64 && i.near_branch_target() == function)
+        .peekable();
+    calls.peek()?;
+    calls
+        .all(|(at, _)| sizes[at].is_some_and(|held| held & bit(Register::RDX) != 0))
+        .then_some(LargeRequests {
+            function,
+            callers: 0..0,
             limit,
         })
 }
