@@ -42,9 +42,11 @@ impl Session<'_> {
         let slow = allocator.fast_path.as_ref().ok_or(not_recognised)?;
         let fast = slow.fast;
         let maps = self.tracked.get(&pid).map(|t| t.maps.as_str());
-        let unread = "its TLS offset is not in its GOT yet: a process not started";
+        let not_started = "its TLS offset is not in its GOT yet: a process not started";
+        let unrelocated = "its loader had not filled its GOT after 200 ms";
         let read_got = |file_offset| {
-            read_relocated_word(pid, maps.ok_or(unread)?, path, file_offset).ok_or(unread)
+            let maps = maps.ok_or(not_started)?;
+            read_relocated_word(pid, maps, path, file_offset).ok_or(unrelocated)
         };
         // The TLS module (0: static TLS), and the counter block's place
         // from the fs base or in the module's block.
@@ -52,8 +54,9 @@ impl Session<'_> {
             TlsOffset::Immediate(offset) => (0, offset),
             TlsOffset::GotSlot(file_offset) => (0, read_got(file_offset)? as i64),
             TlsOffset::TlsIndex(file_offset) => {
-                let offset = read_mapped_word(pid, maps.ok_or(unread)?, path, file_offset + 8);
-                (read_got(file_offset)?, offset.ok_or(unread)? as i64)
+                let module = read_got(file_offset)?;
+                let offset = maps.and_then(|m| read_mapped_word(pid, m, path, file_offset + 8));
+                (module, offset.ok_or(unrelocated)? as i64)
             }
         };
         let large = maps
