@@ -51,10 +51,14 @@ pub enum Counter {
     /// Threads' windows that sampled at an entry probe's density from the
     /// time the ring buffer was over half full.
     WindowsThinned = 17,
+    /// Windowed calls counted at a fraction of their bytes (sampled that
+    /// much sparser, each sample standing for that much more) because the
+    /// ring buffer was three quarters full.
+    CrowdedCalls = 18,
 }
 
 impl Counter {
-    pub const COUNT: u32 = 18;
+    pub const COUNT: u32 = 19;
     pub const ALL: [Counter; Self::COUNT as usize] = [
         Counter::AllocCalls,
         Counter::SampledCalls,
@@ -74,5 +78,6 @@ impl Counter {
         Counter::ExitsLost,
         Counter::FreesPutOff,
         Counter::WindowsThinned,
+        Counter::CrowdedCalls,
     ];
 }

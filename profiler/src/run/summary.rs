@@ -188,6 +188,10 @@ fn kernel_drops_line(counters: &KernelCounters) -> Option<String> {
              (a thread's, to the window's end)",
         ),
         (
+            Counter::CrowdedCalls,
+            "windowed calls sampled 8 times sparser (ring buffer three quarters full)",
+        ),
+        (
             Counter::SmallStackCopies,
             "sent with a small stack copy (ring buffer over half full)",
         ),
