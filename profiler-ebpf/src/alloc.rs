@@ -125,7 +125,13 @@ const CROWDED_SHIFT: u64 = 3;
 fn ring_crowded() -> bool {
     // SAFETY: a plain read of a global userspace set at load time.
     let busy_bytes = unsafe { core::ptr::read_volatile(&RING_BUSY_BYTES) };
-    EVENTS.query(BPF_RB_AVAIL_DATA as u64) > busy_bytes + busy_bytes / 2
+    EVENTS.query(BPF_RB_AVAIL_DATA as u64) > three_quarters(busy_bytes)
+}
+
+/// Three quarters of the ring buffer, from its half (`busy_bytes`).
+#[inline(always)]
+fn three_quarters(busy_bytes: u64) -> u64 {
+    busy_bytes + busy_bytes / 2
 }
 
 /// The bytes a sampled call of `usable` bytes, counted as `window`, stands
@@ -264,7 +270,7 @@ fn send_alloc(
         // entry (the slow path's big requests) takes one while the ring
         // has room: its frame-pointer walk starts inside an allocator
         // built without them and names no caller, and such calls are few.
-        if (thread.past_entry || queued <= busy_bytes + busy_bytes / 2)
+        if (thread.past_entry || queued <= three_quarters(busy_bytes))
             && send_with_stack::<SMALL_STACK_COPY_BYTES>(ctx, thread, call)
         {
             count(Counter::SmallStackCopies);

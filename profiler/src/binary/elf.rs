@@ -155,6 +155,15 @@ impl FunctionSymbols {
         self.functions.get(name).copied()
     }
 
+    /// The one function whose name ends with `suffix` (a jemalloc
+    /// function, whatever its prefix); `None` where none or more than one
+    /// does.
+    pub fn function_ending(&self, suffix: &str) -> Option<Function> {
+        let mut named = self.names().filter(|name| name.ends_with(suffix));
+        let name = named.next()?;
+        named.next().is_none().then(|| self.function(name))?
+    }
+
     pub fn offset(&self, name: &str) -> Option<u64> {
         self.function(name).map(|f| f.file_offset)
     }

@@ -117,35 +117,37 @@ pub fn find(symbols: &FunctionSymbols, data: &[u8], slow_path: u64) -> Option<La
             .take_while(|i| !i.is_invalid())
             .collect();
     let sizes = follow(&instructions)?;
-    if let Some(found) = by_thread_limit(symbols, data, &instructions, &sizes) {
-        return Some(LargeRequests {
-            callers: slow_path..end,
-            ..found
-        });
-    }
+    let (function, limit) = match by_global_limit(&instructions, &sizes) {
+        Some(found) => Some(found).filter(|&(function, _)| symbols.is_function_start(function))?,
+        None => by_thread_limit(symbols, data, &instructions, &sizes)?,
+    };
+    Some(LargeRequests {
+        function,
+        callers: slow_path..end,
+        limit,
+    })
+}
+
+/// jemalloc 5.3.0's slow path: every check of the size against a global
+/// (`tcache_maxclass`) leads to a call of the same function with the size
+/// as its third argument: (that function, the global).
+fn by_global_limit(instructions: &[Instruction], sizes: &[Option<u32>]) -> Option<(u64, u64)> {
     let mut found: Option<(u64, u64)> = None;
     for i in 0..instructions.len() {
         let Some(held) = sizes[i] else { continue };
-        let Some((limit, target)) = limit_check(&instructions, i, held) else {
+        let Some((limit, target)) = limit_check(instructions, i, held) else {
             continue;
         };
         // A large side outside the function (a cold part) calls from
         // elsewhere than the slow path: not counted there, so not taken.
-        let target = index_of(&instructions, target)?;
-        let function = called_with_size(&instructions, target, sizes[target]?)?;
+        let target = index_of(instructions, target)?;
+        let function = called_with_size(instructions, target, sizes[target]?)?;
         if found.is_some_and(|f| f != (function, limit)) {
             return None;
         }
         found = Some((function, limit));
     }
-    let (function, limit) = found?;
-    symbols
-        .is_function_start(function)
-        .then_some(LargeRequests {
-            function,
-            callers: slow_path..end,
-            limit,
-        })
+    found
 }
 
 /// jemalloc 5.3.1's slow path checks a request against its thread's own
@@ -154,19 +156,15 @@ pub fn find(symbols: &FunctionSymbols, data: &[u8], slow_path: u64) -> Option<La
 /// `arena_malloc_hard` above it. Found by their symbols (the global's
 /// address is in no code of the slow path), where every call of the
 /// function from the slow path passes the size as its third argument:
-/// `callers` is left for the caller to set.
+/// (that function, the global). Tried where the code names no global
+/// limit, so that a 5.3.0 file's symbol table is not read for it.
 fn by_thread_limit(
     symbols: &FunctionSymbols,
     data: &[u8],
     instructions: &[Instruction],
     sizes: &[Option<u32>],
-) -> Option<LargeRequests> {
-    let named = |suffix: &str| {
-        let mut found = symbols.names().filter(|name| name.ends_with(suffix));
-        let name = found.next()?;
-        found.next().is_none().then(|| symbols.function(name))?
-    };
-    let function = named("je_arena_malloc_hard")?.address;
+) -> Option<(u64, u64)> {
+    let function = symbols.function_ending("je_arena_malloc_hard")?.address;
     let limit =
         crate::binary::elf::data_symbol_ending(data, "je_global_do_not_change_tcache_maxclass")?;
     let mut calls = instructions
@@ -177,11 +175,7 @@ fn by_thread_limit(
     calls.peek()?;
     calls
         .all(|(at, _)| sizes[at].is_some_and(|held| held & bit(Register::RDX) != 0))
-        .then_some(LargeRequests {
-            function,
-            callers: 0..0,
-            limit,
-        })
+        .then_some((function, limit))
 }
 
 /// Follows every path from the entry to a fixed point: at each instruction
